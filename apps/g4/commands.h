@@ -1,0 +1,11 @@
+// Each sub-command of the g4 binary registers itself on the CLI11 app (one file per command).
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace g4::cli {
+
+// Exit code of a command that failed with a g4::Error (message already printed).
+inline constexpr int kFailure = 1;
+
+
+}  // namespace g4::cli

@@ -1,0 +1,77 @@
+// The small interface the Gemma 4 forward is written against, once. The CPU backend (float32
+// arithmetic) and the CUDA backend (bf16 activations, float32 accumulation) implement it.
+//
+// Conventions: activations are 2-D tensors [rows, cols] in activation_dtype(); weights are
+// [out, in] (the checkpoint layout) in whatever storage type the backend chose when uploading;
+// token ids and positions are I32 tensors [T, 1] in backend memory, so that a captured CUDA graph
+// reads them from device memory on every replay.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/tensor.h"
+
+namespace g4 {
+
+struct HostTensor;  // model/tensor_source.h
+struct SamplingParams;  // sampling/sampling_params.h
+
+// One layer's KV cache: K and V rows [capacity, kv_heads*head_dim]. Position p lives in row
+// p % capacity (a ring for sliding layers, capacity = 2*window; flat for full layers).
+struct KvCache {
+  Tensor k, v;
+  int64_t capacity = 0;
+};
+
+struct AttentionArgs {
+  Tensor q;          // [T, heads*head_dim], normed and rotated
+  Tensor k_new, v_new;  // [T, kv_heads*head_dim] of this chunk, normed (and K rotated)
+  KvCache* cache;    // keys/values of positions before this chunk
+  Tensor positions;  // I32 [T, 1], contiguous: positions[i] = positions[0] + i
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  int window = 0;    // sliding window (pos_q - pos_k < window); 0 = full causal
+  float scale = 1.0f;
+  Tensor out;        // [T, heads*head_dim]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // ---- memory ----
+  virtual Tensor alloc(DType dtype, int64_t rows, int64_t cols) = 0;
+  virtual void upload(const void* host, const Tensor& dst) = 0;   // host bytes already in dst.dtype
+  virtual void download(const Tensor& src, void* host) = 0;       // waits for pending work
+  // Make a weight usable by matmul/embed/norm ops. `storage` is the type the caller wants kept
+  // (the file's type, or F32); the backend may pick its own (e.g. CUDA keeps BF16).
+  virtual Tensor upload_weight(const HostTensor& w) = 0;
+
+  // ---- ops ----
+  // out[i] = table[ids[i]] * scale (scale applied in the activation dtype).
+  virtual void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) = 0;
+  // Per-row RMSNorm over cols: out = x / sqrt(mean(x^2) + eps) * weight (weight may be empty).
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
+  // y[T, out] = x[T, in] · w[out, in]^T
+  virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  // In-place rotate-half RoPE on x viewed as [T*heads, head_dim]; inv_freq F32 [head_dim/2, 1]
+  // (zeros = identity, which is how proportional partial RoPE is expressed).
+  virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+  // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached
+  // positions before the chunk and the chunk's own keys, then stores the chunk's K/V in the cache.
+  virtual void attention(const AttentionArgs& args) = 0;
+  // out = gelu_tanh(gate) * up
+  virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  virtual void add(const Tensor& x, const Tensor& y) = 0;             // x += y
+  virtual void scale(const Tensor& x, const Tensor& scalar) = 0;      // x *= scalar[0]
+  // logits (F32) = cap * tanh(logits / cap); `x` may be in the activation dtype, `out` is F32.
+  virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
+  // Samples one token per row of F32 logits [B, V] with per-row params [B] (backend memory),
+  // writing I64 tokens [B, 1]. Each row's seed is read from params (see sampling_params.h).
+  virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
+  virtual void synchronize() = 0;
+};
+
+}  // namespace g4

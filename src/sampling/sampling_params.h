@@ -1,0 +1,21 @@
+// Sampling parameters of one request (SPEC §2/§3). Plain data with one layout on host and device:
+// backends keep an array of these in their memory, one per batch row.
+#pragma once
+#include <cstdint>
+
+namespace g4 {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 (or -1, the reference design's spelling) = greedy
+  float top_p = 1.0f;        // (0, 1]; 1 = off
+  float min_p = 0.0f;        // [0, 1); 0 = off
+  int32_t top_k = 0;         // >= 0; 0 = off; > vocab is clipped
+  uint64_t seed = 0;         // the seed of this token (token j of a generation uses base + j)
+};
+
+// Throws g4::Error with the documented message when a parameter is out of range or not finite.
+void validate_sampling_params(const SamplingParams& p);
+
+inline bool is_greedy(const SamplingParams& p) { return p.temperature <= 0.0f; }
+
+}  // namespace g4
