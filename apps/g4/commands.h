@@ -7,5 +7,7 @@ namespace g4::cli {
 // Exit code of a command that failed with a g4::Error (message already printed).
 inline constexpr int kFailure = 1;
 
+void add_logits_command(CLI::App& app);
+
 
 }  // namespace g4::cli

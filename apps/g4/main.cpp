@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"g4: Gemma 4 runtime that samples the next token on the device"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
+  g4::cli::add_logits_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

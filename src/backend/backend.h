@@ -66,7 +66,7 @@ class Backend {
   virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   virtual void add(const Tensor& x, const Tensor& y) = 0;             // x += y
   virtual void scale(const Tensor& x, const Tensor& scalar) = 0;      // x *= scalar[0]
-  // logits (F32) = cap * tanh(logits / cap); `x` may be in the activation dtype, `out` is F32.
+  // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
   // Samples one token per row of F32 logits [B, V] with per-row params [B] (backend memory),
   // writing I64 tokens [B, 1]. Each row's seed is read from params (see sampling_params.h).

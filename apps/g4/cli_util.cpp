@@ -1,0 +1,27 @@
+#include "cli_util.h"
+
+#include <charconv>
+
+#include "util/error.h"
+
+namespace g4::cli {
+
+std::vector<int32_t> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(at, comma - at);
+    int64_t value = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    G4_CHECK(!item.empty() && ec == std::errc() && end == item.data() + item.size() && value >= INT32_MIN &&
+                 value <= INT32_MAX,
+             "bad token id '" + item + "' in '" + text + "'");
+    ids.push_back(int32_t(value));
+    at = comma + 1;
+  }
+  return ids;
+}
+
+}  // namespace g4::cli

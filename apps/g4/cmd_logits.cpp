@@ -1,0 +1,59 @@
+// g4 logits: the logits of every position for given token ids (the correctness oracle).
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend_factory.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+struct LogitsOptions {
+  std::string model_path, tokens, out, backend = "cpu";
+  int64_t prefill_chunk = 0, max_seq_len = 0;
+};
+
+void run_logits(const LogitsOptions& o) {
+  const std::vector<int32_t> ids = parse_id_list(o.tokens);
+  auto backend = make_backend(o.backend);
+  auto model = load_model(o.model_path, *backend);
+  SessionOptions so;
+  so.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : std::max<int64_t>(int64_t(ids.size()) + 1, 2);
+  so.max_seq_len = std::min(so.max_seq_len, model->config().max_position_embeddings);
+  Session session(*model, *backend, so);
+  const std::vector<float> logits = session.logits_all(ids, o.prefill_chunk);
+  const int64_t vocab = model->config().vocab_size;
+  std::ofstream out(o.out, std::ios::binary);
+  G4_CHECK(out.good(), "cannot write '" + o.out + "'");
+  out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
+  G4_CHECK(out.good(), "failed writing '" + o.out + "'");
+  const float* last = logits.data() + (ids.size() - 1) * size_t(vocab);
+  const int64_t argmax = std::max_element(last, last + vocab) - last;
+  nlohmann::json summary = {{"positions", ids.size()}, {"vocab", vocab}, {"argmax_last", argmax}, {"out", o.out}};
+  std::printf("%s\n", summary.dump().c_str());
+}
+
+}  // namespace
+
+void add_logits_command(CLI::App& app) {
+  auto opts = std::make_shared<LogitsOptions>();
+  CLI::App* cmd = app.add_subcommand("logits", "Write the logits of every position for given token ids");
+  cmd->add_option("--model_path,--model-path", opts->model_path, "Model directory (Hugging Face checkpoint)")->required();
+  cmd->add_option("--tokens", opts->tokens, "Comma-separated token ids, e.g. 2,105,2364")->required();
+  cmd->add_option("--out", opts->out, "Output file: float32 little-endian [position][vocab]")->required();
+  cmd->add_option("--prefill_chunk,--prefill-chunk", opts->prefill_chunk, "Tokens per prefill chunk (default: max)");
+  cmd->add_option("--max_seq_len,--max-seq-len", opts->max_seq_len, "Context size (default: the token count + 1)");
+  cmd->add_option("--backend", opts->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->callback([opts] { run_logits(*opts); });
+}
+
+}  // namespace g4::cli

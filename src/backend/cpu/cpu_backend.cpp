@@ -1,0 +1,236 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "model/tensor_source.h"
+#include "sampling/cpu_sampler.h"
+#include "sampling/sampling_params.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace g4 {
+
+CpuBackend::CpuBackend(int threads) : pool_(threads) {}
+
+Tensor CpuBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
+  Tensor t;
+  t.dtype = dtype;
+  t.rows = rows;
+  t.cols = cols;
+  const size_t bytes = std::max<size_t>(t.bytes(), 1);
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  G4_CHECK(p, "out of host memory allocating " + std::to_string(bytes) + " bytes");
+  std::memset(p, 0, bytes);
+  t.owner = std::shared_ptr<void>(p, std::free);
+  t.data = p;
+  return t;
+}
+
+void CpuBackend::upload(const void* host, const Tensor& dst) { std::memcpy(dst.data, host, dst.bytes()); }
+void CpuBackend::download(const Tensor& src, void* host) { std::memcpy(host, src.data, src.bytes()); }
+
+Tensor CpuBackend::upload_weight(const HostTensor& w) {
+  Tensor t;
+  t.dtype = w.dtype;
+  t.rows = w.shape.size() >= 2 ? w.shape[0] : 1;
+  t.cols = w.shape.empty() ? 1 : w.numel() / t.rows;
+  G4_CHECK(t.bytes() == w.bytes, "tensor '" + w.name + "': byte size does not match its shape and dtype");
+  t.data = const_cast<void*>(w.data);  // weights are read-only; the mapping stays alive through owner
+  t.owner = w.owner;
+  return t;
+}
+
+void widen_row(const Tensor& w, int64_t row, float* out) {
+  const uint8_t* p = static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_size();
+  const int64_t n = w.cols;
+  switch (w.dtype) {
+    case DType::F32: std::memcpy(out, p, size_t(n) * 4); return;
+    case DType::BF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
+      return;
+    }
+    case DType::Q8_0:
+      for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+        const uint8_t* block = p + b * kQ8BlockBytes;
+        uint16_t d;
+        std::memcpy(&d, block, 2);
+        const float scale = f16_to_f32(d);
+        const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
+        for (int64_t i = 0; i < kQ8BlockSize; ++i) out[b * kQ8BlockSize + i] = scale * float(q[i]);
+      }
+      return;
+    default: throw Error("cannot use a " + dtype_name(w.dtype) + " tensor as a weight");
+  }
+}
+
+static void check_f32(const Tensor& t, const char* what) {
+  G4_CHECK(t.dtype == DType::F32, std::string("cpu backend: ") + what + " must be F32");
+}
+
+void CpuBackend::embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) {
+  const int32_t* id = ids.as<int32_t>();
+  pool_.parallel_for(ids.rows, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* row = out.as<float>() + t * out.cols;
+      widen_row(table, id[t], row);
+      for (int64_t i = 0; i < out.cols; ++i) row[i] *= scale;
+    }
+  });
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  check_f32(x, "rms_norm input");
+  std::vector<float> w;
+  if (!weight.empty()) {
+    w.resize(size_t(x.cols));
+    widen_row(weight, 0, w.data());
+  }
+  pool_.parallel_for(x.rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* in = x.as<float>() + r * x.cols;
+      float* o = out.as<float>() + r * x.cols;
+      double ss = 0;
+      for (int64_t i = 0; i < x.cols; ++i) ss += double(in[i]) * in[i];
+      const float inv = float(1.0 / std::sqrt(ss / double(x.cols) + eps));
+      for (int64_t i = 0; i < x.cols; ++i) o[i] = in[i] * inv * (w.empty() ? 1.0f : w[size_t(i)]);
+    }
+  });
+}
+
+static float dot(const float* a, const float* b, int64_t n) {
+  // Eight independent partial sums keep the loop vectorised and the rounding error small.
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = 0;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (float v : acc) s += v;
+  return s;
+}
+
+void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
+  check_f32(x, "matmul input");
+  G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
+           "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
+               std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
+  const int64_t T = x.rows, K = x.cols, N = w.rows;
+  pool_.parallel_for(N, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t n = b; n < e; ++n) {
+      widen_row(w, n, row.data());
+      for (int64_t t = 0; t < T; ++t) y.as<float>()[t * N + n] = dot(x.as<float>() + t * K, row.data(), K);
+    }
+  });
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  const int64_t T = positions.rows, heads = x.rows / T, half = x.cols / 2;
+  const int32_t* pos = positions.as<int32_t>();
+  const float* inv = inv_freq.as<float>();
+  pool_.parallel_for(x.rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* v = x.as<float>() + r * x.cols;
+      const double p = pos[r / heads];
+      for (int64_t i = 0; i < half; ++i) {
+        if (inv[i] == 0.0f) continue;  // identity rotation (proportional partial RoPE)
+        const double angle = p * double(inv[i]);
+        const float c = float(std::cos(angle)), s = float(std::sin(angle));
+        const float a = v[i], bb = v[i + half];
+        v[i] = a * c - bb * s;
+        v[i + half] = bb * c + a * s;
+      }
+    }
+  });
+}
+
+void CpuBackend::attention(const AttentionArgs& a) {
+  const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity;
+  const int64_t pos0 = a.positions.as<int32_t>()[0];
+  const int group = a.heads / a.kv_heads;
+  G4_CHECK(a.window == 0 || cap >= a.window, "attention: ring cache smaller than the sliding window");
+  G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
+  const int64_t kv_cols = int64_t(a.kv_heads) * hd;
+  auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
+    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + (kp % cap) * kv_cols;
+  };
+  pool_.parallel_for(T * a.heads, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    std::vector<float> acc(static_cast<size_t>(hd));
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t t = job / a.heads, h = job % a.heads, kvh = h / group;
+      const int64_t p = pos0 + t;
+      const int64_t first = a.window ? std::max<int64_t>(0, p - a.window + 1) : 0;
+      const float* q = a.q.as<float>() + t * a.q.cols + h * hd;
+      scores.assign(size_t(p - first + 1), 0.0f);
+      float mx = -INFINITY;
+      for (int64_t kp = first; kp <= p; ++kp) {
+        float s = a.scale * dot(q, key_row(kp, a.k_new, a.cache->k) + kvh * hd, hd);
+        scores[size_t(kp - first)] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0;
+      for (float& s : scores) sum += (s = std::exp(s - mx));
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t kp = first; kp <= p; ++kp) {
+        const float w = float(scores[size_t(kp - first)] / sum);
+        const float* v = key_row(kp, a.v_new, a.cache->v) + kvh * hd;
+        for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += w * v[i];
+      }
+      std::memcpy(a.out.as<float>() + t * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
+    }
+  });
+  // Store this chunk's K/V only after every query has read the older ring entries.
+  for (int64_t t = std::max<int64_t>(0, T - cap); t < T; ++t) {
+    const int64_t slot = (pos0 + t) % cap;
+    std::memcpy(a.cache->k.as<float>() + slot * kv_cols, a.k_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
+    std::memcpy(a.cache->v.as<float>() + slot * kv_cols, a.v_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
+  }
+}
+
+void CpuBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const float k = float(std::sqrt(2.0 / M_PI));
+  pool_.parallel_for(gate.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = gate.as<float>()[i];
+      out.as<float>()[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up.as<float>()[i];
+    }
+  });
+}
+
+void CpuBackend::add(const Tensor& x, const Tensor& y) {
+  for (int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] += y.as<float>()[i];
+}
+
+void CpuBackend::scale(const Tensor& x, const Tensor& scalar) {
+  float s;
+  widen_row(scalar, 0, &s);
+  for (int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] *= s;
+}
+
+void CpuBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
+  pool_.parallel_for(x.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float z = x.as<float>()[i];
+      out.as<float>()[i] = cap > 0 ? cap * std::tanh(z / cap) : z;
+    }
+  });
+}
+
+void CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) {
+  for (int64_t r = 0; r < logits.rows; ++r)
+    tokens.as<int64_t>()[r] =
+        sample_row(logits.as<float>() + r * logits.cols, logits.cols, params.as<SamplingParams>()[r]);
+}
+
+}  // namespace g4

@@ -1,0 +1,41 @@
+// The CPU backend: float32 arithmetic, weights used in place from the mapped file (F32, BF16,
+// F16 or Q8_0, widened to float32 row by row), multi-threaded with a ThreadPool.
+#pragma once
+#include <memory>
+
+#include "backend/backend.h"
+#include "util/thread_pool.h"
+
+namespace g4 {
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(int threads = 0);
+  std::string name() const override { return "cpu"; }
+  DType activation_dtype() const override { return DType::F32; }
+
+  Tensor alloc(DType dtype, int64_t rows, int64_t cols) override;
+  void upload(const void* host, const Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  Tensor upload_weight(const HostTensor& w) override;
+
+  void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void attention(const AttentionArgs& args) override;
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void add(const Tensor& x, const Tensor& y) override;
+  void scale(const Tensor& x, const Tensor& scalar) override;
+  void softcap(const Tensor& x, float cap, const Tensor& out) override;
+  void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
+  void synchronize() override {}
+
+ private:
+  ThreadPool pool_;
+};
+
+// Widens one row of a weight of any supported dtype to float32.
+void widen_row(const Tensor& w, int64_t row, float* out);
+
+}  // namespace g4

@@ -1,0 +1,15 @@
+// The CUDA backend: bf16 weights and activations, float32 accumulation, on-device sampling.
+// Only compiled when CUDA is present (G4_HAVE_CUDA).
+#pragma once
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace g4 {
+
+// Number of CUDA devices (0 when none or when the driver is missing).
+int cuda_device_count();
+// A backend on the current CUDA device; throws g4::Error when it cannot be created.
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace g4

@@ -1,0 +1,90 @@
+#include "format/hf_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace g4 {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string canonical_text_name(const std::string& n) {
+  std::string rest;
+  if (n.rfind("model.language_model.", 0) == 0) {
+    rest = n.substr(21);
+  } else if (n.rfind("model.", 0) == 0) {
+    rest = n.substr(6);
+  } else if (n == "lm_head.weight") {
+    return n;
+  } else {
+    return "";
+  }
+  for (const char* keep : {"layers.", "embed_tokens.", "norm."})
+    if (rest.rfind(keep, 0) == 0) return rest;
+  return "";
+}
+
+static std::vector<std::string> shard_files(const fs::path& dir) {
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    const fs::path single = dir / "model.safetensors";
+    G4_CHECK(fs::exists(single), "missing weights: neither '" + single.string() + "' nor '" + index.string() + "' exists");
+    return {single.string()};
+  }
+  std::ifstream in(index);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw Error("malformed JSON in '" + index.string() + "': " + e.what());
+  }
+  G4_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "'" + index.string() + "' has no weight_map");
+  std::set<std::string> files;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    G4_CHECK(file.is_string(), "'" + index.string() + "': weight_map entry '" + name + "' is not a file name");
+    files.insert(file.get<std::string>());
+  }
+  std::vector<std::string> paths;
+  for (const auto& f : files) paths.push_back((dir / f).string());
+  return paths;
+}
+
+HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
+  G4_CHECK(fs::is_directory(dir), "model directory '" + dir + "' does not exist");
+  config_ = load_hf_config((fs::path(dir) / "config.json").string());
+  for (const auto& path : shard_files(dir)) {
+    files_.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const auto& [name, entry] : files_.back()->entries()) {
+      std::string canon = canonical_text_name(name);
+      if (canon.empty()) continue;
+      G4_CHECK(!canonical_.count(canon), "tensor '" + name + "' appears twice in '" + dir + "'");
+      canonical_[canon] = {files_.back().get(), name};
+    }
+  }
+}
+
+const HostTensor* HfCheckpoint::find(const std::string& name) const {
+  auto hit = loaded_.find(name);
+  if (hit != loaded_.end()) return &hit->second;
+  auto it = canonical_.find(name);
+  if (it == canonical_.end()) return nullptr;
+  HostTensor t = it->second.first->tensor(it->second.second);
+  t.name = name;
+  return &loaded_.emplace(name, std::move(t)).first->second;
+}
+
+std::vector<std::string> HfCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, _] : canonical_) out.push_back(name);
+  return out;
+}
+
+}  // namespace g4

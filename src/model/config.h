@@ -1,0 +1,48 @@
+// The Gemma 4 text model's hyper-parameters, resolved per layer (SPEC §1), from either layout of
+// Hugging Face config.json (text-only with per_layer_config, or published with nested text_config).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace g4 {
+
+struct LayerConfig {
+  bool sliding = true;
+  int head_dim = 0;
+  int kv_heads = 0;
+  bool k_eq_v = false;          // no v_proj: V is k_proj's output before k_norm/RoPE
+  double rope_theta = 10000.0;
+  double rope_partial = 1.0;    // fraction of head_dim that rotates ("proportional" RoPE)
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int num_heads = 0;
+  double rms_norm_eps = 1e-6;
+  double final_logit_softcap = 0.0;  // 0 = none
+  int sliding_window = 0;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = true;
+  int bos_id = 2;
+  std::vector<int> eos_ids{1};
+  std::vector<LayerConfig> layers;
+
+  int num_layers() const { return int(layers.size()); }
+  int max_head_dim() const;
+  int64_t max_q_cols() const;   // max over layers of heads*head_dim
+  int64_t max_kv_cols() const;  // max over layers of kv_heads*head_dim
+  // RoPE inverse frequencies of a layer: theta^(-2i/head_dim) for the rotating pairs, 0 after.
+  std::vector<float> rope_inv_freq(const LayerConfig& layer) const;
+};
+
+// Parses config.json text (either layout). Throws g4::Error naming the key on missing values or
+// unsupported features (MoE, per-layer embeddings, shared KV layers).
+ModelConfig parse_hf_config(const nlohmann::json& root);
+ModelConfig load_hf_config(const std::string& path);
+
+}  // namespace g4

@@ -1,0 +1,108 @@
+#include "model/gemma4.h"
+
+#include <cmath>
+
+#include "util/error.h"
+
+namespace g4 {
+
+ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_tokens) : max_tokens(max_tokens) {
+  const DType a = be.activation_dtype();
+  x = be.alloc(a, max_tokens, c.hidden_size);
+  normed = be.alloc(a, max_tokens, c.hidden_size);
+  q = be.alloc(a, max_tokens, c.max_q_cols());
+  k = be.alloc(a, max_tokens, c.max_kv_cols());
+  v = be.alloc(a, max_tokens, c.max_kv_cols());
+  attn = be.alloc(a, max_tokens, c.max_q_cols());
+  proj = be.alloc(a, max_tokens, c.hidden_size);
+  gate = be.alloc(a, max_tokens, c.intermediate_size);
+  up = be.alloc(a, max_tokens, c.intermediate_size);
+  last_hidden = be.alloc(a, 1, c.hidden_size);
+  logits_act = be.alloc(a, 1, c.vocab_size);
+}
+
+// First T rows of `t`, seen as [T, cols].
+static Tensor head(const Tensor& t, int64_t T, int64_t cols) { return t.rows_view(0, T).reshaped(T, cols); }
+
+void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
+                             int64_t T) const {
+  const LayerConfig& l = config_.layers[size_t(layer)];
+  const LayerWeights& w = weights_.layers[size_t(layer)];
+  const float eps = float(config_.rms_norm_eps);
+  const int64_t H = config_.hidden_size, hd = l.head_dim;
+  const int64_t q_cols = config_.num_heads * hd, kv_cols = l.kv_heads * hd;
+  Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
+  Tensor q = head(buf.q, T, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
+
+  be.rms_norm(x, w.attn_norm, eps, h);
+  be.matmul(h, w.q_proj, q);
+  be.matmul(h, w.k_proj, k);
+  Tensor q_heads = q.reshaped(T * config_.num_heads, hd);
+  Tensor k_heads = k.reshaped(T * l.kv_heads, hd), v_heads = v.reshaped(T * l.kv_heads, hd);
+  if (l.k_eq_v) {
+    be.rms_norm(k_heads, Tensor{}, eps, v_heads);  // V = v_norm(k_proj(x)), before k_norm/RoPE
+  } else {
+    be.matmul(h, w.v_proj, v);
+    be.rms_norm(v_heads, Tensor{}, eps, v_heads);
+  }
+  be.rms_norm(q_heads, w.q_norm, eps, q_heads);
+  be.rms_norm(k_heads, w.k_norm, eps, k_heads);
+  be.rope(q_heads, positions, w.rope_inv_freq);
+  be.rope(k_heads, positions, w.rope_inv_freq);
+
+  AttentionArgs args;
+  args.q = q;
+  args.k_new = k;
+  args.v_new = v;
+  args.cache = &cache;
+  args.positions = positions;
+  args.heads = config_.num_heads;
+  args.kv_heads = l.kv_heads;
+  args.head_dim = l.head_dim;
+  args.window = l.sliding ? config_.sliding_window : 0;
+  args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
+  args.out = head(buf.attn, T, q_cols);
+  be.attention(args);
+
+  Tensor o = head(buf.proj, T, H);
+  be.matmul(args.out, w.o_proj, o);
+  be.rms_norm(o, w.post_attn_norm, eps, o);
+  be.add(x, o);
+}
+
+void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t T) const {
+  const LayerWeights& w = weights_.layers[size_t(layer)];
+  const float eps = float(config_.rms_norm_eps);
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
+  Tensor gate = head(buf.gate, T, I), up = head(buf.up, T, I), o = head(buf.proj, T, H);
+  be.rms_norm(x, w.ffn_norm, eps, h);
+  be.matmul(h, w.gate_proj, gate);
+  be.matmul(h, w.up_proj, up);
+  be.gelu_tanh_mul(gate, up, gate);
+  be.matmul(gate, w.down_proj, o);
+  be.rms_norm(o, w.post_ffn_norm, eps, o);
+  be.add(x, o);
+  be.scale(x, w.layer_scalar);
+}
+
+void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
+                            const Tensor& positions) const {
+  const int64_t T = ids.rows;
+  G4_CHECK(T >= 1 && T <= buf.max_tokens, "chunk of " + std::to_string(T) + " tokens exceeds the buffers (" +
+                                              std::to_string(buf.max_tokens) + ")");
+  be.embed(weights_.embed, ids, float(std::sqrt(double(config_.hidden_size))), head(buf.x, T, config_.hidden_size));
+  for (int i = 0; i < config_.num_layers(); ++i) {
+    attention_block(be, buf, i, caches[size_t(i)], positions, T);
+    mlp_block(be, buf, i, T);
+  }
+}
+
+void Gemma4::logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor& scratch,
+                    const Tensor& logits) const {
+  be.rms_norm(hidden, weights_.final_norm, float(config_.rms_norm_eps), normed);
+  be.matmul(normed, weights_.lm_head, scratch);
+  be.softcap(scratch, float(config_.final_logit_softcap), logits);
+}
+
+}  // namespace g4

@@ -1,0 +1,98 @@
+#include "model/weights.h"
+
+#include "util/error.h"
+
+namespace g4 {
+
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string layer_prefix(int i) { return "layers." + std::to_string(i) + "."; }
+
+}  // namespace
+
+std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  std::vector<TensorSpec> specs{{"embed_tokens.weight", {c.vocab_size, H}}, {"norm.weight", {H}}};
+  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, H}});
+  for (int i = 0; i < c.num_layers(); ++i) {
+    const LayerConfig& l = c.layers[size_t(i)];
+    const std::string p = layer_prefix(i);
+    const int64_t q = int64_t(c.num_heads) * l.head_dim, kv = int64_t(l.kv_heads) * l.head_dim;
+    std::vector<TensorSpec> layer{
+        {p + "input_layernorm.weight", {H}},
+        {p + "self_attn.q_proj.weight", {q, H}},
+        {p + "self_attn.k_proj.weight", {kv, H}},
+        {p + "self_attn.o_proj.weight", {H, q}},
+        {p + "self_attn.q_norm.weight", {l.head_dim}},
+        {p + "self_attn.k_norm.weight", {l.head_dim}},
+        {p + "post_attention_layernorm.weight", {H}},
+        {p + "pre_feedforward_layernorm.weight", {H}},
+        {p + "mlp.gate_proj.weight", {I, H}},
+        {p + "mlp.up_proj.weight", {I, H}},
+        {p + "mlp.down_proj.weight", {H, I}},
+        {p + "post_feedforward_layernorm.weight", {H}},
+        {p + "layer_scalar", {1}},
+    };
+    if (!l.k_eq_v) layer.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+    specs.insert(specs.end(), layer.begin(), layer.end());
+  }
+  return specs;
+}
+
+void validate_tensors(const ModelConfig& c, const TensorSource& source) {
+  for (const auto& spec : expected_tensors(c)) {
+    const HostTensor* t = source.find(spec.name);
+    G4_CHECK(t, "missing tensor '" + spec.name + "' (expected shape " + shape_string(spec.shape) + ")");
+    G4_CHECK(t->shape == spec.shape, "tensor '" + spec.name + "' has shape " + shape_string(t->shape) +
+                                         ", the config implies " + shape_string(spec.shape));
+    G4_CHECK(t->dtype == DType::F32 || t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::Q8_0,
+             "tensor '" + spec.name + "' has unsupported dtype " + dtype_name(t->dtype));
+    G4_CHECK(t->dtype != DType::Q8_0 || t->shape.size() == 2,
+             "tensor '" + spec.name + "': Q8_0 is only supported for matrices");
+  }
+}
+
+static Tensor upload_inv_freq(const std::vector<float>& inv, Backend& backend) {
+  Tensor t = backend.alloc(DType::F32, int64_t(inv.size()), 1);
+  backend.upload(inv.data(), t);
+  return t;
+}
+
+ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend) {
+  validate_tensors(c, source);
+  auto get = [&](const std::string& name) { return backend.upload_weight(*source.find(name)); };
+  ModelWeights w;
+  w.embed = get("embed_tokens.weight");
+  w.lm_head = c.tie_word_embeddings ? w.embed : get("lm_head.weight");
+  w.final_norm = get("norm.weight");
+  for (int i = 0; i < c.num_layers(); ++i) {
+    const LayerConfig& l = c.layers[size_t(i)];
+    const std::string p = layer_prefix(i);
+    LayerWeights lw;
+    lw.attn_norm = get(p + "input_layernorm.weight");
+    lw.q_proj = get(p + "self_attn.q_proj.weight");
+    lw.k_proj = get(p + "self_attn.k_proj.weight");
+    if (!l.k_eq_v) lw.v_proj = get(p + "self_attn.v_proj.weight");
+    lw.o_proj = get(p + "self_attn.o_proj.weight");
+    lw.q_norm = get(p + "self_attn.q_norm.weight");
+    lw.k_norm = get(p + "self_attn.k_norm.weight");
+    lw.post_attn_norm = get(p + "post_attention_layernorm.weight");
+    lw.ffn_norm = get(p + "pre_feedforward_layernorm.weight");
+    lw.gate_proj = get(p + "mlp.gate_proj.weight");
+    lw.up_proj = get(p + "mlp.up_proj.weight");
+    lw.down_proj = get(p + "mlp.down_proj.weight");
+    lw.post_ffn_norm = get(p + "post_feedforward_layernorm.weight");
+    lw.layer_scalar = get(p + "layer_scalar");
+    lw.rope_inv_freq = upload_inv_freq(c.rope_inv_freq(l), backend);
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace g4

@@ -1,0 +1,40 @@
+// The Gemma 4 text model's weights in a backend's memory, checked against the config first.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/tensor_source.h"
+
+namespace g4 {
+
+struct LayerWeights {
+  Tensor attn_norm, q_proj, k_proj, v_proj /* empty on K=V layers */, o_proj, q_norm, k_norm;
+  Tensor post_attn_norm, ffn_norm, gate_proj, up_proj, down_proj, post_ffn_norm, layer_scalar;
+  Tensor rope_inv_freq;  // F32 [head_dim/2, 1]
+};
+
+struct ModelWeights {
+  Tensor embed;    // [vocab, hidden]
+  Tensor lm_head;  // the embedding when tied
+  Tensor final_norm;
+  std::vector<LayerWeights> layers;
+};
+
+// One expected tensor: canonical name and [out, in] shape (1-D tensors have one dimension).
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Every tensor the config implies, in load order.
+std::vector<TensorSpec> expected_tensors(const ModelConfig& c);
+
+// Throws g4::Error naming the first missing tensor or wrong shape.
+void validate_tensors(const ModelConfig& c, const TensorSource& source);
+
+// Validates, then uploads every tensor with backend.upload_weight.
+ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend);
+
+}  // namespace g4

@@ -1,0 +1,25 @@
+// Access to the Hugging Face reference fixtures (tests/fixtures/hf-gemma4/*).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace g4::test {
+
+struct Reference {
+  std::string dir;
+  std::vector<int32_t> tokens;
+  int64_t positions = 0, vocab = 0;
+  std::vector<float> logits;  // [positions][vocab]
+};
+
+std::string fixture_dir(const std::string& name);
+Reference load_reference(const std::string& name);
+// max |a - b| over all elements (a and b must have the same size).
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+// A fresh empty directory under the build tree for one test's files.
+std::string temp_dir(const std::string& name);
+// Runs a shell command, returns its exit status and combined stdout+stderr.
+int run_command(const std::string& command, std::string* output);
+
+}  // namespace g4::test

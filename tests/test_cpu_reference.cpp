@@ -1,0 +1,115 @@
+// The CPU backend against transformers' own Gemma 4 logits (SPEC §6: max |Δlogit| <= 1e-3),
+// computed three ways: one prefill, token-by-token decode, and every chunk size 1..2*window.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "format/hf_checkpoint.h"
+#include "format/safetensors.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+
+namespace g4 {
+namespace {
+
+constexpr double kTolerance = 1e-3;
+
+class CpuReference : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ref_ = test::load_reference(GetParam());
+    model_ = load_model(ref_.dir, backend_);
+  }
+  Session new_session() {
+    SessionOptions o;
+    o.max_seq_len = ref_.positions + 1;
+    return Session(*model_, backend_, o);
+  }
+  CpuBackend backend_{2};
+  test::Reference ref_;
+  std::unique_ptr<Gemma4> model_;
+};
+
+TEST_P(CpuReference, OnePrefillMatchesEveryPosition) {
+  Session s = new_session();
+  EXPECT_LE(test::max_abs_diff(s.logits_all(ref_.tokens), ref_.logits), kTolerance);
+}
+
+TEST_P(CpuReference, TokenByTokenDecodeMatches) {
+  Session s = new_session();
+  std::vector<float> got;
+  for (int32_t id : ref_.tokens) {
+    s.decode(id);
+    auto row = s.last_logits_host();
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  EXPECT_LE(test::max_abs_diff(got, ref_.logits), kTolerance);
+}
+
+TEST_P(CpuReference, EveryChunkSizeMatches) {
+  const int64_t max_chunk = 2 * model_->config().sliding_window;
+  for (int64_t chunk = 1; chunk <= max_chunk; ++chunk) {
+    Session s = new_session();
+    ASSERT_EQ(s.max_prefill_chunk(), max_chunk);
+    EXPECT_LE(test::max_abs_diff(s.logits_all(ref_.tokens, chunk), ref_.logits), kTolerance) << "chunk " << chunk;
+  }
+}
+
+TEST_P(CpuReference, ChunkedPrefillLeavesTheLastLogits) {
+  Session s = new_session();
+  s.prefill(ref_.tokens);
+  auto last = s.last_logits_host();
+  std::vector<float> want(ref_.logits.end() - ref_.vocab, ref_.logits.end());
+  EXPECT_LE(test::max_abs_diff(last, want), kTolerance);
+  s.reset();
+  EXPECT_EQ(s.position(), 0);
+  s.prefill(ref_.tokens);
+  EXPECT_LE(test::max_abs_diff(s.last_logits_host(), want), kTolerance) << "after reset";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CpuReference,
+                         ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout"));
+
+TEST(Checkpoint, PublishedLayoutSkipsTheVisionTower) {
+  HfCheckpoint ckpt(test::fixture_dir("published-layout"));
+  for (const auto& name : ckpt.names()) EXPECT_EQ(name.find("vision"), std::string::npos) << name;
+  ASSERT_EQ(ckpt.config().num_layers(), 6);
+  EXPECT_FALSE(ckpt.config().layers[5].sliding);
+  EXPECT_EQ(ckpt.config().layers[5].head_dim, 32);
+  EXPECT_EQ(ckpt.config().layers[5].kv_heads, 1);
+  EXPECT_TRUE(ckpt.config().layers[4].sliding);
+}
+
+// Splits a fixture into two shards + model.safetensors.index.json and checks identical logits.
+TEST(Checkpoint, ShardedCheckpointGivesTheSameLogits) {
+  const auto ref = test::load_reference("tiny-31b-style");
+  const std::string dir = test::temp_dir("sharded");
+  SafetensorsFile whole(ref.dir + "/model.safetensors");
+  std::vector<HostTensor> shard[2];
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  int i = 0;
+  for (const auto& [name, entry] : whole.entries()) {
+    const int s = i++ % 2;
+    shard[s].push_back(whole.tensor(name));
+    index["weight_map"][name] = "model-0000" + std::to_string(s + 1) + "-of-00002.safetensors";
+  }
+  for (int s = 0; s < 2; ++s)
+    write_safetensors(dir + "/model-0000" + std::to_string(s + 1) + "-of-00002.safetensors", shard[s]);
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  std::filesystem::copy_file(ref.dir + "/config.json", dir + "/config.json");
+
+  CpuBackend backend(2);
+  auto model = load_model(dir, backend);
+  SessionOptions o;
+  o.max_seq_len = ref.positions + 1;
+  Session s(*model, backend, o);
+  EXPECT_LE(test::max_abs_diff(s.logits_all(ref.tokens), ref.logits), kTolerance);
+}
+
+}  // namespace
+}  // namespace g4
