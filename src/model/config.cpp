@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/half.h"
 
 namespace g4 {
 
@@ -35,8 +36,12 @@ std::vector<float> ModelConfig::rope_inv_freq(const LayerConfig& layer) const {
   const int pairs = layer.head_dim / 2;
   const int rotating = int(layer.rope_partial * layer.head_dim) / 2;
   std::vector<float> inv(size_t(pairs), 0.0f);
-  for (int i = 0; i < rotating; ++i)
-    inv[size_t(i)] = float(std::pow(layer.rope_theta, -2.0 * i / layer.head_dim));
+  for (int i = 0; i < rotating; ++i) {
+    const float f = float(std::pow(layer.rope_theta, -2.0 * i / layer.head_dim));
+    inv[size_t(i)] = rope_dtype == DType::BF16  ? bf16_to_f32(f32_to_bf16(f))
+                     : rope_dtype == DType::F16 ? f16_to_f32(f32_to_f16(f))
+                                                : f;
+  }
   return inv;
 }
 
@@ -153,6 +158,10 @@ ModelConfig parse_hf_config(const json& root) {
   c.bos_id = optional<int>(t, "bos_token_id", 2);
   const json& eos = t.contains("eos_token_id") ? t["eos_token_id"] : root.value("eos_token_id", json(1));
   c.eos_ids = eos.is_array() ? eos.get<std::vector<int>>() : std::vector<int>{eos.is_number() ? eos.get<int>() : 1};
+
+  const std::string dtype = optional<std::string>(t, "dtype", optional<std::string>(root, "torch_dtype", ""));
+  if (dtype == "bfloat16") c.rope_dtype = DType::BF16;
+  if (dtype == "float16") c.rope_dtype = DType::F16;
 
   const int n = required<int>(t, "num_hidden_layers");
   G4_CHECK(n > 0, "config.json: 'num_hidden_layers' must be positive");

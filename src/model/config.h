@@ -7,6 +7,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "util/dtype.h"
+
 namespace g4 {
 
 struct LayerConfig {
@@ -31,6 +33,9 @@ struct ModelConfig {
   int bos_id = 2;
   std::vector<int> eos_ids{1};
   std::vector<LayerConfig> layers;
+  // The checkpoint's own dtype. transformers casts the RoPE inv_freq buffers with the model
+  // (model.to(dtype)), so a bf16 checkpoint rotates with bf16-rounded frequencies; we match it.
+  DType rope_dtype = DType::F32;
 
   int num_layers() const { return int(layers.size()); }
   int max_head_dim() const;

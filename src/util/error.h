@@ -11,9 +11,10 @@ class Error : public std::runtime_error {
 };
 
 // check(cond, msg): throw g4::Error(msg) unless cond. The message is built only on failure.
-#define G4_CHECK(cond, msg)                                  \
-  do {                                                       \
-    if (!(cond)) throw ::g4::Error(std::string() + msg);     \
+// Variadic so that a message containing commas needs no extra parentheses.
+#define G4_CHECK(cond, ...)                                       \
+  do {                                                            \
+    if (!(cond)) throw ::g4::Error(std::string() + __VA_ARGS__);  \
   } while (0)
 
 }  // namespace g4

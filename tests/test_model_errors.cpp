@@ -1,0 +1,236 @@
+// Bad input to the CPU runtime gets a clear error naming the problem, never a crash.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "format/safetensors.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+#include "util/error.h"
+
+namespace g4 {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A writable copy of the float32 fixture.
+std::string copy_fixture(const std::string& test_name) {
+  const std::string dir = test::temp_dir(test_name);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(test::fixture_dir("tiny-31b-style") + "/" + f, dir + "/" + f);
+  return dir;
+}
+
+json read_json(const std::string& path) { return json::parse(std::ifstream(path)); }
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// Rewrites model.safetensors after `edit` changed the list of tensors.
+void rewrite_weights(const std::string& dir, const std::function<void(std::vector<HostTensor>&)>& edit) {
+  std::vector<HostTensor> tensors;
+  {
+    SafetensorsFile f(test::fixture_dir("tiny-31b-style") + "/model.safetensors");
+    for (const auto& [name, _] : f.entries()) tensors.push_back(f.tensor(name));
+    edit(tensors);
+    write_safetensors(dir + "/model.safetensors.new", tensors);
+  }
+  fs::rename(dir + "/model.safetensors.new", dir + "/model.safetensors");
+}
+
+void expect_load_error(const std::string& dir, const std::string& fragment) {
+  CpuBackend backend(1);
+  try {
+    load_model(dir, backend);
+    FAIL() << "loading " << dir << " should fail with '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "message: " << e.what();
+  }
+}
+
+TEST(ModelErrors, MissingDirectory) { expect_load_error("/nonexistent/model", "does not exist"); }
+
+TEST(ModelErrors, MissingConfig) {
+  const std::string dir = copy_fixture("missing_config");
+  fs::remove(dir + "/config.json");
+  expect_load_error(dir, "missing config");
+}
+
+TEST(ModelErrors, MissingWeights) {
+  const std::string dir = copy_fixture("missing_weights");
+  fs::remove(dir + "/model.safetensors");
+  expect_load_error(dir, "missing weights");
+}
+
+TEST(ModelErrors, MalformedConfigJson) {
+  const std::string dir = copy_fixture("malformed_json");
+  write_text(dir + "/config.json", "{\"vocab_size\": 512, ");
+  expect_load_error(dir, "malformed JSON");
+}
+
+TEST(ModelErrors, MissingConfigKey) {
+  const std::string dir = copy_fixture("missing_key");
+  json c = read_json(dir + "/config.json");
+  c.erase("hidden_size");
+  write_text(dir + "/config.json", c.dump());
+  expect_load_error(dir, "missing 'hidden_size'");
+}
+
+TEST(ModelErrors, TruncatedSafetensors) {
+  const std::string dir = copy_fixture("truncated");
+  fs::resize_file(dir + "/model.safetensors", fs::file_size(dir + "/model.safetensors") / 2);
+  expect_load_error(dir, "out of range");
+  fs::resize_file(dir + "/model.safetensors", 5);
+  expect_load_error(dir, "truncated");
+}
+
+TEST(ModelErrors, HeaderLongerThanFile) {
+  const std::string dir = copy_fixture("long_header");
+  std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t huge = uint64_t(1) << 40;
+  f.write(reinterpret_cast<const char*>(&huge), 8);
+  f.close();
+  expect_load_error(dir, "truncated");
+}
+
+TEST(ModelErrors, OffsetsOutOfRange) {
+  const std::string dir = copy_fixture("bad_offsets");
+  // Rewrite the header so that one tensor points past the data section.
+  std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+  uint64_t len;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string header(len, ' ');
+  in.read(header.data(), std::streamsize(len));
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json h = json::parse(header);
+  h["model.norm.weight"]["data_offsets"] = {data.size() - 4, data.size() + 252};  // F32 [64] = 256 bytes
+  std::string text = h.dump();
+  uint64_t new_len = text.size();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&new_len), 8);
+  out << text << data;
+  out.close();
+  expect_load_error(dir, "out of range");
+}
+
+TEST(ModelErrors, MissingTensor) {
+  const std::string dir = copy_fixture("missing_tensor");
+  rewrite_weights(dir, [](std::vector<HostTensor>& t) {
+    std::erase_if(t, [](const HostTensor& x) { return x.name == "model.layers.2.mlp.up_proj.weight"; });
+  });
+  expect_load_error(dir, "missing tensor 'layers.2.mlp.up_proj.weight'");
+}
+
+TEST(ModelErrors, WrongShape) {
+  const std::string dir = copy_fixture("wrong_shape");
+  rewrite_weights(dir, [](std::vector<HostTensor>& t) {
+    for (auto& x : t)
+      if (x.name == "model.layers.1.self_attn.q_proj.weight") x.shape = {32, 128};
+  });
+  expect_load_error(dir, "tensor 'layers.1.self_attn.q_proj.weight' has shape [32, 128]");
+}
+
+TEST(ModelErrors, UnsupportedDtype) {
+  const std::string dir = copy_fixture("bad_dtype");
+  std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+  uint64_t len;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string header(len, ' ');
+  in.read(header.data(), std::streamsize(len));
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json h = json::parse(header);
+  h["model.norm.weight"]["dtype"] = "I32";  // same byte size as F32, so only the type is wrong
+  std::string text = h.dump();
+  uint64_t new_len = text.size();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&new_len), 8);
+  out << text << data;
+  out.close();
+  expect_load_error(dir, "unsupported dtype I32");
+}
+
+TEST(ModelErrors, UnsupportedFeatures) {
+  for (auto [key, value] : std::vector<std::pair<std::string, json>>{
+           {"enable_moe_block", true}, {"hidden_size_per_layer_input", 256}, {"num_kv_shared_layers", 2}}) {
+    const std::string dir = copy_fixture("unsupported_" + key);
+    json c = read_json(dir + "/config.json");
+    c[key] = value;
+    write_text(dir + "/config.json", c.dump());
+    expect_load_error(dir, "'" + key + "'");
+    expect_load_error(dir, "not supported yet");
+  }
+}
+
+class SessionErrors : public ::testing::Test {
+ protected:
+  void SetUp() override { model_ = load_model(test::fixture_dir("tiny-31b-style"), backend_); }
+  CpuBackend backend_{1};
+  std::unique_ptr<Gemma4> model_;
+};
+
+TEST_F(SessionErrors, TokenIdOutOfRangeNamesTheId) {
+  Session s(*model_, backend_, SessionOptions{16, 0});
+  std::vector<int32_t> ids{5, 512, 7};
+  try {
+    s.prefill(ids);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 512"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.position(), 0) << "a rejected prompt must leave the session unchanged";
+  std::vector<int32_t> negative{-1};
+  EXPECT_THROW(s.prefill(negative), Error);
+}
+
+TEST_F(SessionErrors, FullContext) {
+  Session s(*model_, backend_, SessionOptions{16, 0});
+  std::vector<int32_t> ids(15, 3);
+  s.prefill(ids);
+  s.decode(4);
+  EXPECT_EQ(s.position(), 16);
+  try {
+    s.decode(4);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context full (16 tokens)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.position(), 16);
+}
+
+TEST_F(SessionErrors, ChunkLargerThanTheLimit) {
+  Session s(*model_, backend_, SessionOptions{64, 0});
+  EXPECT_EQ(s.max_prefill_chunk(), 16);  // min(64 - 1, 2 * window 8)
+  std::vector<int32_t> ids(20, 3);
+  EXPECT_THROW(s.logits_all(ids, 17), Error);
+  EXPECT_THROW(Session(*model_, backend_, SessionOptions{64, 17}), Error);
+  EXPECT_THROW(Session(*model_, backend_, SessionOptions{100000, 0}), Error) << "beyond max_position_embeddings";
+}
+
+TEST(LogitsCommand, WritesLogitsAndRejectsBadIds) {
+  const auto ref = test::load_reference("tiny-31b-style");
+  const std::string out = test::temp_dir("logits_cli") + "/logits.f32";
+  std::string ids;
+  for (int32_t id : ref.tokens) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  std::string output;
+  ASSERT_EQ(test::run_command(std::string(G4_BINARY) + " logits --model_path " + ref.dir + " --tokens " + ids +
+                                  " --prefill_chunk 5 --out " + out, &output), 0) << output;
+  EXPECT_NE(output.find("\"argmax_last\":"), std::string::npos) << output;
+  std::vector<float> got(ref.logits.size());
+  std::ifstream(out, std::ios::binary).read(reinterpret_cast<char*>(got.data()), std::streamsize(got.size() * 4));
+  EXPECT_LE(test::max_abs_diff(got, ref.logits), 1e-3);
+
+  EXPECT_NE(test::run_command(std::string(G4_BINARY) + " logits --model_path " + ref.dir +
+                                  " --tokens 1,9999 --out " + out, &output), 0);
+  EXPECT_NE(output.find("token id 9999"), std::string::npos) << output;
+  EXPECT_NE(test::run_command(std::string(G4_BINARY) + " logits --model_path " + ref.dir +
+                                  " --tokens 1,x --out " + out, &output), 0);
+  EXPECT_NE(output.find("bad token id 'x'"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace g4
