@@ -8,6 +8,7 @@ namespace g4::cli {
 inline constexpr int kFailure = 1;
 
 void add_logits_command(CLI::App& app);
+void add_tokenize_commands(CLI::App& app);
 
 
 }  // namespace g4::cli

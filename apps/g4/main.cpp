@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
   g4::cli::add_logits_command(app);
+  g4::cli::add_tokenize_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

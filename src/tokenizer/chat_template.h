@@ -1,0 +1,36 @@
+// Gemma 4's instruction chat template (SPEC §4) and the prompt → ids step of `g4 run`.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace g4 {
+
+struct ChatMessage {
+  std::string role;  // "user", "system", "model"; "assistant" is written as "model"
+  std::string content;
+};
+
+// "<bos>" then, per message, "<|turn>{role}\n{content stripped}<turn|>\n"; then the model's
+// turn with thinking off: "<|turn>model\n<|channel>thought\n<channel|>". Content is stripped of
+// leading/trailing ASCII whitespace, like the template's `| trim`.
+std::string format_gemma4_chat(std::span<const ChatMessage> messages);
+// One user turn: "<bos><|turn>user\n{prompt stripped}<turn|>\n<|turn>model\n<|channel>thought\n<channel|>".
+std::string format_gemma4_prompt(std::string_view user_prompt);
+
+// The ids `g4 run` feeds the model for a prompt: the Gemma 4 template applied (unless raw)
+// and encoded with special tokens parsed; bos_id is put first unless the ids already start
+// with it (the template's "<bos>" is 2, Gemma's --bos_id default), so BOS is never doubled.
+std::vector<int32_t> encode_prompt(const Tokenizer& tokenizer, std::string_view prompt, bool raw_prompt,
+                                   int32_t bos_id);
+
+// Generation ends on <eos> (1), <turn|> (106) or <|tool_response> (50).
+inline constexpr std::array<int32_t, 3> kGemma4StopTokenIds = {1, 106, 50};
+bool is_gemma4_stop_token(int32_t id);
+
+}  // namespace g4
