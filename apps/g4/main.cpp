@@ -9,7 +9,12 @@ int main(int argc, char** argv) {
   CLI::App app{"g4: Gemma 4 runtime that samples the next token on the device"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
+  g4::cli::add_run_command(app);
   g4::cli::add_logits_command(app);
+  g4::cli::add_bench_command(app);
+  g4::cli::add_export_command(app);
+  g4::cli::add_inspect_command(app);
+  g4::cli::add_sample_command(app);
   g4::cli::add_tokenize_commands(app);
   try {
     app.parse(argc, argv);

@@ -1,17 +1,51 @@
 #include "model/loader.h"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "format/hf_checkpoint.h"
+#include "model/gguf_model.h"
 #include "util/error.h"
 
 namespace g4 {
 
-std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {
+namespace {
+
+std::unique_ptr<Gemma4> load_from(const ModelConfig& config, const TensorSource& source, Backend& backend) {
+  ModelWeights weights = load_weights(config, source, backend);
+  return std::make_unique<Gemma4>(config, std::move(weights));
+}
+
+std::optional<std::string> read_text_file(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  G4_CHECK(in.good(), "cannot read '" + path.string() + "'");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// A directory is a Hugging Face checkpoint; any other path must be a GGUF model file.
+LoadedProgram load_program(const std::string& path, Backend& backend) {
   G4_CHECK(std::filesystem::exists(path), "model path '" + path + "' does not exist");
-  HfCheckpoint checkpoint(path);
-  ModelWeights weights = load_weights(checkpoint.config(), checkpoint, backend);
-  return std::make_unique<Gemma4>(checkpoint.config(), std::move(weights));
+  LoadedProgram out;
+  if (std::filesystem::is_directory(path)) {
+    HfCheckpoint checkpoint(path);
+    out.model = load_from(checkpoint.config(), checkpoint, backend);
+    out.program = default_program_flags(checkpoint.config(), false);
+    out.tokenizer_json = read_text_file(std::filesystem::path(path) / "tokenizer.json");
+    return out;
+  }
+  GgufModel file(path);
+  out.model = load_from(file.config(), file, backend);
+  out.program = file.program();
+  out.tokenizer_json = file.tokenizer_json();
+  return out;
+}
+
+std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {
+  return std::move(load_program(path, backend).model);
 }
 
 }  // namespace g4

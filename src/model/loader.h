@@ -5,11 +5,20 @@
 
 #include "backend/backend.h"
 #include "model/gemma4.h"
+#include "model/gguf_model.h"
 #include "model/tensor_source.h"
 
 namespace g4 {
 
 // Loads and validates the model at `path` (a checkpoint directory) onto `backend`.
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend);
+
+// A model ready to run with what its file says about running it (SPEC §2).
+struct LoadedProgram {
+  std::unique_ptr<Gemma4> model;
+  ProgramFlags program;  // a checkpoint directory is a logits (non-sample) program
+  std::optional<std::string> tokenizer_json;  // embedded, or the directory's tokenizer.json
+};
+LoadedProgram load_program(const std::string& path, Backend& backend);
 
 }  // namespace g4

@@ -46,15 +46,15 @@ Session::Session(const Gemma4& model, Backend& backend, SessionOptions options)
   token_ = backend.alloc(DType::I64, 1, 1);
 }
 
-void Session::check_input(std::span<const int32_t> tokens) const {
+void Session::check_input(std::span<const int32_t> tokens, int64_t start) const {
   G4_CHECK(!tokens.empty(), "no tokens to run");
   const int64_t vocab = model_.config().vocab_size;
   for (size_t i = 0; i < tokens.size(); ++i)
     G4_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "token id " + std::to_string(tokens[i]) + " at index " +
                                                       std::to_string(i) + " is out of range [0, " +
                                                       std::to_string(vocab) + ")");
-  G4_CHECK(position_ + int64_t(tokens.size()) <= max_seq_len_,
-           "context full (" + std::to_string(max_seq_len_) + " tokens): " + std::to_string(position_) +
+  G4_CHECK(start + int64_t(tokens.size()) <= max_seq_len_,
+           "context full (" + std::to_string(max_seq_len_) + " tokens): " + std::to_string(start) +
                " used, " + std::to_string(tokens.size()) + " more requested");
 }
 

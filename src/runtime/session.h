@@ -30,6 +30,10 @@ class Session {
   // last_logits() holds the last token's logits. Checks every id and the context before running.
   void prefill(std::span<const int32_t> tokens);
   void decode(int32_t token) { prefill(std::span<const int32_t>(&token, 1)); }
+  // Throws (naming the problem) unless tokens can run from position `start`: every id in range
+  // and the context large enough.
+  void check_input(std::span<const int32_t> tokens, int64_t start) const;
+  void check_input(std::span<const int32_t> tokens) const { check_input(tokens, position_); }
   // As prefill, but returns the logits of every position ([tokens][vocab], float32).
   std::vector<float> logits_all(std::span<const int32_t> tokens, int64_t chunk = 0);
 
@@ -39,7 +43,7 @@ class Session {
   int64_t sample(const SamplingParams& params);
 
  private:
-  void check_input(std::span<const int32_t> tokens) const;
+  friend class DecodeGraph;  // records a decode step over this session's buffers and caches
   void run_chunk(std::span<const int32_t> tokens, bool all_logits, float* host_logits);
 
   const Gemma4& model_;

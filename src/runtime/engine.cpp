@@ -1,0 +1,49 @@
+#include "runtime/engine.h"
+
+#include "backend/backend_factory.h"
+#include "sampling/cpu_sampler.h"
+#include "util/error.h"
+
+namespace g4 {
+
+Engine::Engine(const EngineOptions& options)
+    : backend_(make_backend(options.backend)), loaded_(load_program(options.model_path, *backend_)) {
+  SessionOptions so;
+  so.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
+  so.max_prefill_chunk = options.max_prefill_chunk > 0
+                             ? options.max_prefill_chunk
+                             : std::min(loaded_.program.max_prefill_chunk,
+                                        std::min<int64_t>(so.max_seq_len - 1, 2 * int64_t(config().sliding_window)));
+  session_ = std::make_unique<Session>(*loaded_.model, *backend_, so);
+}
+
+ForwardResult Engine::forward(std::span<const int32_t> tokens, std::span<const int32_t> input_pos,
+                              const SamplingParams& params) {
+  validate_sampling_params(params);
+  G4_CHECK(tokens.size() == input_pos.size(), "input_pos has " + std::to_string(input_pos.size()) +
+                                                  " entries for " + std::to_string(tokens.size()) + " tokens");
+  G4_CHECK(!tokens.empty(), "no tokens to run");
+  for (size_t i = 1; i < input_pos.size(); ++i)
+    G4_CHECK(input_pos[i] == input_pos[0] + int32_t(i), "input_pos must be consecutive positions");
+  const int64_t start = input_pos[0];
+  G4_CHECK(start == 0 || start == session_->position(),
+           "input_pos starts at " + std::to_string(start) + " but the session is at position " +
+               std::to_string(session_->position()) + " (continue it, or start again at 0)");
+  session_->check_input(tokens, start);
+  if (start == 0) session_->reset();
+  session_->prefill(tokens);
+  ForwardResult result;
+  if (use_sampling()) {
+    result.token = session_->sample(params);
+  } else {
+    result.logits = session_->last_logits_host();
+  }
+  return result;
+}
+
+int64_t Engine::token_of(const ForwardResult& result, const SamplingParams& params) const {
+  if (result.token >= 0) return result.token;
+  return sample_row(result.logits.data(), int64_t(result.logits.size()), params);
+}
+
+}  // namespace g4
