@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
+#include "format/quantize.h"
 #include "model/tensor_source.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"
-#include "util/half.h"
 
 namespace g4 {
 
@@ -45,32 +45,7 @@ Tensor CpuBackend::upload_weight(const HostTensor& w) {
 }
 
 void widen_row(const Tensor& w, int64_t row, float* out) {
-  const uint8_t* p = static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_size();
-  const int64_t n = w.cols;
-  switch (w.dtype) {
-    case DType::F32: std::memcpy(out, p, size_t(n) * 4); return;
-    case DType::BF16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
-      return;
-    }
-    case DType::F16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
-      return;
-    }
-    case DType::Q8_0:
-      for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
-        const uint8_t* block = p + b * kQ8BlockBytes;
-        uint16_t d;
-        std::memcpy(&d, block, 2);
-        const float scale = f16_to_f32(d);
-        const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
-        for (int64_t i = 0; i < kQ8BlockSize; ++i) out[b * kQ8BlockSize + i] = scale * float(q[i]);
-      }
-      return;
-    default: throw Error("cannot use a " + dtype_name(w.dtype) + " tensor as a weight");
-  }
+  decode_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_size(), w.cols, out);
 }
 
 static void check_f32(const Tensor& t, const char* what) {

@@ -1,0 +1,64 @@
+// g4 export: a Hugging Face checkpoint -> one GGUF model file (the "program", SPEC §2).
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "commands.h"
+#include "format/hf_checkpoint.h"
+#include "model/gguf_export.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+struct ExportCommandOptions {
+  std::string model_dir, output, weights;
+  bool sample = false;
+  int64_t max_seq_len = 0;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void print_tensor(const ExportedTensor& t) {
+  std::printf("%-36s %-14s %5s -> %-5s %12llu bytes%s%s\n", t.name.c_str(), shape_text(t.shape).c_str(),
+              dtype_name(t.source).c_str(), dtype_name(t.stored).c_str(), static_cast<unsigned long long>(t.bytes),
+              t.note.empty() ? "" : "  note: ", t.note.c_str());
+}
+
+void run_export(const ExportCommandOptions& o) {
+  ExportOptions options;
+  options.use_sampling = o.sample;
+  options.max_seq_len = o.max_seq_len;
+  if (!o.weights.empty()) options.weights = parse_weight_dtype(o.weights);
+  G4_CHECK(o.max_seq_len >= 0, "--max-seq-len must be positive");
+  HfCheckpoint checkpoint(o.model_dir);
+  const ExportResult r = export_gguf(checkpoint, o.output, options, print_tensor);
+  std::printf("wrote %s: %zu tensors, %llu bytes; g4.use_sampling=%s g4.max_seq_len=%lld "
+              "g4.max_prefill_chunk=%lld g4.min_prefill_chunk=%lld; tokenizer %s\n",
+              o.output.c_str(), r.tensor_count, static_cast<unsigned long long>(r.file_bytes),
+              r.program.use_sampling ? "true" : "false", static_cast<long long>(r.program.max_seq_len),
+              static_cast<long long>(r.program.max_prefill_chunk), static_cast<long long>(r.program.min_prefill_chunk),
+              r.tokenizer_embedded ? "embedded" : "not embedded (no tokenizer.json in the checkpoint)");
+}
+
+}  // namespace
+
+void add_export_command(CLI::App& app) {
+  auto opts = std::make_shared<ExportCommandOptions>();
+  CLI::App* cmd = app.add_subcommand("export", "Export a Hugging Face checkpoint to one GGUF model file");
+  cmd->add_option("--model-dir,--model_dir", opts->model_dir, "Hugging Face checkpoint directory")->required();
+  cmd->add_option("--output", opts->output, "The model file to write (.gguf)")->required();
+  cmd->add_flag("--sample", opts->sample, "Make a sampling program (forward returns the sampled token)");
+  cmd->add_option("--weights", opts->weights,
+                  "Matrix dtype: f32, bf16, f16 or q8_0 (default: each matrix's checkpoint dtype); norms stay f32");
+  cmd->add_option("--max-seq-len,--max_seq_len", opts->max_seq_len,
+                  "Context size (default: min(max_position_embeddings, 4096))");
+  cmd->callback([opts] { run_export(*opts); });
+}
+
+}  // namespace g4::cli

@@ -1,0 +1,64 @@
+// g4 inspect: a GGUF model file's metadata and tensor table as JSON.
+#include <cstdio>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "format/gguf.h"
+
+namespace g4::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;  // keeps the file's metadata order
+
+// Long strings (an embedded tokenizer.json) and arrays (a vocabulary) are summarised unless --full.
+constexpr size_t kShownStringBytes = 256;
+constexpr size_t kShownArrayItems = 64;
+
+json to_json(const GgufValue& value, bool full) {
+  return std::visit(
+      [&](const auto& x) -> json {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (full || x.size() <= kShownStringBytes) return x;
+          return "<string of " + std::to_string(x.size()) + " bytes>";
+        } else if constexpr (std::is_same_v<T, GgufArray>) {
+          if (!full && x.items.size() > kShownArrayItems)
+            return "<array of " + std::to_string(x.items.size()) + " " + gguf_type_name(x.element_type) + ">";
+          json items = json::array();
+          for (const GgufValue& item : x.items) items.push_back(to_json(item, full));
+          return items;
+        } else {
+          return x;
+        }
+      },
+      value.storage());
+}
+
+void run_inspect(const std::string& path, bool full) {
+  const GgufFile file(path);
+  json metadata = json::object();
+  for (const auto& [key, value] : file.metadata().entries()) metadata[key] = to_json(value, full);
+  json tensors = json::array();
+  for (const GgufTensorInfo& t : file.tensors())
+    tensors.push_back({{"name", t.name}, {"type", dtype_name(t.dtype)}, {"dims", t.dims}, {"offset", t.offset},
+                       {"bytes", t.bytes}});
+  const json out = {{"file", path}, {"version", file.version()}, {"alignment", file.alignment()},
+                    {"data_offset", file.data_offset()}, {"metadata", metadata}, {"tensors", tensors}};
+  std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+}
+
+}  // namespace
+
+void add_inspect_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto full = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand("inspect", "Print a GGUF model file's metadata and tensor table as JSON");
+  cmd->add_option("file", *path, "The model file")->required();
+  cmd->add_flag("--full", *full, "Print long strings and arrays in full");
+  cmd->callback([path, full] { run_inspect(*path, *full); });
+}
+
+}  // namespace g4::cli

@@ -1,0 +1,140 @@
+#include "model/gguf_export.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "format/quantize.h"
+#include "model/weights.h"
+#include "util/error.h"
+
+namespace g4 {
+
+namespace {
+
+// Output bytes converted per append: small enough to keep the exporter's memory flat.
+constexpr size_t kChunkBytes = size_t(8) << 20;
+
+struct PlannedTensor {
+  HostTensor source;  // canonical name; data from the checkpoint (or rope_freqs' own buffer)
+  GgufTensorPlan plan;
+  std::string note;
+};
+
+HostTensor host_f32(const std::string& name, std::shared_ptr<std::vector<float>> values) {
+  HostTensor t;
+  t.name = name;
+  t.dtype = DType::F32;
+  t.shape = {int64_t(values->size())};
+  t.data = values->data();
+  t.bytes = values->size() * sizeof(float);
+  t.owner = std::move(values);
+  return t;
+}
+
+std::vector<PlannedTensor> plan_tensors(const HfCheckpoint& checkpoint, const ExportOptions& options) {
+  const ModelConfig& c = checkpoint.config();
+  validate_tensors(c, checkpoint);
+  std::vector<PlannedTensor> planned;
+  for (const TensorSpec& spec : expected_tensors(c)) {
+    PlannedTensor p;
+    p.source = *checkpoint.find(spec.name);
+    p.plan = {gguf_tensor_name(spec.name), spec.shape,
+              stored_dtype(spec.shape, p.source.dtype, options.weights, &p.note)};
+    planned.push_back(std::move(p));
+  }
+  auto factors = std::make_shared<std::vector<float>>(rope_freq_factors(c));
+  if (!factors->empty()) {
+    PlannedTensor p;
+    p.source = host_f32(kRopeFreqsTensor, factors);
+    p.plan = {kRopeFreqsTensor, p.source.shape, DType::F32};
+    planned.push_back(std::move(p));
+  }
+  return planned;
+}
+
+// Converts rows in chunks (or copies the bytes when the dtype does not change).
+void stream_tensor(GgufWriter& writer, const HostTensor& src, DType to) {
+  if (src.dtype == to) {
+    writer.append(src.data, src.bytes);
+    return;
+  }
+  const int64_t cols = src.shape.back(), rows = src.numel() / cols;
+  const size_t in_row = row_bytes(src.dtype, cols), out_row = row_bytes(to, cols);
+  const int64_t chunk_rows = std::max<int64_t>(1, int64_t(kChunkBytes / std::max(out_row, size_t(cols) * 4)));
+  std::vector<float> wide(static_cast<size_t>(cols));
+  std::vector<uint8_t> out(size_t(std::min(chunk_rows, rows)) * out_row);
+  const uint8_t* in = static_cast<const uint8_t*>(src.data);
+  for (int64_t first = 0; first < rows; first += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - first);
+    for (int64_t r = 0; r < n; ++r) {
+      decode_row(src.dtype, in + size_t(first + r) * in_row, cols, wide.data());
+      encode_row(to, wide.data(), cols, out.data() + size_t(r) * out_row);
+    }
+    writer.append(out.data(), size_t(n) * out_row);
+  }
+}
+
+std::optional<std::string> read_tokenizer_json(const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "tokenizer.json";
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  G4_CHECK(in.good(), "cannot read '" + path.string() + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+DType parse_weight_dtype(const std::string& name) {
+  if (name == "f32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "f16") return DType::F16;
+  if (name == "q8_0") return DType::Q8_0;
+  throw Error("--weights must be one of f32, bf16, f16, q8_0 (got '" + name + "')");
+}
+
+DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested,
+                   std::string* note) {
+  note->clear();
+  if (shape.size() != 2) return DType::F32;
+  const DType want = requested.value_or(source);
+  if (want == DType::Q8_0 && shape[1] % kQ8BlockSize != 0) {
+    *note = "in-features " + std::to_string(shape[1]) + " is not a multiple of 32: F16 instead of Q8_0";
+    return DType::F16;
+  }
+  return want;
+}
+
+ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& output, const ExportOptions& options,
+                         const std::function<void(const ExportedTensor&)>& on_tensor) {
+  ExportResult result;
+  result.program = default_program_flags(checkpoint.config(), options.use_sampling, options.max_seq_len);
+  std::vector<PlannedTensor> planned = plan_tensors(checkpoint, options);
+  GgufMetadata metadata = gemma4_metadata(checkpoint.config(), result.program);
+  if (auto tokenizer = read_tokenizer_json(checkpoint.dir())) {
+    metadata.set(gguf_key::kTokenizerJson, std::move(*tokenizer));
+    result.tokenizer_embedded = true;
+  }
+  std::vector<GgufTensorPlan> plans;
+  for (const PlannedTensor& p : planned) plans.push_back(p.plan);
+  GgufWriter writer(output, metadata, std::move(plans));
+  for (const PlannedTensor& p : planned) {
+    try {
+      stream_tensor(writer, p.source, p.plan.dtype);
+    } catch (const Error& e) {
+      throw Error("tensor '" + p.source.name + "' as " + dtype_name(p.plan.dtype) + ": " + e.what());
+    }
+    if (on_tensor)
+      on_tensor({p.plan.name, p.plan.shape, p.source.dtype, p.plan.dtype,
+                 uint64_t(p.source.numel() / p.plan.shape.back()) * row_bytes(p.plan.dtype, p.plan.shape.back()),
+                 p.note});
+  }
+  result.tensor_count = planned.size();
+  result.file_bytes = writer.finish();
+  return result;
+}
+
+}  // namespace g4

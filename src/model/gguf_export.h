@@ -1,0 +1,52 @@
+// Hugging Face checkpoint -> one GGUF model file (`g4 export`), streamed tensor by tensor and, within
+// a tensor, in chunks of rows: peak memory is a few MiB plus the mapped input, whatever the size
+// of the checkpoint.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/hf_checkpoint.h"
+#include "model/gguf_model.h"
+
+namespace g4 {
+
+struct ExportOptions {
+  bool use_sampling = false;     // g4.use_sampling: the program returns a sampled token
+  std::optional<DType> weights;  // dtype of the matrices; nullopt keeps each one's checkpoint dtype
+  int64_t max_seq_len = 0;       // 0: min(max_position_embeddings, 4096)
+};
+
+// One tensor as written.
+struct ExportedTensor {
+  std::string name;            // GGUF name
+  std::vector<int64_t> shape;  // outermost first
+  DType source = DType::F32, stored = DType::F32;
+  uint64_t bytes = 0;
+  std::string note;  // why `stored` is not the requested dtype ("" when it is)
+};
+
+struct ExportResult {
+  ProgramFlags program;
+  size_t tensor_count = 0;
+  uint64_t file_bytes = 0;
+  bool tokenizer_embedded = false;
+};
+
+// "f32", "bf16", "f16" or "q8_0"; throws g4::Error listing the choices otherwise.
+DType parse_weight_dtype(const std::string& name);
+
+// The dtype a tensor is stored as: 1-D tensors (norms, scalars) stay F32, matrices take `requested`
+// (nullopt: `source`), except that Q8_0 needs in-features % 32 == 0 and falls back to F16, as
+// llama.cpp's converter does; *note then says so.
+DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested, std::string* note);
+
+// Writes `checkpoint` to `output` (via output + ".tmp", renamed at the end; nothing is left at
+// either path on failure). Embeds <checkpoint dir>/tokenizer.json when present. Calls on_tensor
+// after each tensor is written.
+ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& output, const ExportOptions& options,
+                         const std::function<void(const ExportedTensor&)>& on_tensor = {});
+
+}  // namespace g4

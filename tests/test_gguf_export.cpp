@@ -1,0 +1,395 @@
+// g4 export / GGUF model files against the Hugging Face fixtures: logits of an f32 export equal
+// transformers' reference (SPEC §6), bf16/f16 exports reload the converted weights bit for bit, q8_0
+// stays within the format's bound, the llama.cpp gemma4 layout (names, dims, keys) is what is
+// written, and the CLI (export, inspect) reports errors without leaving files behind.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "format/hf_checkpoint.h"
+#include "format/safetensors.h"
+#include "format/quantize.h"
+#include "model/gguf_export.h"
+#include "model/gguf_model.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace g4 {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kF32Tolerance = 1e-3;  // SPEC §6, float32 compute
+
+const std::vector<std::string> kFixtures = {"tiny-31b-style", "tiny-31b-style-bf16", "published-layout"};
+
+std::string export_fixture(const std::string& fixture, std::optional<DType> weights, const std::string& tag,
+                           bool sample = false) {
+  const std::string path = test::temp_dir("gguf_export_" + fixture + "_" + tag) + "/model.gguf";
+  ExportOptions options;
+  options.weights = weights;
+  options.use_sampling = sample;
+  export_gguf(HfCheckpoint(test::fixture_dir(fixture)), path, options);
+  return path;
+}
+
+std::vector<float> gguf_logits(const std::string& path, const test::Reference& ref) {
+  CpuBackend backend(2);
+  auto model = load_model(path, backend);
+  SessionOptions o;
+  o.max_seq_len = ref.positions + 1;
+  Session s(*model, backend, o);
+  return s.logits_all(ref.tokens);
+}
+
+// The tensor's values converted the way the exporter does: decode, then encode as `dtype`.
+std::vector<uint8_t> converted(const HostTensor& t, DType dtype) {
+  const int64_t cols = t.shape.back(), rows = t.numel() / cols;
+  std::vector<float> wide(static_cast<size_t>(cols));
+  std::vector<uint8_t> out(size_t(rows) * row_bytes(dtype, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    decode_row(t.dtype, static_cast<const uint8_t*>(t.data) + size_t(r) * row_bytes(t.dtype, cols), cols,
+               wide.data());
+    encode_row(dtype, wide.data(), cols, out.data() + size_t(r) * row_bytes(dtype, cols));
+  }
+  return out;
+}
+
+std::vector<float> widened(const HostTensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  const int64_t cols = t.shape.back();
+  for (int64_t r = 0; r < t.numel() / cols; ++r)
+    decode_row(t.dtype, static_cast<const uint8_t*>(t.data) + size_t(r) * row_bytes(t.dtype, cols), cols,
+               out.data() + r * cols);
+  return out;
+}
+
+class GgufExport : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufExport, F32ExportMatchesTheReferenceLogits) {
+  const auto ref = test::load_reference(GetParam());
+  const std::string path = export_fixture(GetParam(), DType::F32, "f32");
+  EXPECT_LE(test::max_abs_diff(gguf_logits(path, ref), ref.logits), kF32Tolerance);
+}
+
+TEST_P(GgufExport, ConfigSurvivesTheRoundTrip) {
+  const HfCheckpoint checkpoint(test::fixture_dir(GetParam()));
+  const GgufModel model(export_fixture(GetParam(), std::nullopt, "config"));
+  const ModelConfig &a = checkpoint.config(), &b = model.config();
+  EXPECT_EQ(b.vocab_size, a.vocab_size);
+  EXPECT_EQ(b.hidden_size, a.hidden_size);
+  EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+  EXPECT_EQ(b.num_heads, a.num_heads);
+  EXPECT_EQ(b.sliding_window, a.sliding_window);
+  EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+  EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+  EXPECT_EQ(b.bos_id, a.bos_id);
+  EXPECT_EQ(b.eos_ids, a.eos_ids);
+  EXPECT_EQ(b.rms_norm_eps, double(float(a.rms_norm_eps)));  // GGUF stores it as F32
+  EXPECT_EQ(b.final_logit_softcap, a.final_logit_softcap);
+  ASSERT_EQ(b.num_layers(), a.num_layers());
+  for (int i = 0; i < a.num_layers(); ++i) {
+    const LayerConfig &x = a.layers[size_t(i)], &y = b.layers[size_t(i)];
+    EXPECT_EQ(y.sliding, x.sliding) << i;
+    EXPECT_EQ(y.head_dim, x.head_dim) << i;
+    EXPECT_EQ(y.kv_heads, x.kv_heads) << i;
+    EXPECT_EQ(y.k_eq_v, x.k_eq_v) << i;
+    EXPECT_EQ(y.rope_theta, x.rope_theta) << i;
+    EXPECT_EQ(a.rope_inv_freq(x), b.rope_inv_freq(y)) << i;
+  }
+}
+
+// bf16 and f16 exports hold exactly the converted checkpoint values; 1-D tensors are F32.
+TEST_P(GgufExport, HalfPrecisionExportsReloadExactly) {
+  const HfCheckpoint checkpoint(test::fixture_dir(GetParam()));
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    const GgufModel model(export_fixture(GetParam(), dtype, dtype_name(dtype)));
+    for (const TensorSpec& spec : expected_tensors(checkpoint.config())) {
+      const HostTensor& original = *checkpoint.find(spec.name);
+      const HostTensor* reloaded = model.find(spec.name);
+      ASSERT_NE(reloaded, nullptr) << spec.name;
+      const DType want = spec.shape.size() == 2 ? dtype : DType::F32;
+      EXPECT_EQ(reloaded->dtype, want) << spec.name;
+      EXPECT_EQ(reloaded->shape, spec.shape) << spec.name;
+      const auto expected = converted(original, want);
+      ASSERT_EQ(reloaded->bytes, expected.size()) << spec.name;
+      EXPECT_EQ(std::memcmp(reloaded->data, expected.data(), expected.size()), 0) << spec.name;
+    }
+  }
+}
+
+// A checkpoint directory holding `source`'s tensors widened to F32, with the fixture's config and
+// RoPE dtype (which a checkpoint without "dtype" in config.json takes from its embedding).
+std::string f32_checkpoint(const std::string& fixture, const TensorSource& source, DType rope_dtype,
+                           const std::string& tag) {
+  const std::string dir = test::temp_dir("gguf_widened_" + fixture + "_" + tag);
+  std::vector<std::vector<float>> values;
+  std::vector<HostTensor> tensors;
+  for (const std::string& name : source.names()) {
+    const HostTensor& t = *source.find(name);
+    values.push_back(widened(t));
+    HostTensor f;
+    f.name = name == "lm_head.weight" ? name : "model." + name;
+    f.dtype = DType::F32;
+    f.shape = t.shape;
+    f.data = values.back().data();
+    f.bytes = values.back().size() * sizeof(float);
+    tensors.push_back(f);
+  }
+  write_safetensors(dir + "/model.safetensors", tensors);
+  std::ifstream in(test::fixture_dir(fixture) + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["torch_dtype"] = rope_dtype == DType::BF16 ? "bfloat16" : rope_dtype == DType::F16 ? "float16" : "float32";
+  std::ofstream(dir + "/config.json") << config.dump();
+  return dir;
+}
+
+double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double error = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    error += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(error / norm);
+}
+
+// Q8_0: every matrix value within d/2 of the original (d = the block's max |x| / 127) plus the f16
+// rounding of d; the file computes exactly what its dequantised weights do; and the logits stay
+// near transformers' reference.
+TEST_P(GgufExport, Q8_0ExportIsWithinTheFormatBound) {
+  const auto ref = test::load_reference(GetParam());
+  const HfCheckpoint checkpoint(test::fixture_dir(GetParam()));
+  const std::string path = export_fixture(GetParam(), DType::Q8_0, "q8_0");
+  const GgufModel model(path);
+  for (const TensorSpec& spec : expected_tensors(checkpoint.config())) {
+    if (spec.shape.size() != 2) continue;
+    const HostTensor* reloaded = model.find(spec.name);
+    ASSERT_EQ(reloaded->dtype, DType::Q8_0) << spec.name;
+    const auto x = widened(*checkpoint.find(spec.name)), y = widened(*reloaded);
+    for (size_t b = 0; b < x.size() / 32; ++b) {
+      float amax = 0;
+      for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+      const float d = amax / 127.0f, d16 = f16_to_f32(f32_to_f16(d));
+      const double bound = d / 2 * (1 + 1e-6) + 127.0 * std::fabs(d - d16);
+      for (size_t i = 0; i < 32; ++i) ASSERT_LE(std::fabs(x[b * 32 + i] - y[b * 32 + i]), bound) << spec.name;
+    }
+  }
+  const std::vector<float> logits = gguf_logits(path, ref);
+  CpuBackend backend(2);
+  auto dequantised = load_model(f32_checkpoint(GetParam(), model, model.config().rope_dtype, "q8_0"), backend);
+  SessionOptions o;
+  o.max_seq_len = ref.positions + 1;
+  EXPECT_LE(test::max_abs_diff(logits, Session(*dequantised, backend, o).logits_all(ref.tokens)), kF32Tolerance);
+
+  // These random-weight fixtures amplify weight noise ~20x (a bf16 export of the f32 fixture, a
+  // 2^-9 relative perturbation, moves the logits by relative L2 0.045); Q8_0's rounding is a few
+  // times coarser, measured: relative L2 0.10 / 0.34 / 0.10, max |dlogit| 0.83 / 2.6 / 0.63 at
+  // logits up to ~4.4. A bound of 0.5 holds those, and a wrong scale or layout (uncorrelated
+  // logits, relative L2 ~1.4) fails it.
+  const double error = relative_l2(logits, ref.logits);
+  std::printf("%s q8_0: relative L2 %.4f, max |dlogit| %.4f\n", GetParam().c_str(), error,
+              test::max_abs_diff(logits, ref.logits));
+  EXPECT_LE(error, 0.5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufExport, ::testing::ValuesIn(kFixtures));
+
+TEST(GgufLayout, LlamaCppNamesDimsAndKeys) {
+  const GgufFile file(export_fixture("tiny-31b-style", std::nullopt, "layout"));
+  const GgufMetadata& m = file.metadata();
+  EXPECT_EQ(m.get_string("general.architecture"), "gemma4");
+  EXPECT_EQ(m.get_int("gemma4.block_count"), 6);
+  EXPECT_EQ(m.get_int("gemma4.embedding_length"), 64);
+  EXPECT_EQ(m.get_int("gemma4.feed_forward_length"), 160);
+  EXPECT_EQ(m.get_int("gemma4.attention.head_count"), 4);
+  EXPECT_EQ(m.get_int_array("gemma4.attention.head_count_kv"), (std::vector<int64_t>{2, 2, 2, 2, 2, 1}));
+  EXPECT_EQ(m.get_int("gemma4.attention.key_length"), 32);
+  EXPECT_EQ(m.get_int("gemma4.attention.key_length_swa"), 16);
+  EXPECT_EQ(m.get_int("gemma4.rope.dimension_count"), 32);
+  EXPECT_EQ(m.get_float("gemma4.rope.freq_base"), 1e6);
+  EXPECT_EQ(m.get_float("gemma4.rope.freq_base_swa"), 1e4);
+  EXPECT_EQ(m.get_int("gemma4.attention.sliding_window"), 8);
+  EXPECT_EQ(m.get_bool_array("gemma4.attention.sliding_window_pattern"),
+            (std::vector<bool>{true, true, true, true, true, false}));
+  EXPECT_EQ(m.get_float("gemma4.final_logit_softcapping"), 30.0);
+  EXPECT_EQ(m.get_int("gemma4.attention.shared_kv_layers"), 0);
+  EXPECT_EQ(m.get_int("gemma4.embedding_length_per_layer_input"), 0);
+  EXPECT_FALSE(m.get_bool("g4.use_sampling"));
+  EXPECT_EQ(m.get_int("g4.max_seq_len"), 256);      // min(max_position_embeddings 256, 4096)
+  EXPECT_EQ(m.get_int("g4.max_prefill_chunk"), 16);  // min(255, 2 * window 8)
+  EXPECT_EQ(m.get_int("g4.min_prefill_chunk"), 1);
+
+  // Linear weights [out, in] have dims [in, out]; tied embeddings mean no output tensor.
+  EXPECT_EQ(file.find_tensor("token_embd.weight")->dims, (std::vector<uint64_t>{64, 512}));
+  EXPECT_EQ(file.find_tensor("blk.0.attn_q.weight")->dims, (std::vector<uint64_t>{64, 64}));
+  EXPECT_EQ(file.find_tensor("blk.0.ffn_down.weight")->dims, (std::vector<uint64_t>{160, 64}));
+  EXPECT_EQ(file.find_tensor("blk.5.attn_k.weight")->dims, (std::vector<uint64_t>{64, 32}));
+  EXPECT_EQ(file.find_tensor("blk.5.layer_output_scale.weight")->dims, (std::vector<uint64_t>{1}));
+  EXPECT_NE(file.find_tensor("blk.4.attn_v.weight"), nullptr);
+  EXPECT_EQ(file.find_tensor("blk.5.attn_v.weight"), nullptr);  // K=V full layer
+  EXPECT_EQ(file.find_tensor("output.weight"), nullptr);
+  for (const char* name : {"output_norm.weight", "blk.3.attn_norm.weight", "blk.3.attn_output.weight",
+                           "blk.3.attn_q_norm.weight", "blk.3.attn_k_norm.weight", "blk.3.post_attention_norm.weight",
+                           "blk.3.ffn_norm.weight", "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight",
+                           "blk.3.post_ffw_norm.weight"})
+    EXPECT_NE(file.find_tensor(name), nullptr) << name;
+
+  // rope_freqs: f32[full head_dim / 2], 1.0 for the 0.25 * 32 / 2 = 4 rotating pairs, 1e30 after.
+  const HostTensor freqs = file.tensor(*file.find_tensor("rope_freqs.weight"));
+  ASSERT_EQ(freqs.dtype, DType::F32);
+  const std::vector<float> values(static_cast<const float*>(freqs.data), static_cast<const float*>(freqs.data) + 16);
+  EXPECT_EQ(values, (std::vector<float>{1, 1, 1, 1, 1e30f, 1e30f, 1e30f, 1e30f, 1e30f, 1e30f, 1e30f, 1e30f, 1e30f,
+                                        1e30f, 1e30f, 1e30f}));
+}
+
+TEST(GgufLayout, TensorNamesMapBothWays) {
+  EXPECT_EQ(gguf_tensor_name("layers.12.self_attn.q_proj.weight"), "blk.12.attn_q.weight");
+  EXPECT_EQ(gguf_tensor_name("layers.0.layer_scalar"), "blk.0.layer_output_scale.weight");
+  EXPECT_EQ(gguf_tensor_name("lm_head.weight"), "output.weight");
+  EXPECT_EQ(canonical_tensor_name("blk.59.post_ffw_norm.weight"), "layers.59.post_feedforward_layernorm.weight");
+  EXPECT_EQ(canonical_tensor_name("output_norm.weight"), "norm.weight");
+  EXPECT_EQ(canonical_tensor_name("rope_freqs.weight"), "");
+  EXPECT_EQ(canonical_tensor_name("blk.07.attn_q.weight"), "");
+  EXPECT_EQ(canonical_tensor_name("blk.x.attn_q.weight"), "");
+  EXPECT_THROW(gguf_tensor_name("vision_tower.weight"), Error);
+}
+
+TEST(GgufLayout, Q8_0FallsBackForRaggedInFeatures) {
+  std::string note;
+  EXPECT_EQ(stored_dtype({64, 48}, DType::BF16, DType::Q8_0, &note), DType::F16);
+  EXPECT_NE(note.find("48 is not a multiple of 32"), std::string::npos) << note;
+  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, DType::Q8_0, &note), DType::Q8_0);
+  EXPECT_TRUE(note.empty());
+  EXPECT_EQ(stored_dtype({64}, DType::BF16, DType::Q8_0, &note), DType::F32);
+  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, std::nullopt, &note), DType::BF16);
+  EXPECT_THROW(parse_weight_dtype("q4_0"), Error);
+}
+
+TEST(GgufProgram, FlagsAndTokenizerTravelWithTheFile) {
+  const std::string dir = test::temp_dir("gguf_tokenizer_checkpoint");
+  for (const char* file : {"config.json", "model.safetensors"})
+    fs::copy_file(test::fixture_dir("published-layout") + "/" + file, dir + "/" + file);
+  const std::string tokenizer = R"({"model": {"type": "BPE"}, "note": "\u2581 not a real tokenizer"})";
+  std::ofstream(dir + "/tokenizer.json") << tokenizer;
+  ExportOptions options;
+  options.use_sampling = true;
+  options.max_seq_len = 10;
+  const std::string path = dir + "/model.gguf";
+  const ExportResult result = export_gguf(HfCheckpoint(dir), path, options);
+  EXPECT_TRUE(result.tokenizer_embedded);
+  EXPECT_EQ(result.file_bytes, fs::file_size(path));
+  const GgufModel model(path);
+  ASSERT_TRUE(model.tokenizer_json().has_value());
+  EXPECT_EQ(*model.tokenizer_json(), tokenizer);
+  EXPECT_TRUE(model.program().use_sampling);
+  EXPECT_EQ(model.program().max_seq_len, 10);
+  EXPECT_EQ(model.program().max_prefill_chunk, 8);  // min(10 - 1, 2 * window 4)
+  EXPECT_EQ(model.program().min_prefill_chunk, 1);
+
+  EXPECT_FALSE(GgufModel(export_fixture("published-layout", std::nullopt, "no_tokenizer")).tokenizer_json());
+  options.max_seq_len = 513;  // beyond max_position_embeddings 512
+  EXPECT_THROW(export_gguf(HfCheckpoint(dir), dir + "/too_long.gguf", options), Error);
+  EXPECT_FALSE(fs::exists(dir + "/too_long.gguf"));
+}
+
+// The exported fixture, mutated: parsing and reading the config end in success or g4::Error.
+TEST(GgufProgram, MutatedModelFilesFailCleanly) {
+  const std::string path = export_fixture("published-layout", DType::Q8_0, "fuzz");
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<uint8_t> seed{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const size_t header = GgufFile(path).data_offset();
+  std::mt19937_64 rng(4);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  size_t runs = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(seed);
+    for (int m = 0; m < 1 + int(rng() % 3); ++m) {
+      const size_t at = rng() % header;  // the metadata and tensor table, where the structure is
+      if (rng() % 8 == 0) {
+        bytes->resize(at);
+        break;
+      }
+      (*bytes)[at] = uint8_t(rng());
+    }
+    ++runs;
+    try {
+      const GgufFile file(bytes, "mutated");
+      const ModelConfig config = gemma4_config(file);
+      program_flags(file.metadata(), config);
+    } catch (const Error&) {
+    }
+  }
+  EXPECT_GT(runs, 100u);
+}
+
+// --- CLI ------------------------------------------------------------------------------------------
+
+std::string g4_cli(const std::string& args, int* status) {
+  std::string out;
+  *status = test::run_command(std::string(G4_BINARY) + " " + args, &out);
+  return out;
+}
+
+TEST(GgufCli, InspectShowsTheSamplingFlag) {
+  const std::string dir = test::temp_dir("gguf_cli_inspect");
+  const std::string fixture = test::fixture_dir("tiny-31b-style");
+  int status = 0;
+  std::string out = g4_cli("export --model-dir " + fixture + " --output " + dir + "/s.gguf --sample --weights q8_0",
+                           &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("blk.0.attn_q.weight"), std::string::npos) << out;
+  EXPECT_NE(out.find("wrote " + dir + "/s.gguf"), std::string::npos) << out;
+  out = g4_cli("export --model_dir " + fixture + " --output " + dir + "/l.gguf --max_seq_len 64", &status);
+  ASSERT_EQ(status, 0) << out;
+
+  out = g4_cli("inspect " + dir + "/s.gguf", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("\"g4.use_sampling\": true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"blk.0.attn_q.weight\""), std::string::npos);
+  EXPECT_NE(out.find("\"Q8_0\""), std::string::npos);
+  out = g4_cli("inspect " + dir + "/l.gguf", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("\"g4.use_sampling\": false"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"g4.max_seq_len\": 64"), std::string::npos) << out;
+
+  out = g4_cli("inspect " + fixture + "/config.json", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("bad magic"), std::string::npos) << out;
+}
+
+TEST(GgufCli, ExportErrorsLeaveNoFile) {
+  const std::string dir = test::temp_dir("gguf_cli_errors");
+  const std::string fixture = test::fixture_dir("tiny-31b-style");
+  const std::string output = dir + "/out.gguf";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"--model-dir " + dir + "/missing --output " + output, "does not exist"},
+      {"--model-dir " + fixture + " --output " + output + " --weights q4_0", "--weights must be one of"},
+      {"--model-dir " + fixture + " --output " + output + " --max-seq-len 100000", "max_seq_len 100000"},
+      {"--model-dir " + fixture + " --output " + dir + "/no/such/dir/out.gguf", "cannot write"},
+  };
+  for (const Case& c : cases) {
+    int status = 0;
+    const std::string out = g4_cli("export " + c.args, &status);
+    EXPECT_NE(status, 0) << c.args;
+    EXPECT_NE(out.find(c.message), std::string::npos) << c.args << "\n" << out;
+    EXPECT_TRUE(fs::is_empty(dir)) << c.args;
+  }
+}
+
+}  // namespace
+}  // namespace g4
