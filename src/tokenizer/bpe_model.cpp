@@ -52,9 +52,9 @@ std::pair<std::string, std::string> merge_parts(const nlohmann::json& merge) {
   return {line.substr(0, space), line.substr(space + 1)};
 }
 
-int32_t require_token(const Vocabulary& vocab, const std::string& token, const std::string& merge) {
+int32_t require_token(const Vocabulary& vocab, const std::string& token, const nlohmann::json& merge) {
   const auto id = vocab.find(token);
-  G4_CHECK(id.has_value(), "tokenizer.json: merge " + merge + " uses '" + token +
+  G4_CHECK(id.has_value(), "tokenizer.json: merge " + merge.dump() + " uses '" + token +
                                "', which is not in the vocabulary");
   return *id;
 }
@@ -119,10 +119,9 @@ void BpeModel::load_merges(const nlohmann::json& merges, const Vocabulary& vocab
   int32_t rank = 0;
   for (const nlohmann::json& merge : merges) {
     const auto [left, right] = merge_parts(merge);
-    const std::string shown = merge.dump();
-    const int32_t left_id = require_token(vocab, left, shown);
-    const int32_t right_id = require_token(vocab, right, shown);
-    const int32_t merged_id = require_token(vocab, left + right, shown);
+    const int32_t left_id = require_token(vocab, left, merge);
+    const int32_t right_id = require_token(vocab, right, merge);
+    const int32_t merged_id = require_token(vocab, left + right, merge);
     merges_.insert(left_id, right_id, Merge{rank++, merged_id});
   }
 }
