@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <set>
 
 #include "util/error.h"
 #include "util/mapped_file.h"
@@ -354,11 +353,10 @@ void GgufFile::parse() {
   if (tensor_count > in.remaining() / 32)
     in.fail("tensor count " + std::to_string(tensor_count) + " is impossible: " + std::to_string(in.remaining()) +
             " bytes are left");
-  std::set<std::string> names;
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensorInfo t;
     t.name = in.read_string("tensor name");
-    if (!names.insert(t.name).second) in.fail("duplicate tensor '" + t.name + "'");
+    if (!tensor_index_.emplace(t.name, tensors_.size()).second) in.fail("duplicate tensor '" + t.name + "'");
     const uint32_t n_dims = in.read<uint32_t>("dimension count of '" + t.name + "'");
     if (n_dims < 1 || n_dims > kGgufMaxDims)
       in.fail("tensor '" + t.name + "' has " + std::to_string(n_dims) + " dimensions (1 to 4 allowed)");
@@ -393,9 +391,8 @@ void GgufFile::parse() {
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
-  for (const GgufTensorInfo& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
 HostTensor GgufFile::tensor(const GgufTensorInfo& info) const {

@@ -148,6 +148,7 @@ class GgufFile {
   uint64_t data_offset_ = 0;
   GgufMetadata metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  std::map<std::string, size_t> tensor_index_;  // name -> position in tensors_
 };
 
 // What the writer will store for one tensor: name, shape outermost first, dtype.

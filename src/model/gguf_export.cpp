@@ -5,6 +5,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "format/quantize.h"
 #include "model/weights.h"
 #include "util/error.h"
@@ -18,6 +21,7 @@ constexpr size_t kChunkBytes = size_t(8) << 20;
 
 struct PlannedTensor {
   HostTensor source;  // canonical name; data from the checkpoint (or rope_freqs' own buffer)
+  bool mapped = true;  // `source` lies in the checkpoint's file mapping
   GgufTensorPlan plan;
   std::string note;
 };
@@ -48,31 +52,45 @@ std::vector<PlannedTensor> plan_tensors(const HfCheckpoint& checkpoint, const Ex
   if (!factors->empty()) {
     PlannedTensor p;
     p.source = host_f32(kRopeFreqsTensor, factors);
+    p.mapped = false;
     p.plan = {kRopeFreqsTensor, p.source.shape, DType::F32};
     planned.push_back(std::move(p));
   }
   return planned;
 }
 
-// Converts rows in chunks (or copies the bytes when the dtype does not change).
-void stream_tensor(GgufWriter& writer, const HostTensor& src, DType to) {
-  if (src.dtype == to) {
-    writer.append(src.data, src.bytes);
-    return;
-  }
+// Drops the mapped checkpoint pages of [begin, begin + bytes) from this process once they are
+// converted, so that resident memory stays near one chunk instead of growing to the checkpoint's
+// size (the pages are file-backed and read-only: nothing is lost).
+void release_pages(const void* begin, size_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + bytes) / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+// Converts (or, for an unchanged dtype, copies) chunks of rows; `mapped` sources (the checkpoint)
+// give their pages back after each chunk.
+void stream_tensor(GgufWriter& writer, const HostTensor& src, DType to, bool mapped) {
   const int64_t cols = src.shape.back(), rows = src.numel() / cols;
   const size_t in_row = row_bytes(src.dtype, cols), out_row = row_bytes(to, cols);
   const int64_t chunk_rows = std::max<int64_t>(1, int64_t(kChunkBytes / std::max(out_row, size_t(cols) * 4)));
   std::vector<float> wide(static_cast<size_t>(cols));
-  std::vector<uint8_t> out(size_t(std::min(chunk_rows, rows)) * out_row);
+  std::vector<uint8_t> out(src.dtype == to ? 0 : size_t(std::min(chunk_rows, rows)) * out_row);
   const uint8_t* in = static_cast<const uint8_t*>(src.data);
   for (int64_t first = 0; first < rows; first += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - first);
-    for (int64_t r = 0; r < n; ++r) {
-      decode_row(src.dtype, in + size_t(first + r) * in_row, cols, wide.data());
-      encode_row(to, wide.data(), cols, out.data() + size_t(r) * out_row);
+    const uint8_t* chunk = in + size_t(first) * in_row;
+    if (src.dtype == to) {
+      writer.append(chunk, size_t(n) * in_row);
+    } else {
+      for (int64_t r = 0; r < n; ++r) {
+        decode_row(src.dtype, chunk + size_t(r) * in_row, cols, wide.data());
+        encode_row(to, wide.data(), cols, out.data() + size_t(r) * out_row);
+      }
+      writer.append(out.data(), size_t(n) * out_row);
     }
-    writer.append(out.data(), size_t(n) * out_row);
+    if (mapped) release_pages(chunk, size_t(n) * in_row);
   }
 }
 
@@ -123,7 +141,7 @@ ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& outp
   GgufWriter writer(output, metadata, std::move(plans));
   for (const PlannedTensor& p : planned) {
     try {
-      stream_tensor(writer, p.source, p.plan.dtype);
+      stream_tensor(writer, p.source, p.plan.dtype, p.mapped);
     } catch (const Error& e) {
       throw Error("tensor '" + p.source.name + "' as " + dtype_name(p.plan.dtype) + ": " + e.what());
     }
