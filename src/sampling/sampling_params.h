@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "sampling/host_device.h"
+
 namespace g4 {
 
 struct SamplingParams {
@@ -16,6 +18,6 @@ struct SamplingParams {
 // Throws g4::Error with the documented message when a parameter is out of range or not finite.
 void validate_sampling_params(const SamplingParams& p);
 
-inline bool is_greedy(const SamplingParams& p) { return p.temperature <= 0.0f; }
+G4_HOST_DEVICE bool is_greedy(const SamplingParams& p) { return p.temperature <= 0.0f; }
 
 }  // namespace g4

@@ -1,0 +1,149 @@
+// g4 sample: the sampler alone on one row of logits, so anyone can check its statistics and its
+// reproducibility from outside (SPEC §3). Draw j uses seed S + j, the runner's seed schedule.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "sampling/cpu_sampler.h"
+#include "sampling/sampling_params.h"
+#include "util/error.h"
+
+#ifdef G4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "sampling/cuda_sampler.h"
+#endif
+
+namespace g4::cli {
+namespace {
+
+struct SampleOptions {
+  std::string logits_path;
+  int64_t vocab = 0;  // 0 = from the file size
+  SamplingParams params;
+  std::string seed = "0";  // uint64, or -1 = random
+  int64_t draws = 1;
+  std::string backend = "cpu";
+};
+
+std::vector<float> read_logits(const std::string& path, int64_t vocab) {
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  G4_CHECK(file.good(), "cannot open logits file '" + path + "'");
+  const int64_t bytes = int64_t(file.tellg());
+  G4_CHECK(bytes > 0 && bytes % 4 == 0,
+           "logits file '" + path + "' must hold float32 values (" + std::to_string(bytes) + " bytes)");
+  G4_CHECK(vocab == 0 || bytes == vocab * 4, "logits file '" + path + "' has " + std::to_string(bytes) +
+                                                 " bytes, expected " + std::to_string(vocab * 4) + " for --vocab " +
+                                                 std::to_string(vocab));
+  std::vector<float> logits(size_t(bytes / 4));
+  file.seekg(0);
+  file.read(reinterpret_cast<char*>(logits.data()), bytes);
+  G4_CHECK(file.good(), "cannot read logits file '" + path + "'");
+  return logits;
+}
+
+uint64_t parse_seed(const std::string& text) {
+  if (text == "-1") {
+    const uint64_t seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+    std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(seed));
+    return seed;
+  }
+  G4_CHECK(!text.empty() && text.find_first_not_of("0123456789") == std::string::npos,
+           "--seed must be an unsigned 64-bit integer or -1, got '" + text + "'");
+  try {
+    return std::stoull(text);
+  } catch (const std::out_of_range&) {
+    throw Error("--seed must be an unsigned 64-bit integer or -1, got '" + text + "'");
+  }
+}
+
+std::vector<int64_t> draw_on_cpu(const std::vector<float>& logits, SamplingParams params, int64_t draws) {
+  std::vector<int64_t> tokens(static_cast<size_t>(draws));
+  for (int64_t j = 0; j < draws; ++j, ++params.seed) tokens[size_t(j)] = sample_row(logits.data(), int64_t(logits.size()), params);
+  return tokens;
+}
+
+#ifdef G4_HAVE_CUDA
+void check_cuda(cudaError_t err, const char* what) {
+  G4_CHECK(err == cudaSuccess, std::string("--backend cuda: ") + what + ": " + cudaGetErrorString(err));
+}
+
+// Every draw is a row of one batch reading the same logits row; row j carries seed S + j.
+std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const SamplingParams& params, int64_t draws) {
+  int devices = 0;
+  G4_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--backend cuda: no CUDA GPU is available");
+  const int64_t vocab = int64_t(logits.size());
+  constexpr int64_t kRowsPerLaunch = 4096;
+  std::vector<SamplingParams> row_params(size_t(std::min(draws, kRowsPerLaunch)), params);
+  std::vector<int64_t> tokens(static_cast<size_t>(draws));
+  CudaSampler sampler(vocab);
+  float* device_logits = nullptr;
+  SamplingParams* device_params = nullptr;
+  int64_t* device_tokens = nullptr;
+  check_cuda(cudaMalloc(&device_logits, logits.size() * sizeof(float)), "allocate");
+  check_cuda(cudaMalloc(&device_params, row_params.size() * sizeof(SamplingParams)), "allocate");
+  check_cuda(cudaMalloc(&device_tokens, row_params.size() * sizeof(int64_t)), "allocate");
+  check_cuda(cudaMemcpy(device_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
+  for (int64_t done = 0; done < draws; done += kRowsPerLaunch) {
+    const int64_t rows = std::min(kRowsPerLaunch, draws - done);
+    for (int64_t r = 0; r < rows; ++r) row_params[size_t(r)].seed = params.seed + uint64_t(done + r);
+    check_cuda(cudaMemcpy(device_params, row_params.data(), size_t(rows) * sizeof(SamplingParams), cudaMemcpyHostToDevice),
+               "upload");
+    sampler.sample({device_logits, 0, rows, vocab, device_params, device_tokens, false}, nullptr);
+    sampler.check_status(nullptr);
+    check_cuda(cudaMemcpy(tokens.data() + done, device_tokens, size_t(rows) * sizeof(int64_t), cudaMemcpyDeviceToHost),
+               "download");
+  }
+  cudaFree(device_logits);
+  cudaFree(device_params);
+  cudaFree(device_tokens);
+  return tokens;
+}
+#endif
+
+void run_sample(SampleOptions options) {
+  G4_CHECK(options.backend == "cpu" || options.backend == "cuda",
+           "--backend must be cpu or cuda, got '" + options.backend + "'");
+  G4_CHECK(options.draws >= 1, "--draws must be >= 1");
+  validate_sampling_params(options.params);
+  options.params.seed = parse_seed(options.seed);
+  const std::vector<float> logits = read_logits(options.logits_path, options.vocab);
+
+  std::vector<int64_t> tokens;
+  if (options.backend == "cpu") {
+    tokens = draw_on_cpu(logits, options.params, options.draws);
+  } else {
+#ifdef G4_HAVE_CUDA
+    tokens = draw_on_cuda(logits, options.params, options.draws);
+#else
+    throw Error("--backend cuda: this g4 was built without CUDA");
+#endif
+  }
+  std::string text;
+  for (const int64_t token : tokens) text += std::to_string(token) + '\n';
+  std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& app) {
+  auto options = std::make_shared<SampleOptions>();
+  CLI::App* sub = app.add_subcommand("sample", "Sample token ids from one float32 row of logits (one id per line)");
+  sub->add_option("--logits", options->logits_path, "File of float32 logits (one row)")->required();
+  sub->add_option("--vocab", options->vocab, "Expected number of logits (checked against the file size)");
+  sub->add_option("--temperature", options->params.temperature, "0..2; 0 or -1 = greedy")->capture_default_str();
+  sub->add_option("--top_k,--top-k", options->params.top_k, "Keep the k most likely tokens; 0 = off")->capture_default_str();
+  sub->add_option("--top_p,--top-p", options->params.top_p, "Nucleus mass in (0, 1]; 1 = off")->capture_default_str();
+  sub->add_option("--min_p,--min-p", options->params.min_p, "Keep p >= min_p * max p; 0 = off")->capture_default_str();
+  sub->add_option("--seed", options->seed, "Seed of the first draw (draw j uses seed + j); -1 = random")->capture_default_str();
+  sub->add_option("--draws", options->draws, "Number of tokens to draw")->capture_default_str();
+  sub->add_option("--backend", options->backend, "cpu or cuda")->capture_default_str();
+  sub->callback([options] { run_sample(*options); });
+}
+
+}  // namespace g4::cli

@@ -1,0 +1,312 @@
+// The CUDA sampler against the CPU sampler: the same token for the same logits, parameters and
+// seed; the same distributions; NaN status; CUDA-graph replays that advance the seed.
+// Skipped (with the reason) when CUDA is not compiled in or no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sampling/cpu_sampler.h"
+#include "sampling/sampling_params.h"
+#include "support/sampling_reference.h"
+#include "util/error.h"
+
+#ifdef G4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "sampling/cuda_sampler.h"
+#endif
+
+namespace g4 {
+namespace {
+
+std::string run_g4(const std::string& arguments, int* status) {
+  FILE* pipe = popen((std::string(G4_BINARY) + " " + arguments + " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
+  *status = WEXITSTATUS(pclose(pipe));
+  return output;
+}
+
+std::string write_logits_file(const std::vector<float>& logits, const std::string& name) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / name;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(logits.data()),
+                                             std::streamsize(logits.size() * sizeof(float)));
+  return path.string();
+}
+
+#ifndef G4_HAVE_CUDA
+
+TEST(CudaSampler, Skipped) { GTEST_SKIP() << "g4 was built without CUDA"; }
+
+#else
+
+bool gpu_present() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+TEST(CudaSamplerCli, MissingGpuIsAClearError) {
+  if (gpu_present()) GTEST_SKIP() << "a GPU is present";
+  int status = 0;
+  const std::string output =
+      run_g4("sample --logits " + write_logits_file({0.0f, 1.0f}, "g4_cuda_nogpu.f32") + " --backend cuda", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(output.find("no CUDA GPU is available"), std::string::npos) << output;
+}
+
+void check(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
+
+template <class T>
+struct DeviceArray {
+  T* data = nullptr;
+  size_t size = 0;
+  explicit DeviceArray(size_t n) : size(n) { check(cudaMalloc(&data, n * sizeof(T))); }
+  ~DeviceArray() { cudaFree(data); }
+  void upload(const std::vector<T>& host) {
+    ASSERT_LE(host.size(), size);
+    check(cudaMemcpy(data, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download(size_t n) const {
+    std::vector<T> host(n);
+    check(cudaMemcpy(host.data(), data, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+constexpr int64_t kMaxVocab = 262144;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+class CudaSamplerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no CUDA GPU is present";
+    sampler_ = std::make_unique<CudaSampler>(kMaxVocab);
+  }
+  std::unique_ptr<CudaSampler> sampler_;
+};
+
+// Logits with the shapes that stress the sampler: smooth, with exact ties, with -inf, all equal,
+// huge, one dominant token.
+std::vector<float> random_row(std::mt19937_64& rng, int64_t vocab) {
+  std::uniform_int_distribution<int> kind(0, 5);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const float scale = 0.1f + 6.0f * uniform(rng);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> row(static_cast<size_t>(vocab));
+  const int shape = kind(rng);
+  for (float& z : row) {
+    z = normal(rng);
+    if (shape == 1) z = std::round(z * 2.0f) / 2.0f;  // many exact ties
+    if (shape == 2 && uniform(rng) < 0.3f) z = -kInf;
+    if (shape == 3) z = 1.5f;
+    if (shape == 4) z *= 1e4f;
+  }
+  if (shape == 5) row[size_t(rng() % uint64_t(vocab))] = 40.0f;
+  return row;
+}
+
+SamplingParams random_params(std::mt19937_64& rng, int64_t vocab) {
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  SamplingParams p;
+  const float pick = uniform(rng);
+  p.temperature = pick < 0.1f ? 0.0f : pick < 0.15f ? -1.0f : 0.05f + 1.95f * uniform(rng);
+  const uint64_t k = rng() % 6;
+  p.top_k = k == 0 ? 0 : k == 1 ? 1 : k == 2 ? 50 : k == 3 ? int32_t(vocab + 3) : int32_t(rng() % uint64_t(vocab + 1));
+  const uint64_t top_p = rng() % 4;
+  p.top_p = top_p == 0 ? 1.0f : top_p == 1 ? 1e-6f : std::max(1e-3f, uniform(rng));
+  p.min_p = rng() % 3 == 0 ? 0.3f * uniform(rng) : 0.0f;
+  p.seed = rng();
+  return p;
+}
+
+// Samples `rows` random (logits, params, seed) cases of one vocabulary size on both samplers.
+int64_t expect_same_tokens(CudaSampler& sampler, std::mt19937_64& rng, int64_t vocab, int64_t rows) {
+  std::vector<float> logits;
+  logits.reserve(size_t(vocab * rows));
+  std::vector<SamplingParams> params;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> row = random_row(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+    params.push_back(random_params(rng, vocab));
+  }
+  DeviceArray<float> device_logits(logits.size());
+  DeviceArray<SamplingParams> device_params(params.size());
+  DeviceArray<int64_t> device_tokens(params.size());
+  device_logits.upload(logits);
+  device_params.upload(params);
+  sampler.sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  sampler.check_status(nullptr);
+  const std::vector<int64_t> tokens = device_tokens.download(params.size());
+  int64_t mismatches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t expected = sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]);
+    if (tokens[size_t(r)] != expected && ++mismatches <= 5) {
+      const SamplingParams& p = params[size_t(r)];
+      ADD_FAILURE() << "V=" << vocab << " row " << r << ": cuda " << tokens[size_t(r)] << ", cpu " << expected
+                    << " (T=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p << " min_p=" << p.min_p
+                    << " seed=" << p.seed << ")";
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "V = " << vocab;
+  return rows;
+}
+
+TEST_F(CudaSamplerTest, SameTokenAsTheCpuSampler) {
+  std::mt19937_64 rng(2026);
+  int64_t cases = 0;
+  for (int64_t vocab : {1, 2, 3, 5, 8, 17, 64, 300, 1000}) {
+    for (int batch = 0; batch < 2; ++batch) cases += expect_same_tokens(*sampler_, rng, vocab, 4096);
+  }
+  cases += expect_same_tokens(*sampler_, rng, 4097, 4096);
+  cases += expect_same_tokens(*sampler_, rng, 50001, 512);
+  for (int batch = 0; batch < 4; ++batch) cases += expect_same_tokens(*sampler_, rng, kMaxVocab, 64);
+  EXPECT_GE(cases, 100000);
+}
+
+// Every row samples the same logits row (stride 0) with seeds first_seed + row.
+std::vector<int64_t> count_gpu_draws(CudaSampler& sampler, const std::vector<float>& logits, SamplingParams p,
+                                     int64_t draws) {
+  const int64_t vocab = int64_t(logits.size());
+  DeviceArray<float> device_logits(logits.size());
+  device_logits.upload(logits);
+  constexpr int64_t kRows = 50000;
+  DeviceArray<SamplingParams> device_params(kRows);
+  DeviceArray<int64_t> device_tokens(kRows);
+  std::vector<int64_t> counts(logits.size(), 0);
+  for (int64_t done = 0; done < draws; done += kRows) {
+    const int64_t rows = std::min(kRows, draws - done);
+    std::vector<SamplingParams> params(size_t(rows), p);
+    for (int64_t r = 0; r < rows; ++r) params[size_t(r)].seed = p.seed + uint64_t(done + r);
+    device_params.upload(params);
+    sampler.sample({device_logits.data, 0, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+    sampler.check_status(nullptr);
+    for (int64_t token : device_tokens.download(size_t(rows))) ++counts[size_t(token)];
+  }
+  return counts;
+}
+
+TEST_F(CudaSamplerTest, DrawsFollowTheKeptDistribution) {
+  struct Mix {
+    const char* name;
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+    size_t vocab;
+    float scale;
+  };
+  const Mix mixes[] = {
+      {"plain", 1.0f, 0, 1.0f, 0.0f, 24, 1.5f},         {"cold top-k", 0.7f, 5, 1.0f, 0.0f, 30, 1.0f},
+      {"hot top-p", 1.3f, 0, 0.8f, 0.0f, 40, 2.0f},     {"all filters", 1.0f, 10, 0.9f, 0.05f, 32, 1.5f},
+      {"min-p", 2.0f, 0, 1.0f, 0.1f, 20, 3.0f},         {"sharp top-p", 0.2f, 0, 0.95f, 0.0f, 50, 0.5f},
+      {"all equal", 0.8f, 0, 1.0f, 0.0f, 37, 0.0f},
+  };
+  std::mt19937_64 rng(4321);
+  for (const Mix& mix : mixes) {
+    SamplingParams p;
+    p.temperature = mix.temperature, p.top_k = mix.top_k, p.top_p = mix.top_p, p.min_p = mix.min_p, p.seed = 77;
+    std::normal_distribution<float> normal(0.0f, std::max(mix.scale, 1e-6f));
+    std::vector<float> logits(mix.vocab, 0.5f);
+    for (double margin = 0; mix.scale > 0 && margin <= 1e-4;) {
+      for (float& z : logits) z = normal(rng);
+      testing::reference_distribution(logits, p, &margin);
+    }
+    testing::expect_distribution(count_gpu_draws(*sampler_, logits, p, 100000),
+                                 testing::reference_distribution(logits, p), mix.name);
+  }
+}
+
+TEST_F(CudaSamplerTest, NanLogitsSetTheStatusWord) {
+  const int64_t vocab = 1000;
+  std::vector<float> logits(size_t(3 * vocab), 0.0f);
+  for (int64_t i = 0; i < 3 * vocab; ++i) logits[size_t(i)] = float(i % 17) * 0.1f;
+  logits[size_t(vocab + 123)] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<SamplingParams> params(3);
+  params[1].temperature = 0.0f;  // greedy rows fail on NaN too
+  DeviceArray<float> device_logits(logits.size());
+  DeviceArray<SamplingParams> device_params(3);
+  DeviceArray<int64_t> device_tokens(3);
+  device_logits.upload(logits);
+  device_params.upload(params);
+  sampler_->sample({device_logits.data, vocab, 3, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  try {
+    sampler_->check_status(nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "model produced NaN logits");
+  }
+  const std::vector<int64_t> tokens = device_tokens.download(3);
+  EXPECT_EQ(tokens[1], 0);
+  EXPECT_EQ(tokens[0], sample_row(logits.data(), vocab, params[0]));
+  EXPECT_EQ(tokens[2], sample_row(logits.data() + 2 * vocab, vocab, params[2]));
+  EXPECT_NO_THROW(sampler_->check_status(nullptr)) << "the status word is cleared once reported";
+}
+
+TEST_F(CudaSamplerTest, GraphReplaysAdvanceTheSeed) {
+  std::mt19937_64 rng(9);
+  const int64_t vocab = kMaxVocab, rows = 3;
+  std::vector<float> logits;
+  std::vector<SamplingParams> params;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> row = random_row(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+    SamplingParams p;
+    p.temperature = 0.9f, p.top_k = r == 0 ? 64 : 0, p.top_p = r == 1 ? 0.95f : 1.0f, p.min_p = r == 2 ? 0.01f : 0.0f;
+    p.seed = rng();
+    params.push_back(p);
+  }
+  DeviceArray<float> device_logits(logits.size());
+  DeviceArray<SamplingParams> device_params(params.size());
+  DeviceArray<int64_t> device_tokens(params.size());
+  device_logits.upload(logits);
+  device_params.upload(params);
+
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, true}, stream);
+  check(cudaStreamEndCapture(stream, &graph));
+  check(cudaGraphInstantiate(&exec, graph, 0));
+  constexpr int kReplays = 40;
+  for (int j = 0; j < kReplays; ++j) {
+    check(cudaGraphLaunch(exec, stream));
+    check(cudaStreamSynchronize(stream));
+    const std::vector<int64_t> tokens = device_tokens.download(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      SamplingParams expected = params[size_t(r)];
+      expected.seed += uint64_t(j);
+      EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, expected)) << "replay " << j;
+    }
+  }
+  sampler_->check_status(stream);
+  const std::vector<SamplingParams> advanced = device_params.download(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(advanced[size_t(r)].seed, params[size_t(r)].seed + kReplays);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(CudaSamplerTest, CommandLineBackendsAgree) {
+  std::mt19937_64 rng(11);
+  const std::string file = write_logits_file(random_row(rng, 5000), "g4_cuda_cli.f32");
+  const std::string flags = " --temperature 0.9 --top_k 100 --top_p 0.9 --min_p 0.01 --seed 123 --draws 300";
+  int cpu_status = 0, cuda_status = 0;
+  const std::string cpu = run_g4("sample --logits " + file + flags + " --backend cpu", &cpu_status);
+  const std::string cuda = run_g4("sample --logits " + file + flags + " --backend cuda", &cuda_status);
+  ASSERT_EQ(cpu_status, 0) << cpu;
+  ASSERT_EQ(cuda_status, 0) << cuda;
+  EXPECT_EQ(cpu, cuda);
+}
+
+#endif
+
+}  // namespace
+}  // namespace g4
