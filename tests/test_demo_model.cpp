@@ -1,0 +1,62 @@
+// The committed demo model (models/demo.gguf) against transformers: greedy continuations and
+// tokenizer ids made by tools/train_demo.py from the same weights (tests/fixtures/demo/golden.json).
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "support/fixtures.h"
+#include "tokenizer/tokenizer.h"
+
+namespace g4 {
+namespace {
+
+const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+
+nlohmann::json golden() {
+  return nlohmann::json::parse(std::ifstream(std::string(G4_FIXTURES_DIR) + "/demo/golden.json"));
+}
+
+std::unique_ptr<Engine> demo_engine() {
+  EngineOptions o;
+  o.model_path = kDemo;
+  return std::make_unique<Engine>(o);
+}
+
+TEST(DemoModel, IsASamplingProgramWithItsTokenizer) {
+  auto engine = demo_engine();
+  EXPECT_TRUE(engine->use_sampling());
+  ASSERT_TRUE(engine->tokenizer_json().has_value());
+  const Tokenizer tok = Tokenizer::from_json(*engine->tokenizer_json());
+  for (const auto& probe : golden()["tokenizer_probe"])
+    EXPECT_EQ(tok.encode(probe["text"].get<std::string>(), true), probe["ids"].get<std::vector<int32_t>>())
+        << probe["text"];
+}
+
+TEST(DemoModel, GreedyMatchesTransformers) {
+  auto engine = demo_engine();
+  for (const auto& c : golden()["continuations"]) {
+    GenerationRequest r;
+    r.prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    r.params.temperature = 0.0f;
+    r.max_new_tokens = int64_t(c["greedy_ids"].size());
+    r.stop_ids = {};
+    EXPECT_EQ(generate(*engine, r).tokens, c["greedy_ids"].get<std::vector<int32_t>>()) << c["name"];
+  }
+}
+
+TEST(DemoModel, RunPrintsTextAndTheSameSeedRepeats) {
+  const std::string cmd = std::string(G4_BINARY) + " run --prompt 'Tell me a fortune about computers.' --seed 7 --max_new_tokens 24";
+  std::string a, b;
+  ASSERT_EQ(test::run_command(cmd, &a), 0) << a;
+  ASSERT_EQ(test::run_command(cmd, &b), 0) << b;
+  const std::string text = a.substr(0, a.find("--- report ---"));
+  EXPECT_EQ(text, b.substr(0, b.find("--- report ---")));
+  EXPECT_GT(text.size(), 20u) << "some text: " << a;
+}
+
+}  // namespace
+}  // namespace g4
