@@ -194,6 +194,11 @@ def main():
 
     # Save in bfloat16 (the shipped weights) and compute the goldens from exactly those weights.
     model = model.to(torch.bfloat16)
+    # Sampling defaults g4 run uses when no flag is given (chosen by reading samples).
+    model.generation_config.do_sample = True
+    model.generation_config.temperature = 0.7
+    model.generation_config.top_k = 40
+    model.generation_config.top_p = 0.9
     model.save_pretrained(out_dir, safe_serialization=True)
     open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8").write(tok_json)
     model = model.to(torch.float32).eval()

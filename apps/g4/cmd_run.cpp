@@ -23,6 +23,8 @@ namespace g4::cli {
 namespace {
 
 struct RunOptions {
+  // The sampling flags the user gave; the others come from the model's generation defaults.
+  CLI::Option *temperature_flag = nullptr, *top_k_flag = nullptr, *top_p_flag = nullptr, *min_p_flag = nullptr;
   std::string model_path, tokenizer_path, prompt, prompt_file, prompt_tokens, seed = "-1", backend = "cpu";
   float temperature = 0.8f, top_p = 1.0f, min_p = 0.0f;
   int32_t top_k = 0;
@@ -90,12 +92,26 @@ void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r)
                r.prefill_seconds, prefill_tps, decode_tps, peak_host_mib());
 }
 
-void run(const RunOptions& o) {
+SamplingParams sampling_flags(const RunOptions& o) {
   SamplingParams params;
   params.temperature = o.temperature;
   params.top_k = o.top_k;
   params.top_p = o.top_p;
   params.min_p = o.min_p;
+  return params;
+}
+
+// Flags the user did not give take the model's generation_config values (SPEC §4).
+void apply_model_defaults(const RunOptions& o, const GenerationDefaults& d, SamplingParams& p) {
+  if (d.temperature && !o.temperature_flag->count()) p.temperature = *d.temperature;
+  if (d.top_k && !o.top_k_flag->count()) p.top_k = *d.top_k;
+  if (d.top_p && !o.top_p_flag->count()) p.top_p = *d.top_p;
+  if (d.min_p && !o.min_p_flag->count()) p.min_p = *d.min_p;
+  validate_sampling_params(p);
+}
+
+void run(const RunOptions& o) {
+  SamplingParams params = sampling_flags(o);
   validate_sampling_params(params);  // before any loading: a bad flag fails fast
   G4_CHECK(o.max_new_tokens >= 0, "--max_new_tokens must be >= 0");
   G4_CHECK(o.prompt.empty() || o.prompt_file.empty(), "give --prompt or --prompt_file, not both");
@@ -106,6 +122,7 @@ void run(const RunOptions& o) {
   eo.backend = o.backend;
   eo.max_seq_len = o.max_seq_len;
   Engine engine(eo);
+  apply_model_defaults(o, engine.generation_defaults(), params);
   const std::optional<Tokenizer> tokenizer = open_tokenizer(o, engine);
 
   GenerationRequest request;
@@ -129,6 +146,7 @@ void run(const RunOptions& o) {
     for (int32_t id : result.tokens) line += (line.empty() ? "" : ",") + std::to_string(id);
     std::printf("%s\n", line.c_str());
   }
+  std::fflush(stdout);  // the text before the report, also when stdout is a pipe
   print_report(request.prompt, result);
 }
 
@@ -149,10 +167,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--prompt", o->prompt, "The prompt text");
   cmd->add_option("--prompt_file,--prompt-file", o->prompt_file, "Read the prompt from this file");
   cmd->add_option("--prompt_tokens,--prompt-tokens", o->prompt_tokens, "Prompt as token ids (1,2,3), no tokenizer needed");
-  cmd->add_option("--temperature", o->temperature, "0 = greedy (-1 also means greedy); up to 2")->capture_default_str();
-  cmd->add_option("--top_k,--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
-  cmd->add_option("--top_p,--top-p", o->top_p, "Nucleus sampling mass in (0, 1] (1 = off)")->capture_default_str();
-  cmd->add_option("--min_p,--min-p", o->min_p, "Drop tokens below min_p * max probability (0 = off)")->capture_default_str();
+  o->temperature_flag = cmd->add_option("--temperature", o->temperature,
+                                        "0 = greedy (-1 also means greedy); up to 2 (default: the model's, else 0.8)");
+  o->top_k_flag = cmd->add_option("--top_k,--top-k", o->top_k, "Keep the k most likely tokens (0 = off; default: the model's, else 0)");
+  o->top_p_flag = cmd->add_option("--top_p,--top-p", o->top_p, "Nucleus sampling mass in (0, 1] (1 = off; default: the model's, else 1)");
+  o->min_p_flag = cmd->add_option("--min_p,--min-p", o->min_p, "Drop tokens below min_p * max probability (0 = off)");
   cmd->add_option("--seed", o->seed, "Base seed; token j uses seed + j (-1 = random, printed)")->capture_default_str();
   cmd->add_option("--max_new_tokens,--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_option("--max_seq_len,--max-seq-len", o->max_seq_len, "Context size (default: the model file's)");

@@ -1,5 +1,7 @@
 #include "model/gguf_export.h"
 
+#include "model/generation_config.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +134,7 @@ ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& outp
   result.program = default_program_flags(checkpoint.config(), options.use_sampling, options.max_seq_len);
   std::vector<PlannedTensor> planned = plan_tensors(checkpoint, options);
   GgufMetadata metadata = gemma4_metadata(checkpoint.config(), result.program);
+  write_generation_defaults(read_generation_config(checkpoint.dir()), metadata);
   if (auto tokenizer = read_tokenizer_json(checkpoint.dir())) {
     metadata.set(gguf_key::kTokenizerJson, std::move(*tokenizer));
     result.tokenizer_embedded = true;

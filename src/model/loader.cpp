@@ -35,12 +35,14 @@ LoadedProgram load_program(const std::string& path, Backend& backend) {
     out.model = load_from(checkpoint.config(), checkpoint, backend);
     out.program = default_program_flags(checkpoint.config(), false);
     out.tokenizer_json = read_text_file(std::filesystem::path(path) / "tokenizer.json");
+    out.generation = read_generation_config(path);
     return out;
   }
   GgufModel file(path);
   out.model = load_from(file.config(), file, backend);
   out.program = file.program();
   out.tokenizer_json = file.tokenizer_json();
+  out.generation = read_generation_defaults(file.file().metadata());
   return out;
 }
 

@@ -1,16 +1,17 @@
-// Opens a model for running: a Hugging Face checkpoint directory (or, later, a model file).
+// Opens a model for running: a Hugging Face checkpoint directory or a GGUF model file.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "backend/backend.h"
 #include "model/gemma4.h"
+#include "model/generation_config.h"
 #include "model/gguf_model.h"
 #include "model/tensor_source.h"
 
 namespace g4 {
 
-// Loads and validates the model at `path` (a checkpoint directory) onto `backend`.
+// Loads and validates the model at `path` (a checkpoint directory or a .gguf file) onto `backend`.
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend);
 
 // A model ready to run with what its file says about running it (SPEC §2).
@@ -18,6 +19,7 @@ struct LoadedProgram {
   std::unique_ptr<Gemma4> model;
   ProgramFlags program;  // a checkpoint directory is a logits (non-sample) program
   std::optional<std::string> tokenizer_json;  // embedded, or the directory's tokenizer.json
+  GenerationDefaults generation;              // the checkpoint's sampling defaults
 };
 LoadedProgram load_program(const std::string& path, Backend& backend);
 

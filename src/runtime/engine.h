@@ -36,6 +36,7 @@ class Engine {
   const ProgramFlags& program() const { return loaded_.program; }
   bool use_sampling() const { return loaded_.program.use_sampling; }
   const std::optional<std::string>& tokenizer_json() const { return loaded_.tokenizer_json; }
+  const GenerationDefaults& generation_defaults() const { return loaded_.generation; }
   Backend& backend() { return *backend_; }
   Session& session() { return *session_; }
 

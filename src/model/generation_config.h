@@ -1,0 +1,24 @@
+// A checkpoint's sampling defaults (Hugging Face generation_config.json), which `g4 run` uses for
+// any sampling flag the user does not give (SPEC §4). Model files keep them as g4.generation.*.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "format/gguf.h"
+
+namespace g4 {
+
+struct GenerationDefaults {
+  std::optional<float> temperature, top_p, min_p;
+  std::optional<int32_t> top_k;
+};
+
+// Reads DIR/generation_config.json; all fields empty when the file is absent. `do_sample: false`
+// means greedy (temperature 0). Throws g4::Error for malformed JSON.
+GenerationDefaults read_generation_config(const std::string& dir);
+
+void write_generation_defaults(const GenerationDefaults& d, GgufMetadata& metadata);
+GenerationDefaults read_generation_defaults(const GgufMetadata& metadata);
+
+}  // namespace g4
