@@ -6,7 +6,9 @@
 #include "commands.h"
 #include "format/hf_checkpoint.h"
 #include "model/gguf_export.h"
+#include "model/weights.h"
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace g4::cli {
 
@@ -37,7 +39,20 @@ void run_export(const ExportCommandOptions& o) {
   if (!o.weights.empty()) options.weights = parse_weight_dtype(o.weights);
   G4_CHECK(o.max_seq_len >= 0, "--max-seq-len must be positive");
   HfCheckpoint checkpoint(o.model_dir);
-  const ExportResult r = export_gguf(checkpoint, o.output, options, print_tensor);
+  // A terminal gets a progress bar; logs get one line per tensor.
+  std::optional<Progress> progress;
+  if (Progress::stderr_is_terminal()) {
+    const ModelConfig& c = checkpoint.config();
+    progress.emplace("exporting", expected_tensors(c).size() + (rope_freq_factors(c).empty() ? 0 : 1), "tensors");
+  }
+  const ExportResult r = export_gguf(checkpoint, o.output, options, [&](const ExportedTensor& t) {
+    if (progress) {
+      progress->advance(1);
+    } else {
+      print_tensor(t);
+    }
+  });
+  if (progress) progress->finish();
   std::printf("wrote %s: %zu tensors, %llu bytes; g4.use_sampling=%s g4.max_seq_len=%lld "
               "g4.max_prefill_chunk=%lld g4.min_prefill_chunk=%lld; tokenizer %s\n",
               o.output.c_str(), r.tensor_count, static_cast<unsigned long long>(r.file_bytes),

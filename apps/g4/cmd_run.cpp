@@ -1,5 +1,6 @@
 // g4 run: generate text from a prompt (the reference design's runner, SPEC §5).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace g4::cli {
 
@@ -135,11 +137,17 @@ void run(const RunOptions& o) {
 
   std::optional<StreamDecoder> text;
   if (tokenizer && !o.print_token_ids) text.emplace(*tokenizer, true);
+  // When the text goes to a file or pipe, a terminal still sees how fast tokens come.
+  std::optional<Progress> progress;
+  if (!isatty(STDOUT_FILENO) && Progress::stderr_is_terminal())
+    progress.emplace("generating", uint64_t(o.max_new_tokens), "tokens");
   GenerationResult result = generate(engine, request, [&](int32_t id) {
+    if (progress) progress->advance(1);
     if (!text) return;
     std::fputs(text->push(id).c_str(), stdout);
     std::fflush(stdout);
   });
+  if (progress) progress->finish();
   if (text) std::printf("%s\n", text->flush().c_str());
   if (o.print_token_ids) {
     std::string line;

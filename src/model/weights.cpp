@@ -1,6 +1,9 @@
 #include "model/weights.h"
 
+#include <optional>
+
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace g4 {
 
@@ -64,9 +67,21 @@ static Tensor upload_inv_freq(const std::vector<float>& inv, Backend& backend) {
   return t;
 }
 
+// Weights below this size load in well under a second: no progress line for them.
+constexpr uint64_t kProgressThresholdBytes = uint64_t(1) << 30;
+
 ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend) {
   validate_tensors(c, source);
-  auto get = [&](const std::string& name) { return backend.upload_weight(*source.find(name)); };
+  uint64_t total = 0;
+  for (const auto& spec : expected_tensors(c)) total += source.find(spec.name)->bytes;
+  std::optional<Progress> progress;
+  if (total >= kProgressThresholdBytes) progress.emplace("loading weights (" + backend.name() + ")", total, "B");
+  auto get = [&](const std::string& name) {
+    const HostTensor& t = *source.find(name);
+    Tensor uploaded = backend.upload_weight(t);
+    if (progress) progress->advance(t.bytes);
+    return uploaded;
+  };
   ModelWeights w;
   w.embed = get("embed_tokens.weight");
   w.lm_head = c.tie_word_embeddings ? w.embed : get("lm_head.weight");

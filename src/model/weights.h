@@ -34,7 +34,8 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c);
 // Throws g4::Error naming the first missing tensor or wrong shape.
 void validate_tensors(const ModelConfig& c, const TensorSource& source);
 
-// Validates, then uploads every tensor with backend.upload_weight.
+// Validates, then uploads every tensor with backend.upload_weight, reporting progress on stderr
+// when the weights are large (see util/progress.h).
 ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend);
 
 }  // namespace g4
