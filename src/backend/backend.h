@@ -72,6 +72,17 @@ class Backend {
   // writing I64 tokens [B, 1]. Each row's seed is read from params (see sampling_params.h).
   virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
   virtual void synchronize() = 0;
+
+  // ---- graphs: one decode step captured once, replayed with token and position on the device ----
+  // Ops issued between begin_capture() and end_capture() are recorded instead of run; replay() runs
+  // the recorded step (one at a time per backend). A sample() recorded in a capture also advances
+  // each row's seed in `params` after its draw, so replays follow the seed schedule (token j uses
+  // seed + j). Backends without graphs throw g4::Error.
+  virtual void begin_capture() = 0;
+  virtual void end_capture() = 0;
+  virtual void replay() = 0;
+  // The step advance that ends a captured step: ids[0] = int32(token[0]); positions[0] += 1.
+  virtual void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) = 0;
 };
 
 }  // namespace g4

@@ -30,6 +30,10 @@ class CpuBackend : public Backend {
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
   void synchronize() override {}
+  void begin_capture() override;
+  void end_capture() override;
+  void replay() override;
+  void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override;
 
  private:
   ThreadPool pool_;

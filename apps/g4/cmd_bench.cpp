@@ -1,0 +1,265 @@
+// g4 bench: prefill time, decode tok/s (greedy and top_k+top_p, plain and CUDA-graph), achieved
+// weight bandwidth against the device's measured copy bandwidth, and the sampling share of a step,
+// on a real model (--model_path) or a synthetic one of the exact 31B shape generated on the GPU.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend_factory.h"
+#include "commands.h"
+#include "model/loader.h"
+#include "runtime/decode_graph.h"
+#include "runtime/session.h"
+#include "util/error.h"
+#ifdef G4_HAVE_CUDA
+#include "backend/cuda/bench_support.h"
+#endif
+
+namespace g4::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::string synthetic, model_path, weights = "bf16", backend = "cuda";
+  int64_t prompt_len = 2048, gen = 128;
+  uint64_t seed = 1;
+};
+
+// SPEC §1: Gemma 4 31B (full attention every 6th layer, K=V, proportional RoPE on full layers).
+ModelConfig gemma4_31b_config() {
+  ModelConfig c;
+  c.vocab_size = 262144;
+  c.hidden_size = 5376;
+  c.intermediate_size = 21504;
+  c.num_heads = 32;
+  c.rms_norm_eps = 1e-6;
+  c.final_logit_softcap = 30.0;
+  c.sliding_window = 1024;
+  c.max_position_embeddings = 262144;
+  c.tie_word_embeddings = true;
+  for (int i = 0; i < 60; ++i) {
+    LayerConfig l;
+    l.sliding = i % 6 != 5;
+    l.head_dim = l.sliding ? 256 : 512;
+    l.kv_heads = l.sliding ? 16 : 4;
+    l.k_eq_v = !l.sliding;
+    l.rope_theta = l.sliding ? 1e4 : 1e6;
+    l.rope_partial = l.sliding ? 1.0 : 0.25;
+    c.layers.push_back(l);
+  }
+  return c;
+}
+
+std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend) {
+  G4_CHECK(o.synthetic == "31b", "--synthetic: only '31b' is known");
+  G4_CHECK(o.weights == "bf16", "--synthetic: only --weights bf16 is supported so far");
+#ifdef G4_HAVE_CUDA
+  G4_CHECK(backend.name() == "cuda", "--synthetic needs --backend cuda (weights are generated on the GPU)");
+  ModelConfig c = gemma4_31b_config();
+  ModelWeights w = random_weights_on_device(c, backend, o.seed);
+  return std::make_unique<Gemma4>(std::move(c), std::move(w));
+#else
+  throw Error("--synthetic needs a g4 built with CUDA");
+#endif
+}
+
+// Bytes of weights one decode step streams: every layer matrix and the LM head.
+double weight_bytes_per_step(const Gemma4& model) {
+  double bytes = double(model.weights().lm_head.bytes());
+  for (const LayerWeights& l : model.weights().layers)
+    for (const Tensor* t : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+      bytes += double(t->bytes());
+  return bytes;
+}
+
+double seconds_of(const std::function<void()>& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Weight bandwidth (bytes/s) of the decode matmul alone: one token through `w`, back to back.
+double gemv_bandwidth(Backend& be, const Tensor& w) {
+  Tensor x = be.alloc(be.activation_dtype(), 1, w.cols), y = be.alloc(be.activation_dtype(), 1, w.rows);
+  be.matmul(x, w, y);
+  be.synchronize();
+  const int reps = 20;
+  return double(w.bytes()) * reps / seconds_of([&] {
+    for (int i = 0; i < reps; ++i) be.matmul(x, w, y);
+    be.synchronize();
+  });
+}
+
+// Seconds of one layer's attention over a T-token chunk at position 0 (inputs are zeros: the work
+// does not depend on the values).
+double attention_seconds(Backend& be, const ModelConfig& c, const LayerConfig& l, int64_t T) {
+  const DType a = be.activation_dtype();
+  const int64_t q_cols = int64_t(c.num_heads) * l.head_dim, kv_cols = int64_t(l.kv_heads) * l.head_dim;
+  KvCache cache{be.alloc(a, T, kv_cols), be.alloc(a, T, kv_cols), T};
+  AttentionArgs args;
+  args.q = be.alloc(a, T, q_cols);
+  args.k_new = be.alloc(a, T, kv_cols);
+  args.v_new = be.alloc(a, T, kv_cols);
+  args.out = be.alloc(a, T, q_cols);
+  args.cache = &cache;
+  args.positions = be.alloc(DType::I32, T, 1);
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) pos[size_t(i)] = int32_t(i);
+  be.upload(pos.data(), args.positions);
+  args.heads = c.num_heads;
+  args.kv_heads = l.kv_heads;
+  args.head_dim = l.head_dim;
+  args.window = l.sliding ? c.sliding_window : 0;
+  be.attention(args);
+  be.synchronize();
+  return seconds_of([&] {
+    be.attention(args);
+    be.synchronize();
+  });
+}
+
+struct DecodeResult {
+  double tok_s = 0, step_ms = 0;
+};
+
+// Prefill, the first token, then `gen` more tokens by plain decode or by graph replay.
+DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> prompt, SamplingParams p, int64_t gen,
+                         bool graph) {
+  s.reset();
+  s.prefill(prompt);
+  int64_t token = s.sample(p);
+  be.synchronize();
+  DecodeGraph g(s);
+  double secs = 0;
+  if (graph) {
+    p.seed += 1;
+    g.start(int32_t(token), p);
+    g.next();  // the first replay uploads the graph
+    secs = seconds_of([&] {
+      for (int64_t i = 1; i < gen; ++i) g.next();
+    });
+  } else {
+    secs = seconds_of([&] {
+      for (int64_t i = 1; i < gen; ++i) {
+        s.decode(int32_t(token));
+        p.seed += 1;
+        token = s.sample(p);
+      }
+    });
+  }
+  return {double(gen - 1) / secs, secs / double(gen - 1) * 1e3};
+}
+
+void run_bench(const BenchOptions& o) {
+  G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
+  G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
+  auto backend = make_backend(o.backend);
+  Backend& be = *backend;
+  double copy_bytes_per_s = 0;
+#ifdef G4_HAVE_CUDA
+  if (be.name() == "cuda") copy_bytes_per_s = measure_copy_bandwidth(size_t(2) << 30);
+#endif
+  double load_s = 0;
+  std::unique_ptr<Gemma4> model;
+  load_s = seconds_of([&] { model = o.synthetic.empty() ? load_model(o.model_path, be) : synthetic_model(o, be); });
+  const ModelConfig& c = model->config();
+
+  SessionOptions so;
+  so.max_seq_len = std::min(c.max_position_embeddings, o.prompt_len + o.gen + 8);
+  Session s(*model, be, so);
+  std::mt19937 rng(unsigned(o.seed));
+  std::vector<int32_t> prompt(size_t(o.prompt_len));
+  for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
+
+  std::vector<double> prefill_s;
+  for (int i = 0; i < 4; ++i) {  // the first run warms up cuBLAS and the caches
+    s.reset();
+    const double t = seconds_of([&] {
+      s.prefill(prompt);
+      be.synchronize();
+    });
+    if (i > 0) prefill_s.push_back(t);
+  }
+  std::sort(prefill_s.begin(), prefill_s.end());
+
+  SamplingParams greedy, topk_topp;
+  greedy.temperature = 0.0f;
+  topk_topp.temperature = 1.0f;
+  topk_topp.top_k = 64;
+  topk_topp.top_p = 0.95f;
+  const bool graphs = be.name() == "cuda";
+  const DecodeResult plain = time_decode(s, be, prompt, greedy, o.gen, false);
+  const DecodeResult graph_greedy = graphs ? time_decode(s, be, prompt, greedy, o.gen, true) : plain;
+  const DecodeResult graph_sampled = graphs ? time_decode(s, be, prompt, topk_topp, o.gen, true)
+                                            : time_decode(s, be, prompt, topk_topp, o.gen, false);
+
+  // The sampler alone on the last logits, back to back.
+  Tensor params = be.alloc(DType::I32, 1, sizeof(SamplingParams) / 4), token = be.alloc(DType::I64, 1, 1);
+  be.upload(&topk_topp, params);
+  be.sample(s.last_logits(), params, token);
+  be.synchronize();
+  const int kSamples = 200;
+  const double sample_s = seconds_of([&] {
+    for (int i = 0; i < kSamples; ++i) be.sample(s.last_logits(), params, token);
+    be.synchronize();
+  }) / kSamples;
+
+  // Where the time goes: the decode matmul on the largest and a small matrix, prefill attention.
+  const LayerWeights& l0 = model->weights().layers.front();
+  const double gemv_lm_head = gemv_bandwidth(be, model->weights().lm_head), gemv_mlp = gemv_bandwidth(be, l0.gate_proj),
+               gemv_small = gemv_bandwidth(be, l0.k_proj);
+  double prefill_attention_s = 0;
+  for (const LayerConfig& l : c.layers) prefill_attention_s += attention_seconds(be, c, l, o.prompt_len);
+
+  const double bytes = weight_bytes_per_step(*model);
+  const double achieved = bytes / (graph_greedy.step_ms * 1e-3);
+  nlohmann::json r = {
+      {"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
+      {"backend", be.name()},
+      {"weights", o.weights},
+      {"load_s", load_s},
+      {"prompt_len", o.prompt_len},
+      {"prefill_s_median", prefill_s[prefill_s.size() / 2]},
+      {"prefill_s_best", prefill_s.front()},
+      {"prefill_tok_s", double(o.prompt_len) / prefill_s[prefill_s.size() / 2]},
+      {"gen", o.gen},
+      {"decode_greedy_tok_s", plain.tok_s},
+      {"decode_greedy_graph_tok_s", graph_greedy.tok_s},
+      {"decode_topk_topp_graph_tok_s", graph_sampled.tok_s},
+      {"step_ms_greedy_graph", graph_greedy.step_ms},
+      {"weight_gb_per_step", bytes / 1e9},
+      {"achieved_tb_s", achieved / 1e12},
+      {"copy_tb_s", copy_bytes_per_s / 1e12},
+      {"achieved_pct_of_copy", copy_bytes_per_s > 0 ? 100.0 * achieved / copy_bytes_per_s : 0.0},
+      {"gemv_lm_head_tb_s", gemv_lm_head / 1e12},
+      {"gemv_gate_proj_tb_s", gemv_mlp / 1e12},
+      {"gemv_k_proj_tb_s", gemv_small / 1e12},
+      {"prefill_attention_s", prefill_attention_s},
+      {"sample_topk_topp_us", sample_s * 1e6},
+      {"sampling_pct_of_step", 100.0 * sample_s / (graph_sampled.step_ms * 1e-3)},
+  };
+  std::printf("%s\n", r.dump(1).c_str());
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto opts = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmark prefill, decode and sampling (synthetic 31B or a model)");
+  cmd->add_option("--synthetic", opts->synthetic, "Random weights generated on the GPU in this shape: 31b");
+  cmd->add_option("--model_path,--model-path", opts->model_path, "A model directory instead of --synthetic");
+  cmd->add_option("--weights", opts->weights, "Weight type of the synthetic model (bf16)");
+  cmd->add_option("--prompt_len,--prompt-len", opts->prompt_len, "Prompt tokens to prefill (default 2048)");
+  cmd->add_option("--gen", opts->gen, "Tokens to decode per measurement (default 128)");
+  cmd->add_option("--seed", opts->seed, "Seed of the weights, prompt and sampling");
+  cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->callback([opts] { run_bench(*opts); });
+}
+
+}  // namespace g4::cli

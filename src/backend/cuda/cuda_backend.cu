@@ -1,0 +1,276 @@
+// The CUDA backend: bf16 weights and activations, float32 accumulation, every op enqueued on one
+// stream (download is the only synchronisation), on-device sampling, and one capturable graph.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "model/tensor_source.h"
+#include "sampling/cuda_sampler.h"
+#include "sampling/sampling_params.h"
+
+namespace g4 {
+
+namespace {
+
+void cublas_check(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS error in ") + call + ": " + cublasGetStatusString(status));
+}
+#define G4_CUBLAS(call) cublas_check((call), #call)
+
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kStagingBytes = size_t(64) << 20;  // host weights pass through here to be widened
+constexpr int kDecodeSplits = 64;                      // split-K partitions of decode attention
+
+template <typename T>
+T* ptr(const Tensor& t) { return static_cast<T*>(t.data); }
+
+void expect_dtype(const Tensor& t, DType want, const char* what) {
+  G4_CHECK(t.dtype == want, std::string("cuda backend: ") + what + " must be " + dtype_name(want) + ", got " +
+                                dtype_name(t.dtype));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    G4_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    G4_CUBLAS(cublasCreate(&cublas_));
+    G4_CUBLAS(cublasSetStream(cublas_, stream_));
+    cublas_workspace_ = alloc(DType::I32, 1, int64_t(kCublasWorkspaceBytes / 4));
+    G4_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_.data, kCublasWorkspaceBytes));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    sampler_.reset();
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  DType activation_dtype() const override { return DType::BF16; }
+
+  Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.rows = rows;
+    t.cols = cols;
+    const size_t bytes = std::max<size_t>(t.bytes(), 1);
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      throw Error("CUDA out of memory: cannot allocate " + std::to_string(bytes >> 20) + " MiB for a [" +
+                  std::to_string(rows) + ", " + std::to_string(cols) + "] " + dtype_name(dtype) + " tensor (" +
+                  std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total >> 20) +
+                  " MiB); use a smaller max_seq_len or prefill chunk");
+    }
+    G4_CUDA(status);
+    t.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    t.data = p;
+    G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
+    return t;
+  }
+
+  void upload(const void* host, const Tensor& dst) override {
+    G4_CUDA(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+  }
+
+  void download(const Tensor& src, void* host) override {
+    G4_CUDA(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    G4_CUDA(cudaStreamSynchronize(stream_));
+    if (sampled_since_check_) {  // a NaN seen by the sampler fails the step that reads its token
+      sampled_since_check_ = false;
+      sampler_->check_status(stream_);
+    }
+  }
+
+  // Matrices become bf16; 1-D tensors (norm weights, layer scalars) float32.
+  Tensor upload_weight(const HostTensor& w) override {
+    const int64_t rows = w.shape.size() >= 2 ? w.shape[0] : 1;
+    const int64_t cols = w.shape.empty() ? 1 : w.numel() / rows;
+    G4_CHECK(row_bytes(w.dtype, cols) * size_t(rows) == w.bytes,
+             "tensor '" + w.name + "': byte size does not match its shape and dtype");
+    const bool keep_f32 = w.shape.size() < 2;
+    Tensor t = alloc(keep_f32 ? DType::F32 : DType::BF16, rows, cols);
+    if (w.dtype == t.dtype) {
+      upload(w.data, t);
+      return t;
+    }
+    const size_t src_row = row_bytes(w.dtype, cols);
+    if (staging_.empty() || staging_.bytes() < src_row)
+      staging_ = alloc(DType::I32, 1, int64_t(std::max(kStagingBytes, src_row) / 4 + 1));
+    const int64_t chunk = int64_t(staging_.bytes() / src_row);
+    for (int64_t r = 0; r < rows; r += chunk) {
+      const int64_t n = std::min(chunk, rows - r);
+      G4_CUDA(cudaMemcpyAsync(staging_.data, static_cast<const uint8_t*>(w.data) + size_t(r) * src_row,
+                              size_t(n) * src_row, cudaMemcpyHostToDevice, stream_));
+      launch_convert_weight(staging_.data, w.dtype, n, cols, static_cast<uint8_t*>(t.data) + size_t(r) * t.row_size(),
+                            keep_f32, stream_);
+    }
+    return t;
+  }
+
+  void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
+    expect_dtype(table, DType::BF16, "embedding table");
+    // SPEC §1: the scale is a bf16 number when the activations are bf16 (as in transformers).
+    const float scale_bf16 = __bfloat162float(__float2bfloat16(scale));
+    launch_embed(ptr<bf16>(table), ptr<int32_t>(ids), ids.rows, out.cols, scale_bf16, ptr<bf16>(out), stream_);
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+    expect_dtype(x, DType::BF16, "rms_norm input");
+    if (!weight.empty()) expect_dtype(weight, DType::F32, "rms_norm weight");
+    launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, weight.empty() ? nullptr : ptr<float>(weight), eps, ptr<bf16>(out),
+                    stream_);
+  }
+
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override {
+    expect_dtype(x, DType::BF16, "matmul input");
+    expect_dtype(w, DType::BF16, "matmul weight");
+    G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
+             "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
+                 std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
+    const int64_t T = x.rows, K = x.cols, N = w.rows;
+    if (T <= kMaxGemvTokens && K % 8 == 0) {
+      launch_gemv(ptr<bf16>(x), ptr<bf16>(w), ptr<bf16>(y), T, N, K, stream_);
+      return;
+    }
+    // Column-major view: y^T [N, T] = w [N, K] (stored as K x N, transposed) · x^T [K, T].
+    const float one = 1.0f, zero = 0.0f;
+    G4_CUBLAS(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w.data, CUDA_R_16BF,
+                           int(K), x.data, CUDA_R_16BF, int(K), &zero, y.data, CUDA_R_16BF, int(N),
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
+    expect_dtype(x, DType::BF16, "rope input");
+    expect_dtype(inv_freq, DType::F32, "rope inv_freq");
+    launch_rope(ptr<bf16>(x), x.rows, x.cols, x.rows / positions.rows, ptr<int32_t>(positions), ptr<float>(inv_freq),
+                stream_);
+  }
+
+  void attention(const AttentionArgs& args) override {
+    AttentionLaunch a;
+    a.q = ptr<bf16>(args.q);
+    a.k_new = ptr<bf16>(args.k_new);
+    a.v_new = ptr<bf16>(args.v_new);
+    a.k_cache = ptr<bf16>(args.cache->k);
+    a.v_cache = ptr<bf16>(args.cache->v);
+    a.out = ptr<bf16>(args.out);
+    a.positions = ptr<int32_t>(args.positions);
+    a.T = args.positions.rows;
+    a.capacity = args.cache->capacity;
+    a.heads = args.heads;
+    a.kv_heads = args.kv_heads;
+    a.head_dim = args.head_dim;
+    a.window = args.window;
+    a.scale = args.scale;
+    a.q_stride = args.q.cols;
+    a.kv_stride = args.k_new.cols;
+    a.out_stride = args.out.cols;
+    G4_CHECK(args.cache->k.cols == a.kv_stride && args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
+             "cuda attention: K/V rows must hold kv_heads * head_dim values");
+    if (a.T > 1) {
+      launch_prefill_attention(a, stream_);
+      return;
+    }
+    const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
+    if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
+    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
+  }
+
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    launch_gelu_tanh_mul(ptr<bf16>(gate), ptr<bf16>(up), ptr<bf16>(out), gate.numel(), stream_);
+  }
+  void add(const Tensor& x, const Tensor& y) override { launch_add(ptr<bf16>(x), ptr<bf16>(y), x.numel(), stream_); }
+  void scale(const Tensor& x, const Tensor& scalar) override {
+    launch_scale(ptr<bf16>(x), x.numel(), scalar.data, scalar.dtype, stream_);
+  }
+  void softcap(const Tensor& x, float cap, const Tensor& out) override {
+    expect_dtype(out, DType::F32, "softcap output");
+    launch_softcap(ptr<bf16>(x), x.numel(), cap, ptr<float>(out), stream_);
+  }
+
+  void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override {
+    expect_dtype(logits, DType::F32, "sample logits");
+    G4_CHECK(params.bytes() >= size_t(logits.rows) * sizeof(SamplingParams), "sample: one SamplingParams per row");
+    if (!sampler_ || sampler_->max_vocab() < logits.cols) sampler_ = std::make_unique<CudaSampler>(logits.cols);
+    CudaSampleBatch batch;
+    batch.logits = ptr<float>(logits);
+    batch.logits_row_stride = logits.cols;
+    batch.rows = logits.rows;
+    batch.vocab = logits.cols;
+    batch.params = ptr<SamplingParams>(params);
+    batch.tokens = ptr<int64_t>(tokens);
+    batch.advance_seed = capturing_;
+    sampler_->sample(batch, stream_);
+    sampled_since_check_ = true;
+  }
+
+  void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
+
+  void begin_capture() override {
+    if (graph_exec_) {
+      G4_CUDA(cudaGraphExecDestroy(graph_exec_));
+      graph_exec_ = nullptr;
+    }
+    // Relaxed: a first decode may allocate its attention workspace while being captured.
+    G4_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+  }
+
+  void end_capture() override {
+    G4_CHECK(capturing_, "end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    G4_CUDA(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t status = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    G4_CUDA(status);
+  }
+
+  void replay() override {
+    G4_CHECK(graph_exec_, "replay: no captured graph");
+    G4_CUDA(cudaGraphLaunch(graph_exec_, stream_));
+    sampled_since_check_ = sampler_ != nullptr;
+  }
+
+  void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override {
+    launch_advance_step(ptr<int64_t>(token), ptr<int32_t>(ids), ptr<int32_t>(positions), stream_);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Tensor cublas_workspace_, staging_, partials_;
+  std::unique_ptr<CudaSampler> sampler_;
+  bool sampled_since_check_ = false, capturing_ = false;
+  cudaGraphExec_t graph_exec_ = nullptr;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  G4_CHECK(cuda_device_count() > 0, "no CUDA GPU is present on this machine");
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace g4

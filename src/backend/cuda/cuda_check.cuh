@@ -1,0 +1,60 @@
+// CUDA error handling and small device helpers shared by the CUDA backend's translation units.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "util/error.h"
+
+namespace g4 {
+
+// Throws g4::Error naming the failed call and CUDA's message.
+inline void cuda_check(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clear a non-sticky error so later calls are not blamed for it
+  throw Error(std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
+}
+#define G4_CUDA(call) ::g4::cuda_check((call), #call)
+// After a kernel launch: reports a bad launch configuration with the kernel's name.
+#define G4_CUDA_LAUNCHED(kernel) ::g4::cuda_check(cudaGetLastError(), "launching " #kernel)
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 8 bf16 values moved as one 16-byte access.
+union Bf16x8 {
+  uint4 raw;
+  __nv_bfloat162 pair[4];
+};
+
+__device__ inline void unpack8(const uint4& raw, float* out) {
+  Bf16x8 v;
+  v.raw = raw;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(v.pair[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ inline uint4 pack8(const float* in) {
+  Bf16x8 v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.pair[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  return v.raw;
+}
+
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace g4

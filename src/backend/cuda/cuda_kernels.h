@@ -1,0 +1,57 @@
+// Launchers of the CUDA backend's kernels. Every launcher enqueues on `stream` and returns at once;
+// pointers are device pointers. Activations are bf16 with float32 arithmetic inside each kernel.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "util/dtype.h"
+
+namespace g4 {
+
+using bf16 = __nv_bfloat16;
+
+// out[t] = bf16(table[ids[t]] * scale); `scale` is already rounded to the activation dtype.
+void launch_embed(const bf16* table, const int32_t* ids, int64_t T, int64_t hidden, float scale, bf16* out,
+                  cudaStream_t stream);
+// Per-row RMSNorm (in place allowed); weight F32 [cols] or nullptr.
+void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* weight, float eps, bf16* out,
+                     cudaStream_t stream);
+// In-place rotate-half RoPE of x [T*heads, head_dim]; row r uses positions[r / heads].
+void launch_rope(bf16* x, int64_t rows, int64_t head_dim, int64_t heads, const int32_t* positions,
+                 const float* inv_freq, cudaStream_t stream);
+void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream);
+void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t stream);
+// x *= scalar[0], the scalar F32 or BF16 in device memory.
+void launch_scale(bf16* x, int64_t n, const void* scalar, DType scalar_dtype, cudaStream_t stream);
+void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream);
+// Widens rows of a weight stored as F32/F16/BF16/Q8_0 into bf16 or float32 (dst_f32).
+void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,
+                           cudaStream_t stream);
+// ids[0] = int32(token[0]); positions[0] += 1 (the device-side step advance of graph decode).
+void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions, cudaStream_t stream);
+// Uniform values in [center - spread, center + spread] from a counter hash of (seed, index).
+void launch_fill_uniform(bf16* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
+void launch_fill_uniform(float* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
+
+// y[T, N] = x[T, K] · w[N, K]^T for small T (1..kMaxGemvTokens): a memory-bound weight stream.
+inline constexpr int kMaxGemvTokens = 8;
+void launch_gemv(const bf16* x, const bf16* w, bf16* y, int64_t T, int64_t N, int64_t K, cudaStream_t stream);
+
+// Attention (see Backend::attention). `pos0` is read from device memory so graphs replay correctly.
+struct AttentionLaunch {
+  const bf16 *q, *k_new, *v_new;
+  bf16 *k_cache, *v_cache, *out;
+  const int32_t* positions;
+  int64_t T, capacity;
+  int heads, kv_heads, head_dim, window;
+  float scale;
+  int64_t q_stride, kv_stride, out_stride;  // row strides in elements
+};
+// Decode (T == 1): split-K flash decoding; `partials` holds heads * max_splits * (head_dim + 2) floats.
+void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream);
+// Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
+void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
+
+}  // namespace g4
