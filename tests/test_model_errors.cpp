@@ -98,9 +98,8 @@ TEST(ModelErrors, HeaderLongerThanFile) {
   expect_load_error(dir, "truncated");
 }
 
-TEST(ModelErrors, OffsetsOutOfRange) {
-  const std::string dir = copy_fixture("bad_offsets");
-  // Rewrite the header so that one tensor points past the data section.
+// Rewrites the safetensors header of dir/model.safetensors with `edit(header, data_size)`.
+void edit_header(const std::string& dir, const std::function<void(json&, size_t)>& edit) {
   std::ifstream in(dir + "/model.safetensors", std::ios::binary);
   uint64_t len;
   in.read(reinterpret_cast<char*>(&len), 8);
@@ -108,13 +107,19 @@ TEST(ModelErrors, OffsetsOutOfRange) {
   in.read(header.data(), std::streamsize(len));
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   json h = json::parse(header);
-  h["model.norm.weight"]["data_offsets"] = {data.size() - 4, data.size() + 252};  // F32 [64] = 256 bytes
+  edit(h, data.size());
   std::string text = h.dump();
   uint64_t new_len = text.size();
   std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(&new_len), 8);
   out << text << data;
-  out.close();
+}
+
+TEST(ModelErrors, OffsetsOutOfRange) {
+  const std::string dir = copy_fixture("bad_offsets");
+  edit_header(dir, [](json& h, size_t data_size) {  // F32 [64] = 256 bytes, starting 4 bytes before the end
+    h["model.norm.weight"]["data_offsets"] = {data_size - 4, data_size + 252};
+  });
   expect_load_error(dir, "out of range");
 }
 
@@ -137,20 +142,8 @@ TEST(ModelErrors, WrongShape) {
 
 TEST(ModelErrors, UnsupportedDtype) {
   const std::string dir = copy_fixture("bad_dtype");
-  std::ifstream in(dir + "/model.safetensors", std::ios::binary);
-  uint64_t len;
-  in.read(reinterpret_cast<char*>(&len), 8);
-  std::string header(len, ' ');
-  in.read(header.data(), std::streamsize(len));
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json h = json::parse(header);
-  h["model.norm.weight"]["dtype"] = "I32";  // same byte size as F32, so only the type is wrong
-  std::string text = h.dump();
-  uint64_t new_len = text.size();
-  std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(&new_len), 8);
-  out << text << data;
-  out.close();
+  // I32 has F32's byte size, so only the type is wrong.
+  edit_header(dir, [](json& h, size_t) { h["model.norm.weight"]["dtype"] = "I32"; });
   expect_load_error(dir, "unsupported dtype I32");
 }
 

@@ -4,11 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <random>
-#include <sstream>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -18,6 +16,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/progress.h"
 
 namespace g4::cli {
@@ -53,14 +52,6 @@ uint64_t resolve_seed(const std::string& text) {
   }
   G4_CHECK(used == text.size() && used > 0, "--seed must be -1 (random) or an integer in [0, 2^64), got '" + text + "'");
   return seed;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  G4_CHECK(in.good(), "cannot read '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::optional<Tokenizer> open_tokenizer(const RunOptions& o, const Engine& engine) {

@@ -1,15 +1,14 @@
 // g4 tokenize / g4 detokenize: the tokenizer alone, so anyone can compare our ids with another
 // implementation's.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "cli_util.h"
 #include "commands.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4::cli {
 namespace {
@@ -26,19 +25,11 @@ struct DetokenizeOptions {
   std::string ids;
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  G4_CHECK(file.good(), "cannot open text file '" + path + "'");
-  std::ostringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
 void write_stdout(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
 
 void run_tokenize(const TokenizeOptions& options) {
   const Tokenizer tokenizer = Tokenizer::from_file(options.tokenizer_path);
-  const std::string text = options.text_file.empty() ? options.text : read_text_file(options.text_file);
+  const std::string text = options.text_file.empty() ? options.text : read_file(options.text_file);
   std::string json = "[";
   for (const int32_t id : tokenizer.encode(text, options.special)) {
     if (json.size() > 1) json += ',';

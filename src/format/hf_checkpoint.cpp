@@ -1,13 +1,12 @@
 #include "format/hf_checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4 {
 
@@ -37,15 +36,7 @@ static std::vector<std::string> shard_files(const fs::path& dir) {
     G4_CHECK(fs::exists(single), "missing weights: neither '" + single.string() + "' nor '" + index.string() + "' exists");
     return {single.string()};
   }
-  std::ifstream in(index);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw Error("malformed JSON in '" + index.string() + "': " + e.what());
-  }
+  const json j = read_json_file(index.string());
   G4_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "'" + index.string() + "' has no weight_map");
   std::set<std::string> files;
   for (const auto& [name, file] : j["weight_map"].items()) {

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/files.h"
 #include "util/half.h"
 
 namespace g4 {
@@ -197,17 +197,8 @@ ModelConfig parse_hf_config(const json& root) {
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-  std::ifstream in(path);
-  G4_CHECK(in.good(), "missing config: cannot open '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json root;
-  try {
-    root = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw Error("malformed JSON in '" + path + "': " + e.what());
-  }
-  return parse_hf_config(root);
+  G4_CHECK(std::filesystem::exists(path), "missing config: '" + path + "' does not exist");
+  return parse_hf_config(read_json_file(path));
 }
 
 }  // namespace g4

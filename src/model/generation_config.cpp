@@ -1,11 +1,11 @@
 #include "model/generation_config.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4 {
 
@@ -29,12 +29,7 @@ GenerationDefaults read_generation_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "generation_config.json").string();
   GenerationDefaults d;
   if (!std::filesystem::exists(path)) return d;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(std::ifstream(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("malformed JSON in '" + path + "': " + e.what());
-  }
+  const nlohmann::json j = read_json_file(path);
   G4_CHECK(j.is_object(), "'" + path + "' is not a JSON object");
   if (j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>()) {
     d.temperature = 0.0f;

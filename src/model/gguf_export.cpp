@@ -13,6 +13,7 @@
 #include "format/quantize.h"
 #include "model/weights.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4 {
 
@@ -97,13 +98,7 @@ void stream_tensor(GgufWriter& writer, const HostTensor& src, DType to, bool map
 }
 
 std::optional<std::string> read_tokenizer_json(const std::string& dir) {
-  const std::filesystem::path path = std::filesystem::path(dir) / "tokenizer.json";
-  if (!std::filesystem::exists(path)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  G4_CHECK(in.good(), "cannot read '" + path.string() + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_file_if_exists((std::filesystem::path(dir) / "tokenizer.json").string());
 }
 
 }  // namespace

@@ -1,12 +1,11 @@
 #include "model/loader.h"
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "format/hf_checkpoint.h"
 #include "model/gguf_model.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4 {
 
@@ -15,13 +14,6 @@ namespace {
 std::unique_ptr<Gemma4> load_from(const ModelConfig& config, const TensorSource& source, Backend& backend) {
   ModelWeights weights = load_weights(config, source, backend);
   return std::make_unique<Gemma4>(config, std::move(weights));
-}
-
-std::optional<std::string> read_text_file(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  G4_CHECK(in.good(), "cannot read '" + path.string() + "'");
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
@@ -34,7 +26,7 @@ LoadedProgram load_program(const std::string& path, Backend& backend) {
     HfCheckpoint checkpoint(path);
     out.model = load_from(checkpoint.config(), checkpoint, backend);
     out.program = default_program_flags(checkpoint.config(), false);
-    out.tokenizer_json = read_text_file(std::filesystem::path(path) / "tokenizer.json");
+    out.tokenizer_json = read_file_if_exists((std::filesystem::path(path) / "tokenizer.json").string());
     out.generation = read_generation_config(path);
     return out;
   }

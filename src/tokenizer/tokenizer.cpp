@@ -1,13 +1,13 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cctype>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/utf8.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4 {
 namespace {
@@ -73,13 +73,10 @@ Tokenizer::Tokenizer(Vocabulary vocab, BpeModel bpe, const std::vector<AddedToke
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  G4_CHECK(file.good(), "cannot open tokenizer file '" + path + "'");
-  std::ostringstream text;
-  text << file.rdbuf();
-  G4_CHECK(!file.bad(), "cannot read tokenizer file '" + path + "'");
+  G4_CHECK(std::filesystem::is_regular_file(path), "cannot open tokenizer file '" + path + "'");
+  const std::string text = read_file(path);
   try {
-    return from_json(text.str());
+    return from_json(text);
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }

@@ -1,0 +1,36 @@
+#include "util/files.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace g4 {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  G4_CHECK(in.good(), "cannot read '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  G4_CHECK(!in.bad(), "cannot read '" + path + "'");
+  return text.str();
+}
+
+std::optional<std::string> read_file_if_exists(const std::string& path) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  return read_file(path);
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error("malformed JSON in '" + path + "': " + e.what());
+  }
+}
+
+}  // namespace g4
