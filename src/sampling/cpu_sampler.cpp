@@ -109,10 +109,13 @@ int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& par
     }
     std::sort(live.begin(), live.end(),
               [](const LiveToken& a, const LiveToken& b) { return rank_id(a.rank) < rank_id(b.rank); });
-  } else {  // the weight loop vectorises
+  } else {  // scaled_token_weight in three loops that vectorise
     thread_local std::vector<float> scaled_weights;
     scaled_weights.resize(size_t(vocab));
-    for (int64_t i = 0; i < vocab; ++i) scaled_weights[size_t(i)] = scaled_token_weight(logits[i], z_max, inv_temperature);
+    float* w = scaled_weights.data();
+    for (int64_t i = 0; i < vocab; ++i) w[i] = weight_exponent(logits[i], z_max, inv_temperature);
+    for (int64_t i = 0; i < vocab; ++i) w[i] = scaled_exp_nonpositive(w[i]);
+    for (int64_t i = 0; i < vocab; ++i) w[i] = finish_weight(logits[i], z_max, inv_temperature, w[i]);
     for (int64_t i = 0; i < vocab; ++i) {
       const uint64_t weight = uint64_t(scaled_weights[size_t(i)]);
       if (weight > 0) live.push_back({rank_of(logit_key(logits[i]), uint32_t(i)), weight});

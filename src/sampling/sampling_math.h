@@ -131,16 +131,23 @@ G4_HOST_DEVICE float scaled_exp_nonpositive(float x) {
 G4_HOST_DEVICE float inverse_temperature(float temperature) { return 1.0f / temperature; }
 
 // Softmax weight of logit z in a row whose largest logit is z_max (see the file comment), scaled
-// by 2^40 and not yet truncated. z == z_max weighs exactly 2^40, also when both are infinite.
-// Written as selects, without branches, so that the host loop over a row vectorises.
-G4_HOST_DEVICE float scaled_token_weight(float z, float z_max, float inv_temperature) {
+// by 2^40 and not yet truncated: finish_weight(z, scaled_exp_nonpositive(weight_exponent(z))).
+// The three steps are separate so that the host can run each as its own vectorised loop.
+G4_HOST_DEVICE float weight_exponent(float z, float z_max, float inv_temperature) {
   const float d = (z - z_max) * inv_temperature;
-  const bool in_gap = d >= -kMaxLogGap;  // false for -inf and for NaN (inf - inf)
-  const float clamped = in_gap ? d : -kMaxLogGap;
-  float weight = scaled_exp_nonpositive(clamped);
-  weight = in_gap ? weight : 0.0f;
-  weight = z == z_max ? float(kWeightOne) : weight;
-  return weight;
+  return d >= -kMaxLogGap ? d : -kMaxLogGap;  // also maps -inf and NaN (inf - inf) into range
+}
+
+// Tokens beyond the gap (and -inf) weigh 0; z == z_max weighs exactly 2^40, also when infinite.
+G4_HOST_DEVICE float finish_weight(float z, float z_max, float inv_temperature, float scaled_exp) {
+  const float d = (z - z_max) * inv_temperature;
+  const float weight = d >= -kMaxLogGap ? scaled_exp : 0.0f;
+  return z == z_max ? float(kWeightOne) : weight;
+}
+
+G4_HOST_DEVICE float scaled_token_weight(float z, float z_max, float inv_temperature) {
+  return finish_weight(z, z_max, inv_temperature,
+                       scaled_exp_nonpositive(weight_exponent(z, z_max, inv_temperature)));
 }
 
 // The integer weight q of logit z: the scaled weight, truncated.
