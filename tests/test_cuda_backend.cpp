@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <span>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/quantize.h"
@@ -30,13 +33,19 @@
 namespace g4 {
 namespace {
 
+// Op by op, the CUDA backend against the CPU backend.
 constexpr double kRelativeL2 = 1e-2;
-// Logits of whole fixture models in bf16 against the float64 reference. SPEC §6 asks 1e-2; measured
-// on the H200 (2026-11-30): 0.065-0.22. Each op agrees with the CPU to rounding (<= 2e-3) and the
-// hidden state to 0.7-1.4 % after one layer, growing 1.2-2.3x per layer on these random-weight
-// models (HiddenStatesAgreeWithTheCpuLayerByLayer prints it): bf16 storage between ops, not a
-// kernel, sets this bound. Kept just above the measured worst case to catch regressions.
-constexpr double kBf16FixtureRelativeL2 = 0.25;
+// SPEC §6 asks relative L2 <= 1e-2 for bf16 activations, but transformers itself, run in bf16 on
+// these random-weight fixtures, lands at 0.08-0.23 (tests/fixtures/hf-gemma4/
+// transformers_bf16_error.json, from tools/hf_bf16_error.py on the H200): bf16 storage between ops
+// sets the error, amplified layer by layer. The bound is therefore transformers' own bf16 error
+// with 25 % headroom; a kernel bug shows up far above it.
+constexpr double kHeadroomOverTransformersBf16 = 1.25;
+double transformers_bf16_error(const std::string& fixture) {
+  const auto j = nlohmann::json::parse(
+      std::ifstream(std::string(G4_FIXTURES_DIR) + "/hf-gemma4/transformers_bf16_error.json"));
+  return j.at(std::filesystem::path(fixture).filename().string()).at("bfloat16_relative_l2").get<double>();
+}
 // Greedy tokens must agree wherever the reference's top-2 logit margin exceeds this.
 constexpr double kGreedyMargin = 1.0;
 
@@ -305,13 +314,13 @@ class CudaFixture : public ::testing::TestWithParam<std::string> {
     o.max_seq_len = ref_.positions + 1;
     return Session(model, be, o);
   }
-  // Relative L2 within kBf16FixtureRelativeL2, and the reference's greedy token wherever its
+  // Relative L2 within transformers' own bf16 error (plus headroom), and the reference's greedy token wherever its
   // top-2 margin exceeds kGreedyMargin.
   void expect_matches_reference(const std::vector<float>& got, const std::string& how) {
     ASSERT_EQ(got.size(), ref_.logits.size()) << how;
     const double err = relative_l2(got, ref_.logits);
     std::printf("  %s: relative L2 %.3f, max |dlogit| %.3f\n", how.c_str(), err, test::max_abs_diff(got, ref_.logits));
-    EXPECT_LE(err, kBf16FixtureRelativeL2) << how;
+    EXPECT_LE(err, kHeadroomOverTransformersBf16 * transformers_bf16_error(GetParam())) << how;
     const double bound = kGreedyMargin;
     int checked = 0;
     for (int64_t p = 0; p < ref_.positions; ++p) {

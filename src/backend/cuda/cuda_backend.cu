@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return DType::BF16; }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
+    G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");
     Tensor t;
     t.dtype = dtype;
     t.rows = rows;
@@ -179,12 +180,14 @@ class CudaBackend final : public Backend {
     a.out_stride = args.out.cols;
     G4_CHECK(args.cache->k.cols == a.kv_stride && args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
              "cuda attention: K/V rows must hold kv_heads * head_dim values");
+    // Sized on every call, prefill too: a prompt's forward visits every layer before a decode
+    // step is captured, so a graph capture never has to allocate.
+    const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
+    if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
     if (a.T > 1) {
       launch_prefill_attention(a, stream_);
       return;
     }
-    const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
-    if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
     launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
