@@ -1,17 +1,22 @@
 // The fused CUDA sampler. One thread-block cluster of kClusterBlocks blocks samples one row: each
 // block copies its slice of the logits into shared memory once, and every later pass reads shared
 // memory; the blocks combine their partial results through distributed shared memory and cluster
-// barriers. No pass sorts: cuts in the ranking are found by radix selection on the logit keys.
+// barriers. Nothing sorts the vocabulary.
 //
 // Per row (sampling_math.h defines every number):
 //  1. load + row statistics: largest rank (argmax, lowest id), smallest key, NaN flag;
 //  2. greedy rows stop at the argmax; NaN rows stop with token 0 and the status bit;
-//  3. top_k: the rank of the k-th token (select_cut, counting tokens);
-//  4. Q_k, the weight of the top-k set; top_p: the rank where the weight reaches
-//     ceil(top_p * Q_k) (select_cut, weighing tokens);
-//  5. the draw: the lowest id whose cumulative kept weight (cut and min_p applied) reaches
-//     draw_target(seed, kept weight) (find_first_reaching).
-// All sums are of integers, so the order in which threads add them does not change the token.
+//  3. candidates (sample_from_candidates): one histogram pass over distance bins (how far below
+//     the max a token's weight exponent lies) finds the bin that holds the k-th token (top_k) or,
+//     without a top-k cut, the top-p crossing; the tokens up to that bin, usually a few dozen,
+//     are gathered into block 0, which sorts them by rank and applies top_k, top_p, min_p and the
+//     draw exactly. Whole passes cost ~0.13 us per instruction per logit, so everything after the
+//     first pass works on the candidates alone.
+//  4. rows whose candidates do not fit (crowded bins: many equal logits, no top-k or top-p cut)
+//     take the whole-row path (sample_whole_row): radix selections for the top-k and top-p cuts
+//     (select_cut) and the draw (find_first_reaching) over all logits.
+// Both paths return the token of sample_row(); all sums are of integers, so the order in which
+// threads add them does not change the token.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -33,7 +38,17 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBinBits = 11;           // radix digit: 2048 bins, two per thread
 constexpr int kBins = 1 << kBinBits;
-constexpr int kExchangeSlots = 16;     // cluster exchanges per row (at most 9 are used)
+constexpr int kExchangeSlots = 16;     // cluster exchanges per row (at most 10 are used)
+// Candidates block 0 sorts itself (a power of two): bounds top_k for the candidate path.
+constexpr int kCandidateCapacity = 2048;
+// Distance bins span the gap within which tokens carry weight; tokens beyond it are outside.
+constexpr int kOutsideGap = kBins;
+constexpr float kDistanceBinsPerUnit = float(kBins) / kMaxLogGap;
+// A draw key packs a kept token as (kMaxVocab - 1 - id) << kDrawIdShift | weight, so that sorting
+// keys in descending order puts the kept tokens in id order.
+constexpr int kDrawIdShift = kWeightBits + 1;
+static_assert((uint64_t(kMaxVocab - 1) >> (64 - kDrawIdShift)) == 0, "draw keys must hold every id");
+constexpr uint64_t kDrawWeightMask = (uint64_t(1) << kDrawIdShift) - 1;
 constexpr uint64_t kNoToken = ~uint64_t(0);
 
 void check_cuda(cudaError_t err, const char* what) {
@@ -54,7 +69,27 @@ struct SharedState {
   uint64_t scratch[kWarps + 1];          // block reductions and scans
   uint64_t selected[3];                  // select_cut: chosen bin, weight above it, its weight
   uint64_t found;                        // find_first_reaching: the id this block found
+  int candidate_count;                   // candidates this block has gathered
 };
+
+// Dynamic shared memory after the logits slice: the candidate path's arrays.
+struct CandidateStorage {
+  uint64_t* weight_bins;   // [kBins] weight per distance bin (this block's logits)
+  uint64_t* candidates;    // [kCandidateCapacity] this block's candidate ranks; in block 0 later
+                           // the weights of the sorted candidates
+  uint64_t* merged;        // [kCandidateCapacity] block 0: the cluster's candidates, sorted
+  uint32_t* count_bins;    // [kBins] tokens per distance bin (this block's logits)
+};
+
+size_t candidate_storage_bytes() {
+  return size_t(kBins) * (sizeof(uint64_t) + sizeof(uint32_t)) + 2 * size_t(kCandidateCapacity) * sizeof(uint64_t);
+}
+
+__device__ CandidateStorage carve_candidate_storage(void* base) {
+  uint64_t* words = static_cast<uint64_t*>(base);
+  return {words, words + kBins, words + kBins + kCandidateCapacity,
+          reinterpret_cast<uint32_t*>(words + kBins + 2 * kCandidateCapacity)};
+}
 
 // One row as seen by one block; every thread holds a copy.
 struct RowContext {
@@ -269,8 +304,9 @@ __device__ uint64_t select_cut(RowContext& row, uint64_t target) {
   return rank_of(key, id);
 }
 
-// Steps 3–5 of the file comment for a row with finite logits and temperature > 0.
-__device__ uint32_t sample_filtered(RowContext& row, const SamplingParams& params, int64_t vocab) {
+// Step 4 of the file comment (a row with finite logits and temperature > 0): the top_k cut, Q_k,
+// the top_p cut and the draw, each over the whole row.
+__device__ uint32_t sample_whole_row(RowContext& row, const SamplingParams& params, int64_t vocab) {
   uint64_t cut = kKeepAllRanks;
   if (params.top_k > 0 && params.top_k < vocab) cut = select_cut<false>(row, uint64_t(params.top_k));
 
@@ -294,6 +330,233 @@ __device__ uint32_t sample_filtered(RowContext& row, const SamplingParams& param
         return weight >= weight_floor ? weight : 0;
       },
       [seed = params.seed](uint64_t kept_weight) { return draw_target(seed, kept_weight); });
+}
+
+// The distance bin of logit z: floor(-d * kDistanceBinsPerUnit) for its weight exponent
+// d = (z - z_max) / T (sampling_math.h's expression) within the gap, kOutsideGap beyond it (weight
+// 0). Every float step is monotone, so the bin never increases with z: bins 0..b hold the
+// highest-ranked tokens, and tokens of equal logits share a bin. Bins spread the tokens that carry
+// weight evenly, where the top key bits of close logits agree.
+__device__ int distance_bin(const RowContext& row, float z) {
+  if (z == row.z_max) return 0;  // also z_max = +inf, where d would be NaN
+  const float d = (z - row.z_max) * row.inv_temperature;
+  if (!(d >= -kMaxLogGap)) return kOutsideGap;
+  return min(kBins - 1, int(-d * kDistanceBinsPerUnit));
+}
+
+// Fills this block's histogram over distance bins with 1 per token (Count = uint32_t) or its
+// weight (uint64_t). Each block's array is read by the others after the next cluster barrier.
+template <class Count>
+__device__ void fill_distance_histogram(const RowContext& row, Count* bins) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) bins[b] = 0;
+  __syncthreads();
+  for_each_logit(row, [&](float z, uint32_t) {
+    const int bin = distance_bin(row, z);
+    if (bin == kOutsideGap) return;
+    if constexpr (sizeof(Count) == sizeof(uint32_t)) {
+      atomicAdd(&bins[bin], 1u);
+    } else {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&bins[bin]), token_weight(z, row.z_max, row.inv_temperature));
+    }
+  });
+}
+
+struct BinCrossing {
+  int bin;         // first bin at which the cumulative measure reaches the target; kBins if none
+  uint64_t total;  // the cluster's measure over all bins
+};
+
+// Sums the cluster's histograms (`bins` at the same shared address in every block) and finds the
+// bin where the cumulative measure, bin 0 first, reaches target_of(total). Starts with the cluster
+// barrier that publishes the histograms; every block computes the same answer.
+template <class Count, class TargetOf>
+__device__ BinCrossing cluster_bin_crossing(SharedState& shared, const Count* bins, TargetOf target_of) {
+  static_assert(2 * kThreads == kBins, "each thread owns two bins");
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int first_bin = 2 * threadIdx.x;
+  uint64_t measure0 = 0, measure1 = 0;
+  for (int b = 0; b < kClusterBlocks; ++b) {
+    const Count* remote = cluster.map_shared_rank(bins, b);
+    measure0 += remote[first_bin];
+    measure1 += remote[first_bin + 1];
+  }
+  const uint64_t total = block_reduce<false>(measure0 + measure1, shared.scratch);
+  const uint64_t target = target_of(total);
+  if (threadIdx.x == 0) shared.selected[0] = kBins;
+  const uint64_t before = block_exclusive_scan(measure0 + measure1, shared.scratch);
+  if (before < target && target <= before + measure0) {
+    shared.selected[0] = first_bin;
+  } else if (before + measure0 < target && target <= before + measure0 + measure1) {
+    shared.selected[0] = first_bin + 1;
+  }
+  __syncthreads();
+  return {int(shared.selected[0]), total};
+}
+
+// Appends the ranks of this block's tokens in bins 0..last_bin to storage.candidates (at most
+// kCandidateCapacity are stored; shared.candidate_count counts all).
+__device__ void gather_candidates(RowContext& row, const CandidateStorage& storage, int last_bin) {
+  const int lane = threadIdx.x % 32;
+  for (int base = 0; base < row.count; base += kThreads) {  // whole warps, for the ballot
+    const int i = base + threadIdx.x;
+    const float z = i < row.count ? row.values[i] : 0.0f;
+    const bool take = i < row.count && distance_bin(row, z) <= last_bin;
+    const unsigned takers = __ballot_sync(0xFFFFFFFFu, take);
+    if (takers == 0) continue;
+    int first_slot = 0;
+    if (lane == 0) first_slot = atomicAdd(&row.shared.candidate_count, __popc(takers));
+    const int slot = __shfl_sync(0xFFFFFFFFu, first_slot, 0) + __popc(takers & ((1u << lane) - 1));
+    if (take && slot < kCandidateCapacity) storage.candidates[slot] = rank_of(logit_key(z), row.first_id + i);
+  }
+}
+
+__device__ void sync_sorting_threads(int threads) {
+  if (threads == 32) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");  // barrier 0 is __syncthreads'
+  }
+}
+
+// Sorts values[0, count) in descending order (count a power of two) by a bitonic network. Only as
+// many threads as the network has pairs take part, so that small sorts synchronise one or two
+// warps rather than the block. All threads of the block must call it.
+__device__ void sort_descending(uint64_t* values, int count) {
+  __syncthreads();
+  const int threads = min(kThreads, max(32, count / 2));
+  if (int(threadIdx.x) < threads) {
+    for (int size = 2; size <= count; size *= 2) {
+      for (int stride = size / 2; stride > 0; stride /= 2) {
+        for (int pair = threadIdx.x; pair < count / 2; pair += threads) {
+          const int i = 2 * pair - (pair & (stride - 1));  // the lower index has the stride bit clear
+          const bool descending = (i & size) == 0;
+          const uint64_t a = values[i], b = values[i + stride];
+          if ((a < b) == descending) values[i] = b, values[i + stride] = a;
+        }
+        sync_sorting_threads(threads);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// The first index of [0, count) at which the running sum of value_at(index) reaches
+// target_of(sum of all count values); block-wide, the same answer in every thread.
+template <class ValueAt, class TargetOf>
+__device__ int block_first_reaching(SharedState& shared, int count, ValueAt value_at, TargetOf target_of) {
+  const int per_thread = (count + kThreads - 1) / kThreads;
+  const int begin = min(count, int(threadIdx.x) * per_thread), end = min(count, begin + per_thread);
+  uint64_t mine = 0;
+  for (int i = begin; i < end; ++i) mine += value_at(i);
+  const uint64_t target = target_of(block_reduce<false>(mine, shared.scratch));
+  uint64_t cumulative = block_exclusive_scan(mine, shared.scratch);
+  if (cumulative < target && target <= cumulative + mine) {
+    for (int i = begin; i < end; ++i) {
+      cumulative += value_at(i);
+      if (cumulative >= target) {
+        shared.found = uint64_t(i);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return int(shared.found);
+}
+
+__device__ int next_power_of_two(int n) { return n <= 1 ? 1 : 1 << (32 - __clz(n - 1)); }
+
+// Step 3 of the file comment. Returns false, in every block, when the row needs the whole-row
+// path; otherwise block 0 gets the token in *token (the other blocks' is unset).
+__device__ bool sample_from_candidates(RowContext& row, const CandidateStorage& storage, const SamplingParams& params,
+                                       int64_t vocab, uint32_t* token) {
+  SharedState& shared = row.shared;
+  if (threadIdx.x == 0) shared.candidate_count = 0;  // published by the histogram's barriers
+
+  // The candidates are the tokens of distance bins 0..last_bin; all tokens ranked above the last
+  // one kept by top_k (top_k_cuts) or by top_p (otherwise) are among them.
+  const bool top_k_active = params.top_k > 0 && params.top_k < vocab;
+  const uint64_t top_k = uint64_t(params.top_k);
+  bool top_k_cuts = false;
+  int last_bin = kBins - 1;
+  if (top_k_active) {
+    fill_distance_histogram(row, storage.count_bins);
+    const BinCrossing crossing = cluster_bin_crossing(shared, storage.count_bins, [&](uint64_t) { return top_k; });
+    // With no more than k tokens inside the gap, the top-k set holds every token of weight > 0.
+    top_k_cuts = crossing.total > top_k;
+    if (top_k_cuts) last_bin = crossing.bin;
+  }
+  bool weight_known = false;  // the top-k set's weight Q_k from the histogram
+  uint64_t top_k_weight = 0;
+  if (!top_k_cuts) {
+    if (params.top_p >= 1.0f) return false;  // no cut narrows the candidates
+    fill_distance_histogram(row, storage.weight_bins);
+    const BinCrossing crossing = cluster_bin_crossing(
+        shared, storage.weight_bins, [&](uint64_t total) { return top_p_target(params.top_p, total); });
+    last_bin = crossing.bin;
+    weight_known = true;
+    top_k_weight = crossing.total;
+  }
+
+  gather_candidates(row, storage, last_bin);
+  __syncthreads();
+  cluster_gather(row, uint64_t(shared.candidate_count));
+  const int count = int(gathered_sum(row, kClusterBlocks));
+  if (count > kCandidateCapacity) return false;
+  if (cg::this_cluster().block_rank() != 0) return true;  // the kernel's last barrier keeps the lists
+
+  // Block 0: merge the cluster's candidates and sort them by rank, highest first.
+  uint64_t* ranks = storage.merged;
+  int offset = 0;
+  for (int b = 0; b < kClusterBlocks; ++b) {
+    const uint64_t* list = cg::this_cluster().map_shared_rank(storage.candidates, b);
+    const int listed = int(shared.gathered[b]);
+    for (int j = threadIdx.x; j < listed; j += kThreads) ranks[offset + j] = list[j];
+    offset += listed;
+  }
+  const int sorted_count = next_power_of_two(count);
+  for (int j = count + threadIdx.x; j < sorted_count; j += kThreads) ranks[j] = 0;  // below every rank
+  sort_descending(ranks, sorted_count);
+
+  // top_k keeps the first k; their weights, Q_k and the top_p cut.
+  const int top_k_count = top_k_cuts ? int(top_k) : count;
+  uint64_t* weights = storage.candidates;  // block 0's own list is merged already
+  for (int j = threadIdx.x; j < top_k_count; j += kThreads) {
+    weights[j] = token_weight(key_logit(uint32_t(ranks[j] >> 32)), row.z_max, row.inv_temperature);
+  }
+  __syncthreads();
+  int kept_count = top_k_count;
+  if (params.top_p < 1.0f) {
+    kept_count = 1 + block_first_reaching(shared, top_k_count, [&](int j) { return weights[j]; }, [&](uint64_t sum) {
+      return top_p_target(params.top_p, weight_known ? top_k_weight : sum);
+    });
+  }
+
+  // min_p, then the draw over the kept tokens in id order.
+  const uint64_t weight_floor = min_p_floor(params.min_p);
+  const int draw_count = next_power_of_two(kept_count);
+  uint64_t* draw_keys = storage.merged;
+  for (int j = threadIdx.x; j < draw_count; j += kThreads) {
+    uint64_t key = 0;
+    if (j < kept_count && weights[j] >= weight_floor && weights[j] > 0) {
+      key = (uint64_t(kMaxVocab - 1 - rank_id(ranks[j])) << kDrawIdShift) | weights[j];
+    }
+    draw_keys[j] = key;  // the same thread read ranks[j]
+  }
+  sort_descending(draw_keys, draw_count);
+  const int drawn = block_first_reaching(
+      shared, kept_count, [&](int j) { return draw_keys[j] & kDrawWeightMask; },
+      [&](uint64_t kept_weight) { return draw_target(params.seed, kept_weight); });
+  *token = uint32_t(kMaxVocab - 1 - int64_t(draw_keys[drawn] >> kDrawIdShift));
+  return true;
+}
+
+// Steps 3–5 of the file comment for a row with finite logits and temperature > 0.
+__device__ uint32_t sample_filtered(RowContext& row, const CandidateStorage& storage, const SamplingParams& params,
+                                    int64_t vocab) {
+  uint32_t token = 0;
+  if (sample_from_candidates(row, storage, params, vocab, &token)) return token;
+  return sample_whole_row(row, params, vocab);
 }
 
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 1)
@@ -350,7 +613,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     row.min_key = ~uint32_t(inverted_min_key);
     row.z_max = key_logit(row.max_key);
     row.inv_temperature = inverse_temperature(p.temperature);
-    token = sample_filtered(row, p, vocab);
+    token = sample_filtered(row, carve_candidate_storage(slice_storage + slice / 4), p, vocab);
   }
   cluster.sync();  // no block may exit while another reads its shared memory
   if (block == 0 && threadIdx.x == 0) {
@@ -359,7 +622,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   }
 }
 
-size_t dynamic_shared_bytes(int64_t vocab) { return size_t(slice_length(vocab)) * sizeof(float); }
+// The logits slice (a multiple of 16 bytes), then the candidate path's arrays.
+size_t dynamic_shared_bytes(int64_t vocab) {
+  return size_t(slice_length(vocab)) * sizeof(float) + candidate_storage_bytes();
+}
 
 }  // namespace
 
