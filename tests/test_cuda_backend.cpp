@@ -175,33 +175,65 @@ TEST_F(CudaOps, MatmulGemvAndGemmForEveryWeightDtype) {
       }
 }
 
-TEST_F(CudaOps, RopeFullAndPartial) {
-  const int64_t T = 3, heads = 4, hd = 64;
-  const std::vector<int32_t> pos = {1000, 1001, 1002};
-  Both positions = raw(DType::I32, T, 1, pos.data());
-  for (int rotating : {32, 8}) {
-    std::vector<float> inv(hd / 2, 0.0f);
-    for (int i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-    Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
-    Both x = activation(T * heads, hd);
-    cpu_.rope(x.cpu, positions.cpu, inv_freq.cpu);
-    gpu_->rope(x.gpu, positions.gpu, inv_freq.gpu);
-    expect_close(x, "rope rotating " + std::to_string(rotating));
-  }
+TEST_F(CudaOps, GatedGeluGemvAndGemm) {
+  for (int64_t T : {1, 3, 8, 9, 40})
+    for (int64_t K : {256, 100}) {  // 100: not a multiple of 8, so cuBLAS even for small T
+      Both w_gate = weight(300, K, DType::BF16), w_up = weight(300, K, DType::BF16);
+      Both x = activation(T, K, 2.0f), out = activation(T, 300);
+      cpu_.gated_gelu(x.cpu, w_gate.cpu, w_up.cpu, out.cpu);
+      gpu_->gated_gelu(x.gpu, w_gate.gpu, w_up.gpu, out.gpu);
+      expect_close(out, "gated_gelu T=" + std::to_string(T) + " K=" + std::to_string(K));
+    }
+  // 31B's shape, one decode token (hidden 5376, a slice of the 21504 intermediate rows).
+  Both w_gate = weight(1000, 5376, DType::BF16, 0.0f, 0.05f), w_up = weight(1000, 5376, DType::BF16, 0.0f, 0.05f);
+  Both x = activation(1, 5376), out = activation(1, 1000);
+  cpu_.gated_gelu(x.cpu, w_gate.cpu, w_up.cpu, out.cpu);
+  gpu_->gated_gelu(x.gpu, w_gate.gpu, w_up.gpu, out.gpu);
+  expect_close(out, "gated_gelu 31B shape");
 }
 
-TEST_F(CudaOps, ElementwiseOps) {
-  Both g = activation(3, 1000, 3.0f), u = activation(3, 1000), o = activation(3, 1000);
-  cpu_.gelu_tanh_mul(g.cpu, u.cpu, o.cpu);
-  gpu_->gelu_tanh_mul(g.gpu, u.gpu, o.gpu);
-  expect_close(o, "gelu_tanh_mul");
-  cpu_.add(o.cpu, u.cpu);
-  gpu_->add(o.gpu, u.gpu);
-  expect_close(o, "add");
-  Both s = weight(0, 1, DType::F32, 0.7f, 0.0f);
-  cpu_.scale(o.cpu, s.cpu);
-  gpu_->scale(o.gpu, s.gpu);
-  expect_close(o, "scale");
+TEST_F(CudaOps, RmsNormRopeFullAndPartial) {
+  const int64_t T = 3, heads = 4;
+  const std::vector<int32_t> pos = {1000, 1001, 1002};
+  Both positions = raw(DType::I32, T, 1, pos.data());
+  for (int64_t hd : {64, 256, 512})
+    for (int64_t rotating : {hd / 2, hd / 8}) {
+      std::vector<float> inv(size_t(hd / 2), 0.0f);
+      for (int64_t i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+      Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      Both w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
+      Both x = activation(T * heads, hd, 3.0f);
+      cpu_.rms_norm_rope(x.cpu, w.cpu, 1e-6f, positions.cpu, inv_freq.cpu);
+      gpu_->rms_norm_rope(x.gpu, w.gpu, 1e-6f, positions.gpu, inv_freq.gpu);
+      expect_close(x, "rms_norm_rope hd " + std::to_string(hd) + " rotating " + std::to_string(rotating));
+    }
+}
+
+TEST_F(CudaOps, ResidualNormWithAndWithoutScalarAndNextNorm) {
+  for (int64_t cols : {5376, 100})
+    for (int64_t T : {1, 7}) {
+      Both post = weight(0, cols, DType::BF16, 1.0f, 0.2f), next = weight(0, cols, DType::BF16, 1.0f, 0.2f);
+      Both scalar = weight(0, 1, DType::F32, 0.7f, 0.0f);
+      const std::string shape = " [" + std::to_string(T) + ", " + std::to_string(cols) + "]";
+      // The attention block's end: no scalar, the pre-FFN norm of the new x.
+      Both x = activation(T, cols, 4.0f), o = activation(T, cols), h = activation(T, cols);
+      cpu_.residual_norm(x.cpu, o.cpu, post.cpu, Tensor{}, 1e-6f, next.cpu, h.cpu);
+      gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
+      expect_close(x, "residual_norm x" + shape);
+      expect_close(h, "residual_norm next input" + shape);
+      // The MLP block's end: layer scalar, then the next layer's input norm, or nothing after the last.
+      cpu_.residual_norm(x.cpu, o.cpu, post.cpu, scalar.cpu, 1e-6f, next.cpu, h.cpu);
+      gpu_->residual_norm(x.gpu, o.gpu, post.gpu, scalar.gpu, 1e-6f, next.gpu, h.gpu);
+      expect_close(x, "residual_norm scaled x" + shape);
+      expect_close(h, "residual_norm scaled next input" + shape);
+      cpu_.residual_norm(x.cpu, o.cpu, post.cpu, scalar.cpu, 1e-6f, Tensor{}, Tensor{});
+      gpu_->residual_norm(x.gpu, o.gpu, post.gpu, scalar.gpu, 1e-6f, Tensor{}, Tensor{});
+      expect_close(x, "residual_norm last layer" + shape);
+      expect_close(o, "residual_norm leaves o" + shape);
+    }
+}
+
+TEST_F(CudaOps, Softcap) {
   Both capped{cpu_.alloc(DType::F32, 3, 1000), gpu_->alloc(DType::F32, 3, 1000)};
   Both z = activation(3, 1000, 60.0f);
   cpu_.softcap(z.cpu, 30.0f, capped.cpu);

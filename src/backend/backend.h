@@ -56,16 +56,21 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
   // y[T, out] = x[T, in] · w[out, in]^T
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
-  // In-place rotate-half RoPE on x viewed as [T*heads, head_dim]; inv_freq F32 [head_dim/2, 1]
-  // (zeros = identity, which is how proportional partial RoPE is expressed).
-  virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+  // In place on x viewed as [T*heads, head_dim]: RMSNorm of each head (x = rms_norm(x)·weight), then
+  // rotate-half RoPE with inv_freq F32 [head_dim/2, 1] (zeros = identity, which is how
+  // proportional partial RoPE is expressed); row r rotates by positions[r / heads].
+  virtual void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
+                             const Tensor& inv_freq) = 0;
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached
   // positions before the chunk and the chunk's own keys, then stores the chunk's K/V in the cache.
   virtual void attention(const AttentionArgs& args) = 0;
-  // out = gelu_tanh(gate) * up
-  virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-  virtual void add(const Tensor& x, const Tensor& y) = 0;             // x += y
-  virtual void scale(const Tensor& x, const Tensor& scalar) = 0;      // x *= scalar[0]
+  // The gated MLP's first half: out[T, I] = gelu_tanh(x · w_gate^T) * (x · w_up^T), w_* [I, H].
+  virtual void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) = 0;
+  // The end of a residual block, per row: x = (x + rms_norm(o)·post_weight) · scalar[0] (no scaling
+  // when scalar is empty); then, unless next_out is empty, next_out = rms_norm(x)·next_weight, the
+  // next block's normed input (next_weight may be empty: no weight). o is only read.
+  virtual void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar,
+                             float eps, const Tensor& next_weight, const Tensor& next_out) = 0;
   // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
   // Samples one token per row of F32 logits [B, V] with per-row params [B] (backend memory),

@@ -16,7 +16,6 @@ ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_to
   attn = be.alloc(a, max_tokens, c.max_q_cols());
   proj = be.alloc(a, max_tokens, c.hidden_size);
   gate = be.alloc(a, max_tokens, c.intermediate_size);
-  up = be.alloc(a, max_tokens, c.intermediate_size);
   last_hidden = be.alloc(a, 1, c.hidden_size);
   logits_act = be.alloc(a, 1, c.vocab_size);
 }
@@ -34,7 +33,6 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
   Tensor q = head(buf.q, T, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
 
-  be.rms_norm(x, w.attn_norm, eps, h);
   be.matmul(h, w.q_proj, q);
   be.matmul(h, w.k_proj, k);
   Tensor q_heads = q.reshaped(T * config_.num_heads, hd);
@@ -45,10 +43,8 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
     be.matmul(h, w.v_proj, v);
     be.rms_norm(v_heads, Tensor{}, eps, v_heads);
   }
-  be.rms_norm(q_heads, w.q_norm, eps, q_heads);
-  be.rms_norm(k_heads, w.k_norm, eps, k_heads);
-  be.rope(q_heads, positions, w.rope_inv_freq);
-  be.rope(k_heads, positions, w.rope_inv_freq);
+  be.rms_norm_rope(q_heads, w.q_norm, eps, positions, w.rope_inv_freq);
+  be.rms_norm_rope(k_heads, w.k_norm, eps, positions, w.rope_inv_freq);
 
   AttentionArgs args;
   args.q = q;
@@ -66,24 +62,20 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
 
   Tensor o = head(buf.proj, T, H);
   be.matmul(args.out, w.o_proj, o);
-  be.rms_norm(o, w.post_attn_norm, eps, o);
-  be.add(x, o);
+  be.residual_norm(x, o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm, h);
 }
 
 void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t T) const {
   const LayerWeights& w = weights_.layers[size_t(layer)];
-  const float eps = float(config_.rms_norm_eps);
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
-  Tensor gate = head(buf.gate, T, I), up = head(buf.up, T, I), o = head(buf.proj, T, H);
-  be.rms_norm(x, w.ffn_norm, eps, h);
-  be.matmul(h, w.gate_proj, gate);
-  be.matmul(h, w.up_proj, up);
-  be.gelu_tanh_mul(gate, up, gate);
+  Tensor gate = head(buf.gate, T, I), o = head(buf.proj, T, H);
+  be.gated_gelu(h, w.gate_proj, w.up_proj, gate);
   be.matmul(gate, w.down_proj, o);
-  be.rms_norm(o, w.post_ffn_norm, eps, o);
-  be.add(x, o);
-  be.scale(x, w.layer_scalar);
+  // The last layer leaves x un-normed: logits() applies the final norm.
+  const bool last = layer + 1 == config_.num_layers();
+  be.residual_norm(x, o, w.post_ffn_norm, w.layer_scalar, float(config_.rms_norm_eps),
+                   last ? Tensor{} : weights_.layers[size_t(layer) + 1].attn_norm, last ? Tensor{} : h);
 }
 
 void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
@@ -91,7 +83,12 @@ void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCach
   const int64_t T = ids.rows;
   G4_CHECK(T >= 1 && T <= buf.max_tokens, "chunk of " + std::to_string(T) + " tokens exceeds the buffers (" +
                                               std::to_string(buf.max_tokens) + ")");
-  be.embed(weights_.embed, ids, float(std::sqrt(double(config_.hidden_size))), head(buf.x, T, config_.hidden_size));
+  const Tensor x = head(buf.x, T, config_.hidden_size);
+  be.embed(weights_.embed, ids, float(std::sqrt(double(config_.hidden_size))), x);
+  // Each block ends with residual_norm, which also writes the next block's normed input into
+  // buf.normed; only the first layer's input norm is an op of its own.
+  if (config_.num_layers() > 0)
+    be.rms_norm(x, weights_.layers[0].attn_norm, float(config_.rms_norm_eps), head(buf.normed, T, config_.hidden_size));
   for (int i = 0; i < config_.num_layers(); ++i) {
     attention_block(be, buf, i, caches[size_t(i)], positions, T);
     mlp_block(be, buf, i, T);

@@ -12,7 +12,7 @@ namespace g4 {
 struct ForwardBuffers {
   ForwardBuffers(const ModelConfig& c, Backend& backend, int64_t max_tokens);
   int64_t max_tokens;
-  Tensor x, normed, q, k, v, attn, proj, gate, up;
+  Tensor x, normed, q, k, v, attn, proj, gate;
   Tensor last_hidden;  // [1, hidden]: the last position's normed hidden state
   Tensor logits_act;   // [1, vocab] in the activation dtype (before the soft-cap)
 };
@@ -33,6 +33,7 @@ class Gemma4 {
               const Tensor& logits) const;
 
  private:
+  // Both blocks read their normed input from buf.normed and leave the next block's there.
   void attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
                        int64_t T) const;
   void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t T) const;

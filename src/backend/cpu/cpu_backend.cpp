@@ -63,22 +63,29 @@ void CpuBackend::embed(const Tensor& table, const Tensor& ids, float scale, cons
   });
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
-  check_f32(x, "rms_norm input");
+// A norm weight widened to float32; empty when there is none.
+static std::vector<float> widen_norm_weight(const Tensor& weight, int64_t cols) {
   std::vector<float> w;
   if (!weight.empty()) {
-    w.resize(size_t(x.cols));
+    w.resize(size_t(cols));
     widen_row(weight, 0, w.data());
   }
+  return w;
+}
+
+// out = in / sqrt(mean(in^2) + eps) * w (no weight when w is empty); out may be in.
+static void rms_norm_row(const float* in, int64_t cols, const std::vector<float>& w, float eps, float* out) {
+  double ss = 0;
+  for (int64_t i = 0; i < cols; ++i) ss += double(in[i]) * in[i];
+  const float inv = float(1.0 / std::sqrt(ss / double(cols) + eps));
+  for (int64_t i = 0; i < cols; ++i) out[i] = in[i] * inv * (w.empty() ? 1.0f : w[size_t(i)]);
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  check_f32(x, "rms_norm input");
+  const std::vector<float> w = widen_norm_weight(weight, x.cols);
   pool_.parallel_for(x.rows, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* in = x.as<float>() + r * x.cols;
-      float* o = out.as<float>() + r * x.cols;
-      double ss = 0;
-      for (int64_t i = 0; i < x.cols; ++i) ss += double(in[i]) * in[i];
-      const float inv = float(1.0 / std::sqrt(ss / double(x.cols) + eps));
-      for (int64_t i = 0; i < x.cols; ++i) o[i] = in[i] * inv * (w.empty() ? 1.0f : w[size_t(i)]);
-    }
+    for (int64_t r = b; r < e; ++r) rms_norm_row(x.as<float>() + r * x.cols, x.cols, w, eps, out.as<float>() + r * x.cols);
   });
 }
 
@@ -109,22 +116,29 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
   });
 }
 
-void CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  const int64_t T = positions.rows, heads = x.rows / T, half = x.cols / 2;
+// Rotate-half RoPE of one head v[2*half] at position p.
+static void rope_row(float* v, int64_t half, double p, const float* inv_freq) {
+  for (int64_t i = 0; i < half; ++i) {
+    if (inv_freq[i] == 0.0f) continue;  // identity rotation (proportional partial RoPE)
+    const double angle = p * double(inv_freq[i]);
+    const float c = float(std::cos(angle)), s = float(std::sin(angle));
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
+                               const Tensor& inv_freq) {
+  check_f32(x, "rms_norm_rope input");
+  const std::vector<float> w = widen_norm_weight(weight, x.cols);
+  const int64_t heads = x.rows / positions.rows;
   const int32_t* pos = positions.as<int32_t>();
-  const float* inv = inv_freq.as<float>();
   pool_.parallel_for(x.rows, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       float* v = x.as<float>() + r * x.cols;
-      const double p = pos[r / heads];
-      for (int64_t i = 0; i < half; ++i) {
-        if (inv[i] == 0.0f) continue;  // identity rotation (proportional partial RoPE)
-        const double angle = p * double(inv[i]);
-        const float c = float(std::cos(angle)), s = float(std::sin(angle));
-        const float a = v[i], bb = v[i + half];
-        v[i] = a * c - bb * s;
-        v[i + half] = bb * c + a * s;
-      }
+      rms_norm_row(v, x.cols, w, eps, v);
+      rope_row(v, x.cols / 2, pos[r / heads], inv_freq.as<float>());
     }
   });
 }
@@ -173,24 +187,47 @@ void CpuBackend::attention(const AttentionArgs& a) {
   }
 }
 
-void CpuBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+void CpuBackend::gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) {
+  check_f32(x, "gated_gelu input");
+  G4_CHECK(x.cols == w_gate.cols && x.cols == w_up.cols && w_gate.rows == w_up.rows && out.cols == w_gate.rows &&
+               out.rows == x.rows,
+           "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w_gate [" +
+               std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
+  const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
   const float k = float(std::sqrt(2.0 / M_PI));
-  pool_.parallel_for(gate.numel(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = gate.as<float>()[i];
-      out.as<float>()[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up.as<float>()[i];
+  pool_.parallel_for(N, [&](int64_t b, int64_t e) {
+    std::vector<float> gate_row(static_cast<size_t>(K)), up_row(static_cast<size_t>(K));
+    for (int64_t n = b; n < e; ++n) {
+      widen_row(w_gate, n, gate_row.data());
+      widen_row(w_up, n, up_row.data());
+      for (int64_t t = 0; t < T; ++t) {
+        const float g = dot(x.as<float>() + t * K, gate_row.data(), K);
+        const float u = dot(x.as<float>() + t * K, up_row.data(), K);
+        out.as<float>()[t * N + n] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
+      }
     }
   });
 }
 
-void CpuBackend::add(const Tensor& x, const Tensor& y) {
-  for (int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] += y.as<float>()[i];
-}
-
-void CpuBackend::scale(const Tensor& x, const Tensor& scalar) {
-  float s;
-  widen_row(scalar, 0, &s);
-  for (int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] *= s;
+void CpuBackend::residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar,
+                               float eps, const Tensor& next_weight, const Tensor& next_out) {
+  check_f32(x, "residual_norm input");
+  check_f32(o, "residual_norm block output");
+  const int64_t cols = x.cols;
+  const std::vector<float> post = widen_norm_weight(post_weight, cols), next = widen_norm_weight(next_weight, cols);
+  float s = 1.0f;
+  if (!scalar.empty()) widen_row(scalar, 0, &s);
+  pool_.parallel_for(x.rows, [&](int64_t b, int64_t e) {
+    std::vector<float> normed(static_cast<size_t>(cols));
+    for (int64_t r = b; r < e; ++r) {
+      float* xr = x.as<float>() + r * cols;
+      rms_norm_row(o.as<float>() + r * cols, cols, post, eps, normed.data());
+      for (int64_t i = 0; i < cols; ++i) xr[i] += normed[size_t(i)];
+      if (!scalar.empty())
+        for (int64_t i = 0; i < cols; ++i) xr[i] *= s;
+      if (!next_out.empty()) rms_norm_row(xr, cols, next, eps, next_out.as<float>() + r * cols);
+    }
+  });
 }
 
 void CpuBackend::softcap(const Tensor& x, float cap, const Tensor& out) {

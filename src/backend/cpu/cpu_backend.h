@@ -22,11 +22,12 @@ class CpuBackend : public Backend {
   void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override;
-  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
+                     const Tensor& inv_freq) override;
   void attention(const AttentionArgs& args) override;
-  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-  void add(const Tensor& x, const Tensor& y) override;
-  void scale(const Tensor& x, const Tensor& scalar) override;
+  void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override;
+  void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
+                     const Tensor& next_weight, const Tensor& next_out) override;
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
   void synchronize() override {}

@@ -36,6 +36,13 @@ void expect_dtype(const Tensor& t, DType want, const char* what) {
                                 dtype_name(t.dtype));
 }
 
+// A norm weight or scalar (F32 on this backend), or nullptr when `t` is empty.
+const float* optional_f32(const Tensor& t, const char* what) {
+  if (t.empty()) return nullptr;
+  expect_dtype(t, DType::F32, what);
+  return static_cast<const float*>(t.data);
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
@@ -129,8 +136,7 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "rms_norm input");
-    if (!weight.empty()) expect_dtype(weight, DType::F32, "rms_norm weight");
-    launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, weight.empty() ? nullptr : ptr<float>(weight), eps, ptr<bf16>(out),
+    launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm weight"), eps, ptr<bf16>(out),
                     stream_);
   }
 
@@ -152,11 +158,12 @@ class CudaBackend final : public Backend {
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
-    expect_dtype(x, DType::BF16, "rope input");
+  void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
+                     const Tensor& inv_freq) override {
+    expect_dtype(x, DType::BF16, "rms_norm_rope input");
     expect_dtype(inv_freq, DType::F32, "rope inv_freq");
-    launch_rope(ptr<bf16>(x), x.rows, x.cols, x.rows / positions.rows, ptr<int32_t>(positions), ptr<float>(inv_freq),
-                stream_);
+    launch_rms_norm_rope(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm_rope weight"), eps,
+                         x.rows / positions.rows, ptr<int32_t>(positions), ptr<float>(inv_freq), stream_);
   }
 
   void attention(const AttentionArgs& args) override {
@@ -191,13 +198,38 @@ class CudaBackend final : public Backend {
     launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
-  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-    launch_gelu_tanh_mul(ptr<bf16>(gate), ptr<bf16>(up), ptr<bf16>(out), gate.numel(), stream_);
+  void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
+    expect_dtype(x, DType::BF16, "gated_gelu input");
+    expect_dtype(w_gate, DType::BF16, "gated_gelu gate weight");
+    expect_dtype(w_up, DType::BF16, "gated_gelu up weight");
+    G4_CHECK(x.cols == w_gate.cols && x.cols == w_up.cols && w_gate.rows == w_up.rows && out.cols == w_gate.rows &&
+                 out.rows == x.rows,
+             "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
+                 "], w_gate [" + std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
+    const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
+    if (T <= kMaxGemvTokens && K % 8 == 0) {
+      launch_gated_gelu(ptr<bf16>(x), ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out), T, N, K, stream_);
+      return;
+    }
+    // Larger chunks: two GEMMs, the up projection into a backend-owned buffer, then the GELU-mul.
+    // A prompt's prefill sizes that buffer before any decode step could be captured.
+    if (up_.cols != N || up_.rows < T) up_ = alloc(DType::BF16, T, N);
+    const Tensor up = up_.rows_view(0, T);
+    matmul(x, w_gate, out);
+    matmul(x, w_up, up);
+    launch_gelu_tanh_mul(ptr<bf16>(out), ptr<bf16>(up), ptr<bf16>(out), out.numel(), stream_);
   }
-  void add(const Tensor& x, const Tensor& y) override { launch_add(ptr<bf16>(x), ptr<bf16>(y), x.numel(), stream_); }
-  void scale(const Tensor& x, const Tensor& scalar) override {
-    launch_scale(ptr<bf16>(x), x.numel(), scalar.data, scalar.dtype, stream_);
+
+  void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
+                     const Tensor& next_weight, const Tensor& next_out) override {
+    expect_dtype(x, DType::BF16, "residual_norm input");
+    expect_dtype(o, DType::BF16, "residual_norm block output");
+    launch_residual_norm(ptr<bf16>(x), ptr<bf16>(o), x.rows, x.cols, optional_f32(post_weight, "residual_norm weight"),
+                         optional_f32(scalar, "residual_norm scalar"), eps,
+                         optional_f32(next_weight, "residual_norm next weight"),
+                         next_out.empty() ? nullptr : ptr<bf16>(next_out), stream_);
   }
+
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
     expect_dtype(out, DType::F32, "softcap output");
     launch_softcap(ptr<bf16>(x), x.numel(), cap, ptr<float>(out), stream_);
@@ -254,7 +286,7 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  Tensor cublas_workspace_, staging_, partials_;
+  Tensor cublas_workspace_, staging_, partials_, up_;  // up_: gated_gelu's up projection for large chunks
   std::unique_ptr<CudaSampler> sampler_;
   bool sampled_since_check_ = false, capturing_ = false;
   cudaGraphExec_t graph_exec_ = nullptr;

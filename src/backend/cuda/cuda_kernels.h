@@ -18,13 +18,16 @@ void launch_embed(const bf16* table, const int32_t* ids, int64_t T, int64_t hidd
 // Per-row RMSNorm (in place allowed); weight F32 [cols] or nullptr.
 void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* weight, float eps, bf16* out,
                      cudaStream_t stream);
-// In-place rotate-half RoPE of x [T*heads, head_dim]; row r uses positions[r / heads].
-void launch_rope(bf16* x, int64_t rows, int64_t head_dim, int64_t heads, const int32_t* positions,
-                 const float* inv_freq, cudaStream_t stream);
+// In place on x [rows, head_dim]: per-row RMSNorm (weight F32 [head_dim] or nullptr), then
+// rotate-half RoPE; row r uses positions[r / heads].
+void launch_rms_norm_rope(bf16* x, int64_t rows, int64_t head_dim, const float* weight, float eps, int64_t heads,
+                          const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+// Per row: x = (x + rms_norm(o)·post_weight) · scalar[0]; then, when next_out is not null,
+// next_out = rms_norm(x)·next_weight. Weights F32 [cols], scalar F32 [1]; each may be nullptr (none).
+void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
+                          const float* scalar, float eps, const float* next_weight, bf16* next_out,
+                          cudaStream_t stream);
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream);
-void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t stream);
-// x *= scalar[0], the scalar F32 or BF16 in device memory.
-void launch_scale(bf16* x, int64_t n, const void* scalar, DType scalar_dtype, cudaStream_t stream);
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream);
 // Widens rows of a weight stored as F32/F16/BF16/Q8_0 into bf16 or float32 (dst_f32).
 void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,
@@ -38,6 +41,9 @@ void launch_fill_uniform(float* dst, int64_t n, float center, float spread, uint
 // y[T, N] = x[T, K] · w[N, K]^T for small T (1..kMaxGemvTokens): a memory-bound weight stream.
 inline constexpr int kMaxGemvTokens = 8;
 void launch_gemv(const bf16* x, const bf16* w, bf16* y, int64_t T, int64_t N, int64_t K, cudaStream_t stream);
+// out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T) for small T: both weight streams in one launch.
+void launch_gated_gelu(const bf16* x, const bf16* w_gate, const bf16* w_up, bf16* out, int64_t T, int64_t N,
+                       int64_t K, cudaStream_t stream);
 
 // Attention (see Backend::attention). `pos0` is read from device memory so graphs replay correctly.
 struct AttentionLaunch {

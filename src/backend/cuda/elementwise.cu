@@ -16,6 +16,9 @@ int blocks_for(int64_t n, int per_thread = 1) {
   return int(std::min<int64_t>(ceil_div(n, int64_t(kThreads) * per_thread), 65535 * 8));
 }
 
+// Threads for a row kernel over `n` elements per row: a multiple of 32, at most `max_threads`.
+int row_threads(int64_t n, int max_threads) { return int(std::clamp<int64_t>(ceil_div(n, 32) * 32, 32, max_threads)); }
+
 __global__ void embed_kernel(const bf16* table, const int32_t* ids, int64_t hidden, float scale, bf16* out) {
   const int64_t t = blockIdx.y;
   const bf16* row = table + int64_t(ids[t]) * hidden;
@@ -23,7 +26,25 @@ __global__ void embed_kernel(const bf16* table, const int32_t* ids, int64_t hidd
     out[t * hidden + i] = __float2bfloat16(__bfloat162float(row[i]) * scale);
 }
 
-// One block per row; each thread reads and writes the same elements, so in-place is safe.
+// Sum of v over the block (blockDim.x a multiple of 32); every thread gets the total. A kernel
+// may call it repeatedly: each call's barriers order its shared-memory use after the previous one.
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    s = warp_sum(s);
+    if (threadIdx.x == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+// The row kernels below run one block per row, and each thread rereads and writes only the
+// elements it read itself, so in place is safe.
 __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight, float eps, bf16* out) {
   const bf16* in = x + blockIdx.x * cols;
   bf16* o = out + blockIdx.x * cols;
@@ -32,56 +53,70 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
     const float v = __bfloat162float(in[i]);
     ss += v * v;
   }
-  __shared__ float partial[32];
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-    s = warp_sum(s);
-    if (threadIdx.x == 0) partial[0] = s;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / float(cols) + eps);
+  const float inv = rsqrtf(block_sum(ss) / float(cols) + eps);
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
     const float v = __bfloat162float(in[i]) * inv;
     o[i] = __float2bfloat16(weight ? v * weight[i] : v);
   }
 }
 
-// One thread per rotating pair (i, i + half) of one row.
-__global__ void rope_kernel(bf16* x, int64_t rows, int64_t half, int64_t heads, const int32_t* positions,
-                            const float* inv_freq) {
-  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (idx >= rows * half) return;
-  const int64_t r = idx / half, i = idx % half;
-  const float inv = inv_freq[i];
-  if (inv == 0.0f) return;  // identity rotation (proportional partial RoPE)
-  float s, c;
-  sincosf(float(positions[r / heads]) * inv, &s, &c);
-  bf16* v = x + r * 2 * half;
-  const float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
-  v[i] = __float2bfloat16(a * c - b * s);
-  v[i + half] = __float2bfloat16(b * c + a * s);
-}
-
-__global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = __bfloat162float(gate[i]);
-    out[i] = __float2bfloat16(0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * __bfloat162float(up[i]));
+// One block per head row of x [rows, 2*half]; a thread owns whole rotating pairs (i, i + half).
+__global__ void rms_norm_rope_kernel(bf16* x, int64_t half, const float* weight, float eps, int64_t heads,
+                                     const int32_t* positions, const float* inv_freq) {
+  bf16* v = x + int64_t(blockIdx.x) * 2 * half;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
+    ss += a * a + b * b;
+  }
+  const float inv = rsqrtf(block_sum(ss) / float(2 * half) + eps);
+  const float position = float(positions[blockIdx.x / heads]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float na = __bfloat162float(v[i]) * inv, nb = __bfloat162float(v[i + half]) * inv;
+    float a = round_bf16(weight ? na * weight[i] : na), b = round_bf16(weight ? nb * weight[i + half] : nb);
+    if (inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
+      float s, c;
+      sincosf(position * inv_freq[i], &s, &c);
+      const float ra = a * c - b * s, rb = b * c + a * s;
+      a = ra;
+      b = rb;
+    }
+    v[i] = __float2bfloat16(a);
+    v[i + half] = __float2bfloat16(b);
   }
 }
 
-__global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));
+// One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
+__global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
+                                     const float* scalar, float eps, const float* next_weight, bf16* next_out) {
+  bf16* xr = x + int64_t(blockIdx.x) * cols;
+  const bf16* orow = o + int64_t(blockIdx.x) * cols;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = __bfloat162float(orow[i]);
+    ss += v * v;
+  }
+  const float inv_o = rsqrtf(block_sum(ss) / float(cols) + eps);
+  float ss_x = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float n = __bfloat162float(orow[i]) * inv_o;
+    float v = round_bf16(__bfloat162float(xr[i]) + round_bf16(post_weight ? n * post_weight[i] : n));
+    if (scalar) v = round_bf16(v * *scalar);
+    xr[i] = __float2bfloat16(v);
+    ss_x += v * v;
+  }
+  if (!next_out) return;  // the same for the whole block
+  const float inv_x = rsqrtf(block_sum(ss_x) / float(cols) + eps);
+  bf16* nr = next_out + int64_t(blockIdx.x) * cols;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float n = __bfloat162float(xr[i]) * inv_x;
+    nr[i] = __float2bfloat16(next_weight ? n * next_weight[i] : n);
+  }
 }
 
-__global__ void scale_kernel(bf16* x, int64_t n, const void* scalar, bool scalar_bf16) {
-  const float s = scalar_bf16 ? __bfloat162float(*static_cast<const bf16*>(scalar)) : *static_cast<const float*>(scalar);
+__global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __float2bfloat16(__bfloat162float(x[i]) * s);
+    out[i] = __float2bfloat16(gelu_tanh(__bfloat162float(gate[i])) * __bfloat162float(up[i]));
 }
 
 __global__ void softcap_kernel(const bf16* x, int64_t n, float cap, float* out) {
@@ -152,28 +187,26 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
   G4_CUDA_LAUNCHED(rms_norm_kernel);
 }
 
-void launch_rope(bf16* x, int64_t rows, int64_t head_dim, int64_t heads, const int32_t* positions,
-                 const float* inv_freq, cudaStream_t stream) {
+void launch_rms_norm_rope(bf16* x, int64_t rows, int64_t head_dim, const float* weight, float eps, int64_t heads,
+                          const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
   const int64_t half = head_dim / 2;
-  rope_kernel<<<unsigned(ceil_div(rows * half, kThreads)), kThreads, 0, stream>>>(x, rows, half, heads, positions,
-                                                                                   inv_freq);
-  G4_CUDA_LAUNCHED(rope_kernel);
+  rms_norm_rope_kernel<<<unsigned(rows), row_threads(half, 256), 0, stream>>>(x, half, weight, eps, heads, positions,
+                                                                               inv_freq);
+  G4_CUDA_LAUNCHED(rms_norm_rope_kernel);
+}
+
+void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
+                          const float* scalar, float eps, const float* next_weight, bf16* next_out,
+                          cudaStream_t stream) {
+  // A decode step has one row, so one block does all of it: wide blocks keep that latency short.
+  residual_norm_kernel<<<unsigned(rows), row_threads(ceil_div(cols, 4), 1024), 0, stream>>>(
+      x, o, cols, post_weight, scalar, eps, next_weight, next_out);
+  G4_CUDA_LAUNCHED(residual_norm_kernel);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {
   gelu_tanh_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, out, n);
   G4_CUDA_LAUNCHED(gelu_tanh_mul_kernel);
-}
-
-void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t stream) {
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  G4_CUDA_LAUNCHED(add_kernel);
-}
-
-void launch_scale(bf16* x, int64_t n, const void* scalar, DType scalar_dtype, cudaStream_t stream) {
-  G4_CHECK(scalar_dtype == DType::F32 || scalar_dtype == DType::BF16, "cuda scale: scalar must be F32 or BF16");
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, scalar, scalar_dtype == DType::BF16);
-  G4_CUDA_LAUNCHED(scale_kernel);
 }
 
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream) {

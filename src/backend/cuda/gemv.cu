@@ -1,6 +1,9 @@
-// The decode matmul: y[T, N] = x[T, K] · w[N, K]^T for a few tokens. It is bound by streaming the
-// bf16 weights once, so each warp owns one output row and keeps several 16-byte weight loads in
-// flight per lane; the few activation rows are re-read through L1.
+// The decode matmuls: y[T, N] = x[T, K] · w[N, K]^T for a few tokens, and the MLP's gate/up pair
+// with its GELU-mul. They are bound by streaming the bf16 weights once, so each warp owns one
+// output row and keeps several 16-byte weight loads in flight per lane; the few activation rows
+// are re-read through L1.
+#include <type_traits>
+
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -34,16 +37,9 @@ __device__ inline void accumulate(const uint4& weights, const uint4* x, int64_t 
   }
 }
 
+// This lane's share of x[t] · wrow for every token t, summed over the warp; `vecs` = K / 8.
 template <int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, const bf16* w, bf16* y, int64_t N,
-                                                                   int64_t K) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const int64_t vecs = K / 8;
-  const uint4* wrow = reinterpret_cast<const uint4*>(w + row * K);
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  float acc[T];
+__device__ inline void warp_row_dot(const uint4* wrow, const uint4* xv, int64_t vecs, int lane, float (&acc)[T]) {
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
   int64_t i = lane;
@@ -56,33 +52,79 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x
   }
   for (; i < vecs; i += 32) accumulate<T>(load_streaming(wrow + i), xv, vecs, i, acc);
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * N + row] = __float2bfloat16(s);
-  }
+  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
 }
 
 template <int T>
-void launch_for_tokens(const bf16* x, const bf16* w, bf16* y, int64_t N, int64_t K, cudaStream_t stream) {
-  gemv_kernel<T><<<unsigned(ceil_div(N, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, stream>>>(x, w, y, N, K);
-  G4_CUDA_LAUNCHED(gemv_kernel);
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, const bf16* w, bf16* y, int64_t N,
+                                                                   int64_t K) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  float acc[T];
+  warp_row_dot<T>(reinterpret_cast<const uint4*>(w + row * K), reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
+  if (lane == 0) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) y[t * N + row] = __float2bfloat16(acc[t]);
+  }
 }
+
+// Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as
+// the separate matmuls stored them.
+template <int T>
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void gated_gelu_kernel(const bf16* x, const bf16* w_gate,
+                                                                         const bf16* w_up, bf16* out, int64_t N,
+                                                                         int64_t K) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  float gate[T], up[T];
+  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_gate + row * K), xv, K / 8, lane, gate);
+  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_up + row * K), xv, K / 8, lane, up);
+  if (lane == 0) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(gate[t])) * round_bf16(up[t]));
+  }
+}
+
+// Calls f(std::integral_constant<int, T>{}): the kernels keep one accumulator per token in registers,
+// so the token count is a template parameter.
+template <typename F>
+void with_token_count(int64_t T, F&& f) {
+  switch (T) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: throw Error("gemv: " + std::to_string(T) + " tokens is more than kMaxGemvTokens");
+  }
+}
+
+unsigned blocks_for_rows(int64_t N) { return unsigned(ceil_div(N, kWarpsPerBlock)); }
 
 }  // namespace
 
 void launch_gemv(const bf16* x, const bf16* w, bf16* y, int64_t T, int64_t N, int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gemv: K must be a multiple of 8");
-  switch (T) {
-    case 1: return launch_for_tokens<1>(x, w, y, N, K, stream);
-    case 2: return launch_for_tokens<2>(x, w, y, N, K, stream);
-    case 3: return launch_for_tokens<3>(x, w, y, N, K, stream);
-    case 4: return launch_for_tokens<4>(x, w, y, N, K, stream);
-    case 5: return launch_for_tokens<5>(x, w, y, N, K, stream);
-    case 6: return launch_for_tokens<6>(x, w, y, N, K, stream);
-    case 7: return launch_for_tokens<7>(x, w, y, N, K, stream);
-    case 8: return launch_for_tokens<8>(x, w, y, N, K, stream);
-    default: throw Error("gemv: " + std::to_string(T) + " tokens is more than kMaxGemvTokens");
-  }
+  with_token_count(T, [&](auto tokens) {
+    gemv_kernel<decltype(tokens)::value><<<blocks_for_rows(N), kWarpsPerBlock * 32, 0, stream>>>(x, w, y, N, K);
+    G4_CUDA_LAUNCHED(gemv_kernel);
+  });
+}
+
+void launch_gated_gelu(const bf16* x, const bf16* w_gate, const bf16* w_up, bf16* out, int64_t T, int64_t N,
+                       int64_t K, cudaStream_t stream) {
+  G4_CHECK(K % 8 == 0, "gated_gelu: K must be a multiple of 8");
+  with_token_count(T, [&](auto tokens) {
+    gated_gelu_kernel<decltype(tokens)::value>
+        <<<blocks_for_rows(N), kWarpsPerBlock * 32, 0, stream>>>(x, w_gate, w_up, out, N, K);
+    G4_CUDA_LAUNCHED(gated_gelu_kernel);
+  });
 }
 
 }  // namespace g4
