@@ -90,6 +90,7 @@ TEST(RunCli, SameSeedSameTokens) {
   EXPECT_NE(a.output.find("decode:"), std::string::npos) << "the end-of-run report";
   EXPECT_NE(a.output.find("time to first token:"), std::string::npos);
   EXPECT_NE(a.output.find("peak host memory:"), std::string::npos);
+  EXPECT_NE(a.output.find("peak cpu backend memory:"), std::string::npos);
 }
 
 TEST(RunCli, MissingModelAndTokenizer) {

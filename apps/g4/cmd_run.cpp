@@ -73,16 +73,17 @@ double peak_host_mib() {
   return double(usage.ru_maxrss) / 1024.0;
 }
 
-void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r) {
+void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r, const Backend& backend) {
   const double prefill_tps = r.prefill_seconds > 0 ? double(prompt.size()) / r.prefill_seconds : 0;
   const double decode_tps =
       r.decode_seconds > 0 && r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0;
   std::fprintf(stderr,
                "\n--- report ---\nprompt tokens: %zu\ngenerated tokens: %zu%s\ntime to first token: %.3f s\n"
-               "prefill: %.1f tok/s\ndecode: %.1f tok/s\npeak host memory: %.1f MiB\n",
+               "prefill: %.1f tok/s\ndecode: %.1f tok/s\npeak host memory: %.1f MiB\npeak %s backend memory: %.1f MiB\n",
                prompt.size(), r.tokens.size(),
                r.stop_token >= 0 ? " (stopped at a stop token)" : r.context_full ? " (context full)" : "",
-               r.prefill_seconds, prefill_tps, decode_tps, peak_host_mib());
+               r.prefill_seconds, prefill_tps, decode_tps, peak_host_mib(), backend.name().c_str(),
+               double(backend.peak_memory_bytes()) / double(1 << 20));
 }
 
 SamplingParams sampling_flags(const RunOptions& o) {
@@ -146,7 +147,7 @@ void run(const RunOptions& o) {
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);  // the text before the report, also when stdout is a pipe
-  print_report(request.prompt, result);
+  print_report(request.prompt, result, engine.backend());
 }
 
 }  // namespace

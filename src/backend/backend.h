@@ -77,6 +77,9 @@ class Backend {
   // writing I64 tokens [B, 1]. Each row's seed is read from params (see sampling_params.h).
   virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
   virtual void synchronize() = 0;
+  // Peak bytes of backend memory allocated so far (device memory on CUDA; on the CPU, buffers
+  // only: mapped weights are not allocations).
+  virtual size_t peak_memory_bytes() const = 0;
 
   // ---- graphs: one decode step captured once, replayed with token and position on the device ----
   // Ops issued between begin_capture() and end_capture() are recorded instead of run; replay() runs

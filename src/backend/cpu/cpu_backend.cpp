@@ -25,7 +25,7 @@ Tensor CpuBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   G4_CHECK(p, "out of host memory allocating " + std::to_string(bytes) + " bytes");
   std::memset(p, 0, bytes);
-  t.owner = std::shared_ptr<void>(p, std::free);
+  t.owner = memory_.track(p, bytes, std::free);
   t.data = p;
   return t;
 }

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/memory_meter.h"
 #include "util/thread_pool.h"
 
 namespace g4 {
@@ -31,6 +32,7 @@ class CpuBackend : public Backend {
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
   void synchronize() override {}
+  size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
   void begin_capture() override;
   void end_capture() override;
   void replay() override;
@@ -38,6 +40,7 @@ class CpuBackend : public Backend {
 
  private:
   ThreadPool pool_;
+  MemoryMeter memory_;
 };
 
 // Widens one row of a weight of any supported dtype to float32.

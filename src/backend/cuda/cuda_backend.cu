@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/memory_meter.h"
 #include "model/tensor_source.h"
 #include "sampling/cuda_sampler.h"
 #include "sampling/sampling_params.h"
@@ -82,7 +83,7 @@ class CudaBackend final : public Backend {
                   " MiB); use a smaller max_seq_len or prefill chunk");
     }
     G4_CUDA(status);
-    t.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    t.owner = memory_.track(p, bytes, [](void* q) { cudaFree(q); });
     t.data = p;
     G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
     return t;
@@ -252,6 +253,7 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
+  size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
 
   void begin_capture() override {
     if (graph_exec_) {
@@ -288,6 +290,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_, staging_, partials_, up_;  // up_: gated_gelu's up projection for large chunks
   std::unique_ptr<CudaSampler> sampler_;
+  MemoryMeter memory_;
   bool sampled_since_check_ = false, capturing_ = false;
   cudaGraphExec_t graph_exec_ = nullptr;
 };
