@@ -96,15 +96,6 @@ std::string error_of(const std::function<void()>& action) {
   return "(no g4::Error thrown)";
 }
 
-bool is_valid_utf8(const std::string& text) {
-  for (size_t pos = 0; pos < text.size();) {
-    const int length = utf8::sequence_length(text, pos);
-    if (length <= 0) return false;
-    pos += static_cast<size_t>(length);
-  }
-  return true;
-}
-
 TEST(Tokenizer, LowestRankMergesFirst) {
   EXPECT_EQ(toy().encode("abc", false), (Ids{kABC}));   // a+b (rank 0), then ab+c (rank 2)
   EXPECT_EQ(toy().encode("bcab", false), (Ids{kBC, kAB}));  // a+b at the end goes before b+c
@@ -257,11 +248,11 @@ TEST(StreamDecoder, NeverEmitsIncompleteUtf8) {
     std::string streamed;
     for (const int32_t id : ids) {
       const std::string piece = stream.push(id);
-      ASSERT_TRUE(is_valid_utf8(piece)) << "stream " << stream_index;
+      ASSERT_TRUE(utf8::is_valid(piece)) << "stream " << stream_index;
       streamed += piece;
     }
     const std::string rest = stream.flush();
-    ASSERT_TRUE(is_valid_utf8(rest));
+    ASSERT_TRUE(utf8::is_valid(rest));
     ASSERT_EQ(streamed + rest, toy().decode(ids)) << "stream " << stream_index;
   }
 }

@@ -188,15 +188,6 @@ const Tokenizer& gemma() {
   return tokenizer;
 }
 
-bool is_valid_utf8(const std::string& text) {
-  for (size_t pos = 0; pos < text.size();) {
-    const int length = utf8::sequence_length(text, pos);
-    if (length <= 0) return false;
-    pos += static_cast<size_t>(length);
-  }
-  return true;
-}
-
 // Which inputs a test covers: whole files, single lines, or the generated megabyte.
 template <typename Select>
 void expect_ids_match_reference(Select select) {
@@ -295,7 +286,7 @@ TEST(GemmaTokenizer, StreamingDecodeNeverEmitsIncompleteUtf8) {
     for (int i = 0; i < 1 + stream_index % 32; ++i) {
       ids.push_back(pick_byte(rng) ? byte_token(rng) : any_id(rng));
       const std::string piece = stream.push(ids.back());
-      ASSERT_TRUE(is_valid_utf8(piece)) << "stream " << stream_index << " token " << i;
+      ASSERT_TRUE(utf8::is_valid(piece)) << "stream " << stream_index << " token " << i;
       streamed += piece;
     }
     streamed += stream.flush();

@@ -47,6 +47,15 @@ int sequence_length(std::string_view text, size_t pos) {
   return length;
 }
 
+bool is_valid(std::string_view text) {
+  for (size_t pos = 0; pos < text.size();) {
+    const int length = sequence_length(text, pos);
+    if (length <= 0) return false;
+    pos += static_cast<size_t>(length);
+  }
+  return true;
+}
+
 void require_valid(std::string_view text, std::string_view what) {
   for (size_t pos = 0; pos < text.size();) {
     const int length = sequence_length(text, pos);

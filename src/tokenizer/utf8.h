@@ -14,6 +14,9 @@ inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 // from pos are invalid, and -1 when they are a valid but truncated prefix of a sequence.
 int sequence_length(std::string_view text, size_t pos);
 
+// True when the whole text is well-formed UTF-8 (a truncated final sequence is not).
+bool is_valid(std::string_view text);
+
 // Throws g4::Error naming `what`, the offending byte and its offset unless text is valid UTF-8.
 void require_valid(std::string_view text, std::string_view what);
 
