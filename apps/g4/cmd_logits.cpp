@@ -47,7 +47,7 @@ void run_logits(const LogitsOptions& o) {
 void add_logits_command(CLI::App& app) {
   auto opts = std::make_shared<LogitsOptions>();
   CLI::App* cmd = app.add_subcommand("logits", "Write the logits of every position for given token ids");
-  cmd->add_option("--model_path,--model-path", opts->model_path, "Model directory (Hugging Face checkpoint)")->required();
+  cmd->add_option("--model_path,--model-path", opts->model_path, "Model file (.gguf) or Hugging Face checkpoint directory")->required();
   cmd->add_option("--tokens", opts->tokens, "Comma-separated token ids, e.g. 2,105,2364")->required();
   cmd->add_option("--out", opts->out, "Output file: float32 little-endian [position][vocab]")->required();
   cmd->add_option("--prefill_chunk,--prefill-chunk", opts->prefill_chunk, "Tokens per prefill chunk (default: max)");
