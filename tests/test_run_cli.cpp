@@ -72,6 +72,7 @@ TEST(RunCli, Seed) {
   EXPECT_NE(random.output.find("Sampling base seed: "), std::string::npos) << random.output;
   expect_rejected("--prompt_tokens 1,2 --seed abc", "--seed must be -1 (random) or an integer");
   expect_rejected("--prompt_tokens 1,2 --seed -2", "--seed must be -1 (random) or an integer");
+  expect_rejected("--prompt_tokens 1,2 --seed 18446744073709551616", "--seed must be -1 (random) or an integer");
   EXPECT_EQ(run_g4("--prompt_tokens 1,2 --seed 18446744073709551615").status, 0) << "any uint64 is a seed";
 }
 

@@ -2,6 +2,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -42,15 +43,11 @@ uint64_t resolve_seed(const std::string& text) {
     std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(seed));
     return seed;
   }
-  size_t used = 0;
   uint64_t seed = 0;
-  try {
-    G4_CHECK(!text.empty() && text[0] != '-', "");
-    seed = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  G4_CHECK(used == text.size() && used > 0, "--seed must be -1 (random) or an integer in [0, 2^64), got '" + text + "'");
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, seed);  // no sign, no overflow
+  G4_CHECK(!text.empty() && error == std::errc() && stop == end,
+           "--seed must be -1 (random) or an integer in [0, 2^64), got '" + text + "'");
   return seed;
 }
 
