@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/fixtures.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -297,21 +298,8 @@ TEST(ChatTemplate, StopTokens) {
 
 // ---- g4 tokenize / g4 detokenize --------------------------------------------------------
 
-struct CommandResult {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult run_g4(const std::string& arguments) {
-  const std::string command = std::string(G4_BINARY) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using test::CommandResult;
+using test::run_g4;
 
 class TokenizeCommand : public ::testing::Test {
  protected:

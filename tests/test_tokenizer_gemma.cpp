@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/fixtures.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -342,20 +343,8 @@ TEST(GemmaTokenizer, Gemma4ChatPromptHasTheIdsOfSpec) {
   EXPECT_EQ(tokenizer.token(50), "<|tool_response>");
 }
 
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
-
-CommandResult run_g4(const std::string& arguments) {
-  FILE* pipe = popen((std::string(G4_BINARY) + " " + arguments + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using test::CommandResult;
+using test::run_g4;
 
 TEST(GemmaTokenizer, TokenizeCommandsAgreeWithReference) {
   const size_t index = corpus_index("cjk.txt");

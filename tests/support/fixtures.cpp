@@ -59,4 +59,10 @@ int run_command(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+CommandResult run_g4(const std::string& arguments) {
+  CommandResult result;
+  result.exit_code = run_command(std::string(G4_BINARY) + " " + arguments, &result.output);
+  return result;
+}
+
 }  // namespace g4::test

@@ -22,4 +22,11 @@ std::string temp_dir(const std::string& name);
 // Runs a shell command, returns its exit status and combined stdout+stderr.
 int run_command(const std::string& command, std::string* output);
 
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+// Runs the g4 binary with `arguments` (shell syntax).
+CommandResult run_g4(const std::string& arguments);
+
 }  // namespace g4::test
