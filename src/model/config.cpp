@@ -32,6 +32,12 @@ int64_t ModelConfig::max_kv_cols() const {
   return m;
 }
 
+int64_t ModelConfig::default_max_seq_len() const { return std::min<int64_t>(max_position_embeddings, 4096); }
+
+int64_t ModelConfig::max_prefill_chunk(int64_t max_seq_len) const {
+  return std::max<int64_t>(1, std::min<int64_t>(max_seq_len - 1, 2 * int64_t(sliding_window)));
+}
+
 std::vector<float> ModelConfig::rope_inv_freq(const LayerConfig& layer) const {
   const int pairs = layer.head_dim / 2;
   const int rotating = int(layer.rope_partial * layer.head_dim) / 2;

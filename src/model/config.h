@@ -41,6 +41,10 @@ struct ModelConfig {
   int max_head_dim() const;
   int64_t max_q_cols() const;   // max over layers of heads*head_dim
   int64_t max_kv_cols() const;  // max over layers of kv_heads*head_dim
+  // The context a session allocates unless told otherwise: min(max_position_embeddings, 4096).
+  int64_t default_max_seq_len() const;
+  // SPEC §2: min(max_seq_len - 1, 2 * sliding_window), at least 1 (the sliding ring holds 2 windows).
+  int64_t max_prefill_chunk(int64_t max_seq_len) const;
   // RoPE inverse frequencies of a layer: theta^(-2i/head_dim) for the rotating pairs, 0 after.
   std::vector<float> rope_inv_freq(const LayerConfig& layer) const;
 };

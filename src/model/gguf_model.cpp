@@ -182,11 +182,11 @@ uint32_t u32(int64_t v, const std::string& what) {
 ProgramFlags default_program_flags(const ModelConfig& c, bool use_sampling, int64_t max_seq_len) {
   ProgramFlags f;
   f.use_sampling = use_sampling;
-  f.max_seq_len = max_seq_len > 0 ? max_seq_len : std::min<int64_t>(c.max_position_embeddings, 4096);
+  f.max_seq_len = max_seq_len > 0 ? max_seq_len : c.default_max_seq_len();
   G4_CHECK(f.max_seq_len >= 2 && f.max_seq_len <= c.max_position_embeddings,
            "max_seq_len " + std::to_string(f.max_seq_len) + " must be in [2, " +
                std::to_string(c.max_position_embeddings) + "] (the model's max_position_embeddings)");
-  f.max_prefill_chunk = std::min<int64_t>(f.max_seq_len - 1, 2 * int64_t(c.sliding_window));
+  f.max_prefill_chunk = c.max_prefill_chunk(f.max_seq_len);
   f.min_prefill_chunk = 1;
   return f;
 }

@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
+
 #include "backend/backend_factory.h"
 #include "sampling/cpu_sampler.h"
 #include "util/error.h"
@@ -12,8 +14,7 @@ Engine::Engine(const EngineOptions& options)
   so.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
   so.max_prefill_chunk = options.max_prefill_chunk > 0
                              ? options.max_prefill_chunk
-                             : std::min(loaded_.program.max_prefill_chunk,
-                                        std::min<int64_t>(so.max_seq_len - 1, 2 * int64_t(config().sliding_window)));
+                             : std::min(loaded_.program.max_prefill_chunk, config().max_prefill_chunk(so.max_seq_len));
   session_ = std::make_unique<Session>(*loaded_.model, *backend_, so);
 }
 

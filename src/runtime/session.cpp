@@ -7,13 +7,8 @@
 
 namespace g4 {
 
-static int64_t default_max_seq_len(const ModelConfig& c, int64_t requested) {
-  if (requested > 0) return requested;
-  return std::min<int64_t>(c.max_position_embeddings, 4096);
-}
-
 static int64_t default_chunk(const ModelConfig& c, int64_t max_seq_len, int64_t requested) {
-  const int64_t spec = std::max<int64_t>(1, std::min<int64_t>(max_seq_len - 1, 2 * int64_t(c.sliding_window)));
+  const int64_t spec = c.max_prefill_chunk(max_seq_len);
   if (requested <= 0) return spec;
   G4_CHECK(requested <= spec, "prefill chunk " + std::to_string(requested) + " exceeds max_prefill_chunk " +
                                   std::to_string(spec) + " (min(max_seq_len - 1, 2 * sliding_window))");
@@ -23,7 +18,7 @@ static int64_t default_chunk(const ModelConfig& c, int64_t max_seq_len, int64_t 
 Session::Session(const Gemma4& model, Backend& backend, SessionOptions options)
     : model_(model),
       backend_(backend),
-      max_seq_len_(default_max_seq_len(model.config(), options.max_seq_len)),
+      max_seq_len_(options.max_seq_len > 0 ? options.max_seq_len : model.config().default_max_seq_len()),
       max_chunk_(default_chunk(model.config(), max_seq_len_, options.max_prefill_chunk)),
       buffers_(model.config(), backend, max_chunk_) {
   const ModelConfig& c = model.config();

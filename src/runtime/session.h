@@ -12,8 +12,8 @@
 namespace g4 {
 
 struct SessionOptions {
-  int64_t max_seq_len = 0;        // 0 = min(max_position_embeddings, 4096)
-  int64_t max_prefill_chunk = 0;  // 0 = min(max_seq_len - 1, 2 * sliding_window) (SPEC §2)
+  int64_t max_seq_len = 0;        // 0 = ModelConfig::default_max_seq_len()
+  int64_t max_prefill_chunk = 0;  // 0 = ModelConfig::max_prefill_chunk(max_seq_len) (SPEC §2)
 };
 
 class Session {
