@@ -192,21 +192,43 @@ TEST_F(CudaOps, GatedGeluGemvAndGemm) {
   expect_close(out, "gated_gelu 31B shape");
 }
 
-TEST_F(CudaOps, RmsNormRopeFullAndPartial) {
-  const int64_t T = 3, heads = 4;
+TEST_F(CudaOps, MatmulsOfOneInputInOneLaunchAndByGemm) {
+  // q/k/v-like projections: rows that do not fill the last block of 8 warps; T = 9 goes to cuBLAS.
+  for (int64_t T : {1, 4, 9}) {
+    Both wq = weight(200, 256, DType::BF16), wk = weight(37, 256, DType::BF16), wv = weight(64, 256, DType::BF16);
+    Both x = activation(T, 256), q = activation(T, 200), k = activation(T, 37), v = activation(T, 64);
+    const Tensor cpu_ws[] = {wq.cpu, wk.cpu, wv.cpu}, cpu_ys[] = {q.cpu, k.cpu, v.cpu};
+    const Tensor gpu_ws[] = {wq.gpu, wk.gpu, wv.gpu}, gpu_ys[] = {q.gpu, k.gpu, v.gpu};
+    cpu_.matmuls(x.cpu, cpu_ws, cpu_ys);
+    gpu_->matmuls(x.gpu, gpu_ws, gpu_ys);
+    for (const auto& [out, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+      expect_close(*out, std::string("matmuls ") + name + " T=" + std::to_string(T));
+  }
+}
+
+TEST_F(CudaOps, HeadNormsWithSeparateVAndKEqualsV) {
+  const int64_t T = 3, heads = 4, kv_heads = 2;
   const std::vector<int32_t> pos = {1000, 1001, 1002};
   Both positions = raw(DType::I32, T, 1, pos.data());
   for (int64_t hd : {64, 256, 512})
-    for (int64_t rotating : {hd / 2, hd / 8}) {
-      std::vector<float> inv(size_t(hd / 2), 0.0f);
-      for (int64_t i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-      Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
-      Both w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
-      Both x = activation(T * heads, hd, 3.0f);
-      cpu_.rms_norm_rope(x.cpu, w.cpu, 1e-6f, positions.cpu, inv_freq.cpu);
-      gpu_->rms_norm_rope(x.gpu, w.gpu, 1e-6f, positions.gpu, inv_freq.gpu);
-      expect_close(x, "rms_norm_rope hd " + std::to_string(hd) + " rotating " + std::to_string(rotating));
-    }
+    for (int64_t rotating : {hd / 2, hd / 8})
+      for (bool k_eq_v : {false, true}) {
+        std::vector<float> inv(size_t(hd / 2), 0.0f);
+        for (int64_t i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+        Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+        Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
+        Both q = activation(T * heads, hd, 3.0f), k = activation(T * kv_heads, hd, 2.0f);
+        Both v = activation(T * kv_heads, hd, 1.5f);
+        HeadNorms c{q.cpu, q_w.cpu, k.cpu, k_w.cpu, k_eq_v ? k.cpu : v.cpu, v.cpu, positions.cpu, inv_freq.cpu, 1e-6f};
+        HeadNorms g{q.gpu, q_w.gpu, k.gpu, k_w.gpu, k_eq_v ? k.gpu : v.gpu, v.gpu, positions.gpu, inv_freq.gpu, 1e-6f};
+        cpu_.head_norms(c);
+        gpu_->head_norms(g);
+        const std::string what = "head_norms hd " + std::to_string(hd) + " rotating " + std::to_string(rotating) +
+                                 (k_eq_v ? " K=V" : "");
+        expect_close(q, what + " q");
+        expect_close(k, what + " k");
+        expect_close(v, what + " v");
+      }
 }
 
 TEST_F(CudaOps, ResidualNormWithAndWithoutScalarAndNextNorm) {
@@ -519,6 +541,28 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
                          ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout",
                                            kRealHeadDims),
                          fixture_test_name);
+
+// SPEC §6's bf16 bound itself (relative L2 <= 1e-2) on a trained model: the demo model's logits
+// at every position of real text (its golden chat prompt and transformers' greedy continuation),
+// CUDA bf16 against the CPU's float32, which matches transformers' float64 within 1e-3 on every
+// fixture. The random-weight fixtures above amplify any rounding (transformers' own bf16 misses
+// 1e-2 on them too); a trained model does not.
+TEST(CudaDemoModel, LogitsAtEveryPositionWithinTheBf16Bound) {
+  auto gpu = cuda_backend_or_null();
+  REQUIRE_GPU(gpu);
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  const auto golden = nlohmann::json::parse(std::ifstream(std::string(G4_FIXTURES_DIR) + "/demo/golden.json"));
+  std::vector<int32_t> tokens = golden["continuations"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  for (int32_t id : golden["continuations"][0]["greedy_ids"].get<std::vector<int32_t>>()) tokens.push_back(id);
+  CpuBackend cpu(2);
+  auto cpu_model = load_model(demo, cpu), gpu_model = load_model(demo, *gpu);
+  SessionOptions o;
+  o.max_seq_len = int64_t(tokens.size()) + 1;
+  Session cs(*cpu_model, cpu, o), gs(*gpu_model, *gpu, o);
+  const double err = relative_l2(gs.logits_all(tokens), cs.logits_all(tokens));
+  std::printf("  demo model, %zu positions: relative L2 %.2e\n", tokens.size(), err);
+  EXPECT_LE(err, kRelativeL2);
+}
 
 TEST(CudaSession, TooLargeMaxSeqLenIsAClearOutOfMemoryError) {
   auto gpu = cuda_backend_or_null();

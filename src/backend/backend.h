@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/tensor.h"
@@ -35,6 +36,18 @@ struct AttentionArgs {
   Tensor out;        // [T, heads*head_dim]
 };
 
+// The attention block's per-head norms, in place on [T*heads, head_dim] views (row r of a tensor
+// belongs to token r / (rows / T)): q = rope(rms_norm(q)·q_weight) and k = rope(rms_norm(k)·k_weight),
+// rotate-half RoPE with inv_freq F32 [head_dim/2, 1] (zeros = identity, which is how proportional
+// partial RoPE is expressed) at positions[token]; v = rms_norm(v_in) without weight, where v_in is
+// the projected V (in place: v_in = v) or, on K=V layers, the projected K itself (read before k is
+// normed).
+struct HeadNorms {
+  Tensor q, q_weight, k, k_weight, v_in, v;
+  Tensor positions, inv_freq;
+  float eps = 0.0f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -56,11 +69,12 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
   // y[T, out] = x[T, in] · w[out, in]^T
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
-  // In place on x viewed as [T*heads, head_dim]: RMSNorm of each head (x = rms_norm(x)·weight), then
-  // rotate-half RoPE with inv_freq F32 [head_dim/2, 1] (zeros = identity, which is how
-  // proportional partial RoPE is expressed); row r rotates by positions[r / heads].
-  virtual void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
-                             const Tensor& inv_freq) = 0;
+  // ys[i] = x · ws[i]^T for every i: projections of one input (q/k/v), which a backend may stream
+  // in one launch.
+  virtual void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], ys[i]);
+  }
+  virtual void head_norms(const HeadNorms& args) = 0;
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached
   // positions before the chunk and the chunk's own keys, then stores the chunk's K/V in the cache.
   virtual void attention(const AttentionArgs& args) = 0;

@@ -33,18 +33,18 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
   Tensor q = head(buf.q, T, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
 
-  be.matmul(h, w.q_proj, q);
-  be.matmul(h, w.k_proj, k);
   Tensor q_heads = q.reshaped(T * config_.num_heads, hd);
   Tensor k_heads = k.reshaped(T * l.kv_heads, hd), v_heads = v.reshaped(T * l.kv_heads, hd);
-  if (l.k_eq_v) {
-    be.rms_norm(k_heads, Tensor{}, eps, v_heads);  // V = v_norm(k_proj(x)), before k_norm/RoPE
+  HeadNorms norms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads, positions, w.rope_inv_freq, eps};
+  if (l.k_eq_v) {  // V = v_norm(k_proj(x)), before k_norm/RoPE
+    const Tensor ws[] = {w.q_proj, w.k_proj}, ys[] = {q, k};
+    be.matmuls(h, ws, ys);
+    norms.v_in = k_heads;
   } else {
-    be.matmul(h, w.v_proj, v);
-    be.rms_norm(v_heads, Tensor{}, eps, v_heads);
+    const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, ys[] = {q, k, v};
+    be.matmuls(h, ws, ys);
   }
-  be.rms_norm_rope(q_heads, w.q_norm, eps, positions, w.rope_inv_freq);
-  be.rms_norm_rope(k_heads, w.k_norm, eps, positions, w.rope_inv_freq);
+  be.head_norms(norms);
 
   AttentionArgs args;
   args.q = q;

@@ -143,6 +143,12 @@ void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
   });
 }
 
+void CpuBackend::head_norms(const HeadNorms& a) {
+  rms_norm(a.v_in, Tensor{}, a.eps, a.v);  // first: on K=V layers v_in is k before its norm
+  rms_norm_rope(a.q, a.q_weight, a.eps, a.positions, a.inv_freq);
+  rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
+}
+
 void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity;
   const int64_t pos0 = a.positions.as<int32_t>()[0];

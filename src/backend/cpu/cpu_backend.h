@@ -23,8 +23,7 @@ class CpuBackend : public Backend {
   void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override;
-  void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
-                     const Tensor& inv_freq) override;
+  void head_norms(const HeadNorms& args) override;
   void attention(const AttentionArgs& args) override;
   void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override;
   void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
@@ -39,6 +38,9 @@ class CpuBackend : public Backend {
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override;
 
  private:
+  // In place on x [T*heads, head_dim]: RMSNorm of each head with `weight`, then RoPE.
+  void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions, const Tensor& inv_freq);
+
   ThreadPool pool_;
   MemoryMeter memory_;
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -149,7 +150,8 @@ class CudaBackend final : public Backend {
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
     if (T <= kMaxGemvTokens && K % 8 == 0) {
-      launch_gemv(ptr<bf16>(x), ptr<bf16>(w), ptr<bf16>(y), T, N, K, stream_);
+      const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y), N};
+      launch_gemv(ptr<bf16>(x), &target, 1, T, K, stream_);
       return;
     }
     // Column-major view: y^T [N, T] = w [N, K] (stored as K x N, transposed) · x^T [K, T].
@@ -159,12 +161,43 @@ class CudaBackend final : public Backend {
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  void rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
-                     const Tensor& inv_freq) override {
-    expect_dtype(x, DType::BF16, "rms_norm_rope input");
-    expect_dtype(inv_freq, DType::F32, "rope inv_freq");
-    launch_rms_norm_rope(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm_rope weight"), eps,
-                         x.rows / positions.rows, ptr<int32_t>(positions), ptr<float>(inv_freq), stream_);
+  // A few tokens: the matrices' rows in one GEMV launch; otherwise one GEMM each.
+  void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
+    G4_CHECK(ws.size() == ys.size(), "matmuls: one output per weight");
+    const bool one_launch = x.rows <= kMaxGemvTokens && x.cols % 8 == 0 && ws.size() <= size_t(kMaxGemvTargets) &&
+                            std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) { return w.cols == x.cols; });
+    if (!one_launch) return Backend::matmuls(x, ws, ys);
+    expect_dtype(x, DType::BF16, "matmul input");
+    GemvTarget targets[kMaxGemvTargets];
+    for (size_t i = 0; i < ws.size(); ++i) {
+      expect_dtype(ws[i], DType::BF16, "matmul weight");
+      G4_CHECK(ys[i].rows == x.rows && ys[i].cols == ws[i].rows, "matmuls: output shape does not match its weight");
+      targets[i] = GemvTarget{ptr<bf16>(ws[i]), ptr<bf16>(ys[i]), ws[i].rows};
+    }
+    launch_gemv(ptr<bf16>(x), targets, int(ws.size()), x.rows, x.cols, stream_);
+  }
+
+  void head_norms(const HeadNorms& n) override {
+    for (const Tensor* t : {&n.q, &n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
+    expect_dtype(n.inv_freq, DType::F32, "rope inv_freq");
+    G4_CHECK(n.q.cols == n.k.cols && n.v.cols == n.k.cols && n.v_in.rows == n.v.rows,
+             "head_norms: q, k and v heads must have one head_dim");
+    HeadNormLaunch a;
+    a.q = ptr<bf16>(n.q);
+    a.k = ptr<bf16>(n.k);
+    a.v = ptr<bf16>(n.v);
+    a.v_in = ptr<bf16>(n.v_in);
+    a.q_weight = optional_f32(n.q_weight, "q_norm weight");
+    a.k_weight = optional_f32(n.k_weight, "k_norm weight");
+    a.q_rows = n.q.rows;
+    a.k_rows = n.k.rows;
+    a.v_rows = n.v.rows;
+    a.T = n.positions.rows;
+    a.head_dim = n.q.cols;
+    a.eps = n.eps;
+    a.positions = ptr<int32_t>(n.positions);
+    a.inv_freq = ptr<float>(n.inv_freq);
+    launch_head_norms(a, stream_);
   }
 
   void attention(const AttentionArgs& args) override {

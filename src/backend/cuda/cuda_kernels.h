@@ -18,10 +18,19 @@ void launch_embed(const bf16* table, const int32_t* ids, int64_t T, int64_t hidd
 // Per-row RMSNorm (in place allowed); weight F32 [cols] or nullptr.
 void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* weight, float eps, bf16* out,
                      cudaStream_t stream);
-// In place on x [rows, head_dim]: per-row RMSNorm (weight F32 [head_dim] or nullptr), then
-// rotate-half RoPE; row r uses positions[r / heads].
-void launch_rms_norm_rope(bf16* x, int64_t rows, int64_t head_dim, const float* weight, float eps, int64_t heads,
-                          const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+// The attention block's head norms in one launch (see Backend::head_norms). Rows are heads of
+// head_dim values; q_rows / T and k_rows / T heads per token. v_in == k (K=V layers): each k row
+// also yields its v row, written before k is normed in place; otherwise v_in rows are normed into v.
+struct HeadNormLaunch {
+  bf16 *q, *k, *v;
+  const bf16* v_in;
+  const float *q_weight, *k_weight;  // F32 [head_dim] or nullptr
+  int64_t q_rows, k_rows, v_rows, T, head_dim;
+  float eps;
+  const int32_t* positions;
+  const float* inv_freq;  // F32 [head_dim / 2]; zeros rotate by nothing
+};
+void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream);
 // Per row: x = (x + rms_norm(o)·post_weight) · scalar[0]; then, when next_out is not null,
 // next_out = rms_norm(x)·next_weight. Weights F32 [cols], scalar F32 [1]; each may be nullptr (none).
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
@@ -38,9 +47,16 @@ void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions,
 void launch_fill_uniform(bf16* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
 void launch_fill_uniform(float* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
 
-// y[T, N] = x[T, K] · w[N, K]^T for small T (1..kMaxGemvTokens): a memory-bound weight stream.
+// y_i[T, N_i] = x[T, K] · w_i[N_i, K]^T for small T (1..kMaxGemvTokens) and up to kMaxGemvTargets
+// matrices sharing x (the q/k/v projections): one memory-bound weight stream, one launch.
 inline constexpr int kMaxGemvTokens = 8;
-void launch_gemv(const bf16* x, const bf16* w, bf16* y, int64_t T, int64_t N, int64_t K, cudaStream_t stream);
+inline constexpr int kMaxGemvTargets = 3;
+struct GemvTarget {
+  const bf16* w;
+  bf16* y;
+  int64_t rows;  // N_i
+};
+void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T, int64_t K, cudaStream_t stream);
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T) for small T: both weight streams in one launch.
 void launch_gated_gelu(const bf16* x, const bf16* w_gate, const bf16* w_up, bf16* out, int64_t T, int64_t N,
                        int64_t K, cudaStream_t stream);

@@ -1,10 +1,13 @@
-// Row-wise and element-wise kernels of the CUDA backend (float32 arithmetic, bf16 storage).
+// Row-wise and element-wise kernels of the CUDA backend (float32 arithmetic, bf16 storage). The
+// ones a forward runs are launched with PDL (pdl.cuh): none reads a weight before pdl_wait() here,
+// the gain is only the earlier launch.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace g4 {
 
@@ -20,6 +23,8 @@ int blocks_for(int64_t n, int per_thread = 1) {
 int row_threads(int64_t n, int max_threads) { return int(std::clamp<int64_t>(ceil_div(n, 32) * 32, 32, max_threads)); }
 
 __global__ void embed_kernel(const bf16* table, const int32_t* ids, int64_t hidden, float scale, bf16* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t t = blockIdx.y;
   const bf16* row = table + int64_t(ids[t]) * hidden;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < hidden; i += int64_t(gridDim.x) * blockDim.x)
@@ -46,6 +51,8 @@ __device__ float block_sum(float v) {
 // The row kernels below run one block per row, and each thread rereads and writes only the
 // elements it read itself, so in place is safe.
 __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight, float eps, bf16* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const bf16* in = x + blockIdx.x * cols;
   bf16* o = out + blockIdx.x * cols;
   float ss = 0.0f;
@@ -60,35 +67,61 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
   }
 }
 
-// One block per head row of x [rows, 2*half]; a thread owns whole rotating pairs (i, i + half).
-__global__ void rms_norm_rope_kernel(bf16* x, int64_t half, const float* weight, float eps, int64_t heads,
-                                     const int32_t* positions, const float* inv_freq) {
-  bf16* v = x + int64_t(blockIdx.x) * 2 * half;
+// One head row: out = rope(rms_norm(in)·weight) at `position` (no RoPE when inv_freq is null), and
+// plain_out = rms_norm(in) when it is not null. A thread owns whole rotating pairs (i, i + half) and
+// reads them before writing, so out may alias in.
+__device__ void head_norm_row(const bf16* in, bf16* out, int64_t half, const float* weight, float eps,
+                              const float* inv_freq, float position, bf16* plain_out) {
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
+    const float a = __bfloat162float(in[i]), b = __bfloat162float(in[i + half]);
     ss += a * a + b * b;
   }
   const float inv = rsqrtf(block_sum(ss) / float(2 * half) + eps);
-  const float position = float(positions[blockIdx.x / heads]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float na = __bfloat162float(v[i]) * inv, nb = __bfloat162float(v[i + half]) * inv;
+    const float na = __bfloat162float(in[i]) * inv, nb = __bfloat162float(in[i + half]) * inv;
+    if (plain_out) {
+      plain_out[i] = __float2bfloat16(na);
+      plain_out[i + half] = __float2bfloat16(nb);
+    }
     float a = round_bf16(weight ? na * weight[i] : na), b = round_bf16(weight ? nb * weight[i + half] : nb);
-    if (inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
+    if (inv_freq && inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
       float s, c;
       sincosf(position * inv_freq[i], &s, &c);
       const float ra = a * c - b * s, rb = b * c + a * s;
       a = ra;
       b = rb;
     }
-    v[i] = __float2bfloat16(a);
-    v[i + half] = __float2bfloat16(b);
+    out[i] = __float2bfloat16(a);
+    out[i + half] = __float2bfloat16(b);
+  }
+}
+
+// Block b: q row b, then k rows, then (unless v comes from k) v rows.
+__global__ void head_norms_kernel(HeadNormLaunch a) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int64_t half = a.head_dim / 2, b = blockIdx.x;
+  const bool v_from_k = a.v_in == a.k;
+  if (b < a.q_rows) {
+    bf16* row = a.q + b * a.head_dim;
+    head_norm_row(row, row, half, a.q_weight, a.eps, a.inv_freq, float(a.positions[b / (a.q_rows / a.T)]), nullptr);
+  } else if (b < a.q_rows + a.k_rows) {
+    const int64_t r = b - a.q_rows;
+    bf16* row = a.k + r * a.head_dim;
+    head_norm_row(row, row, half, a.k_weight, a.eps, a.inv_freq, float(a.positions[r / (a.k_rows / a.T)]),
+                  v_from_k ? a.v + r * a.head_dim : nullptr);
+  } else {
+    const int64_t r = b - a.q_rows - a.k_rows;
+    head_norm_row(a.v_in + r * a.head_dim, a.v + r * a.head_dim, half, nullptr, a.eps, nullptr, 0.0f, nullptr);
   }
 }
 
 // One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
 __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                      const float* scalar, float eps, const float* next_weight, bf16* next_out) {
+  pdl_launch_dependents();
+  pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* orow = o + int64_t(blockIdx.x) * cols;
   float ss = 0.0f;
@@ -115,11 +148,15 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
 }
 
 __global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
+  pdl_launch_dependents();
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = __float2bfloat16(gelu_tanh(__bfloat162float(gate[i])) * __bfloat162float(up[i]));
 }
 
 __global__ void softcap_kernel(const bf16* x, int64_t n, float cap, float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float z = __bfloat162float(x[i]);
     out[i] = cap > 0.0f ? cap * tanhf(z / cap) : z;
@@ -175,43 +212,37 @@ __global__ void fill_uniform_kernel(T* dst, int64_t n, float center, float sprea
 
 void launch_embed(const bf16* table, const int32_t* ids, int64_t T, int64_t hidden, float scale, bf16* out,
                   cudaStream_t stream) {
-  embed_kernel<<<dim3(unsigned(ceil_div(hidden, kThreads)), unsigned(T)), kThreads, 0, stream>>>(table, ids, hidden,
-                                                                                                  scale, out);
-  G4_CUDA_LAUNCHED(embed_kernel);
+  launch_pdl("embed_kernel", embed_kernel, dim3(unsigned(ceil_div(hidden, kThreads)), unsigned(T)), kThreads, 0, stream,
+             table, ids, hidden, scale, out);
 }
 
 void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* weight, float eps, bf16* out,
                      cudaStream_t stream) {
   const int threads = cols >= 2048 ? 512 : cols >= 512 ? 128 : 64;
-  rms_norm_kernel<<<unsigned(rows), threads, 0, stream>>>(x, cols, weight, eps, out);
-  G4_CUDA_LAUNCHED(rms_norm_kernel);
+  launch_pdl("rms_norm_kernel", rms_norm_kernel, unsigned(rows), threads, 0, stream, x, cols, weight, eps, out);
 }
 
-void launch_rms_norm_rope(bf16* x, int64_t rows, int64_t head_dim, const float* weight, float eps, int64_t heads,
-                          const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
-  const int64_t half = head_dim / 2;
-  rms_norm_rope_kernel<<<unsigned(rows), row_threads(half, 256), 0, stream>>>(x, half, weight, eps, heads, positions,
-                                                                               inv_freq);
-  G4_CUDA_LAUNCHED(rms_norm_rope_kernel);
+void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
+  G4_CHECK(a.head_dim % 2 == 0 && a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0,
+           "head_norms: rows must be whole heads of every token");
+  const int64_t blocks = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
+  launch_pdl("head_norms_kernel", head_norms_kernel, unsigned(blocks), row_threads(a.head_dim / 2, 256), 0, stream, a);
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
                           const float* scalar, float eps, const float* next_weight, bf16* next_out,
                           cudaStream_t stream) {
   // A decode step has one row, so one block does all of it: wide blocks keep that latency short.
-  residual_norm_kernel<<<unsigned(rows), row_threads(ceil_div(cols, 4), 1024), 0, stream>>>(
-      x, o, cols, post_weight, scalar, eps, next_weight, next_out);
-  G4_CUDA_LAUNCHED(residual_norm_kernel);
+  launch_pdl("residual_norm_kernel", residual_norm_kernel, unsigned(rows), row_threads(ceil_div(cols, 4), 1024), 0,
+             stream, x, o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {
-  gelu_tanh_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, out, n);
-  G4_CUDA_LAUNCHED(gelu_tanh_mul_kernel);
+  launch_pdl("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(n), kThreads, 0, stream, gate, up, out, n);
 }
 
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream) {
-  softcap_kernel<<<blocks_for(n, 4), kThreads, 0, stream>>>(x, n, cap, out);
-  G4_CUDA_LAUNCHED(softcap_kernel);
+  launch_pdl("softcap_kernel", softcap_kernel, blocks_for(n, 4), kThreads, 0, stream, x, n, cap, out);
 }
 
 void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,

@@ -1,11 +1,13 @@
 // The decode matmuls: y[T, N] = x[T, K] · w[N, K]^T for a few tokens, and the MLP's gate/up pair
 // with its GELU-mul. They are bound by streaming the bf16 weights once, so each warp owns one
 // output row and keeps several 16-byte weight loads in flight per lane; the few activation rows
-// are re-read through L1.
+// are re-read through L1. Launched with PDL: a warp's first weight loads are issued before the
+// kernel waits for the activations, overlapping the previous kernel's tail.
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace g4 {
 
@@ -17,9 +19,9 @@ constexpr int kUnroll = 4;  // independent 16-byte weight loads in flight per la
 // Weights are read exactly once per step: bypass L1 so the activations stay resident there.
 __device__ inline uint4 load_streaming(const uint4* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 
@@ -37,35 +39,68 @@ __device__ inline void accumulate(const uint4& weights, const uint4* x, int64_t 
   }
 }
 
-// This lane's share of x[t] · wrow for every token t, summed over the warp; `vecs` = K / 8.
-template <int T>
-__device__ inline void warp_row_dot(const uint4* wrow, const uint4* xv, int64_t vecs, int lane, float (&acc)[T]) {
+// One warp's pass over a weight row of `vecs` 16-byte vectors: start() issues the first loads (they
+// depend on no earlier kernel, so they may precede pdl_wait), dot() streams the rest.
+struct WeightRow {
+  const uint4* w;
+  int64_t vecs;
+  uint4 head[kUnroll];
+
+  __device__ void start(const bf16* row, int64_t K, int lane) {
+    w = reinterpret_cast<const uint4*>(row);
+    vecs = K / 8;
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  int64_t i = lane;
-  for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
-    uint4 wv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(wrow + i + 32 * u);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) accumulate<T>(wv[u], xv, vecs, i + 32 * u, acc);
+    for (int u = 0; u < kUnroll; ++u)
+      if (lane + 32 * u < vecs) head[u] = load_streaming(w + lane + 32 * u);
   }
-  for (; i < vecs; i += 32) accumulate<T>(load_streaming(wrow + i), xv, vecs, i, acc);
+
+  // acc[t] = x[t] · row, summed over the warp (every lane gets the sums).
+  template <int T>
+  __device__ void dot(const bf16* x, int lane, float (&acc)[T]) const {
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
-}
+    for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (lane + 32 * u < vecs) accumulate<T>(head[u], xv, vecs, lane + 32 * u, acc);
+    int64_t i = lane + 32 * kUnroll;
+    for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
+      uint4 wv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(w + i + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) accumulate<T>(wv[u], xv, vecs, i + 32 * u, acc);
+    }
+    for (; i < vecs; i += 32) accumulate<T>(load_streaming(w + i), xv, vecs, i, acc);
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
+  }
+};
+
+// The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1].
+struct GemvLaunch {
+  GemvTarget targets[kMaxGemvTargets];
+  unsigned first_block[kMaxGemvTargets + 1];
+  int count;
+};
 
 template <int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, const bf16* w, bf16* y, int64_t N,
-                                                                   int64_t K) {
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, GemvLaunch launch, int64_t K) {
+  pdl_launch_dependents();
+  int s = 0;
+  while (s + 1 < launch.count && blockIdx.x >= launch.first_block[s + 1]) ++s;
+  const GemvTarget& target = launch.targets[s];
   const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= N) return;
+  const int64_t row = int64_t(blockIdx.x - launch.first_block[s]) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= target.rows) return;
+  WeightRow w;
+  w.start(target.w + row * K, K, lane);
+  pdl_wait();
   float acc[T];
-  warp_row_dot<T>(reinterpret_cast<const uint4*>(w + row * K), reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
+  w.dot<T>(x, lane, acc);
   if (lane == 0) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) y[t * N + row] = __float2bfloat16(acc[t]);
+    for (int t = 0; t < T; ++t) target.y[t * target.rows + row] = __float2bfloat16(acc[t]);
   }
 }
 
@@ -75,13 +110,17 @@ template <int T>
 __global__ __launch_bounds__(kWarpsPerBlock * 32) void gated_gelu_kernel(const bf16* x, const bf16* w_gate,
                                                                          const bf16* w_up, bf16* out, int64_t N,
                                                                          int64_t K) {
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  WeightRow gate_row, up_row;
+  gate_row.start(w_gate + row * K, K, lane);
+  up_row.start(w_up + row * K, K, lane);
+  pdl_wait();
   float gate[T], up[T];
-  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_gate + row * K), xv, K / 8, lane, gate);
-  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_up + row * K), xv, K / 8, lane, up);
+  gate_row.dot<T>(x, lane, gate);
+  up_row.dot<T>(x, lane, up);
   if (lane == 0) {
 #pragma unroll
     for (int t = 0; t < T; ++t) out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(gate[t])) * round_bf16(up[t]));
@@ -109,11 +148,18 @@ unsigned blocks_for_rows(int64_t N) { return unsigned(ceil_div(N, kWarpsPerBlock
 
 }  // namespace
 
-void launch_gemv(const bf16* x, const bf16* w, bf16* y, int64_t T, int64_t N, int64_t K, cudaStream_t stream) {
+void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T, int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gemv: K must be a multiple of 8");
+  G4_CHECK(count >= 1 && count <= kMaxGemvTargets, "gemv: 1 to kMaxGemvTargets matrices per launch");
+  GemvLaunch launch{};
+  launch.count = count;
+  for (int s = 0; s < count; ++s) {
+    launch.targets[s] = targets[s];
+    launch.first_block[s + 1] = launch.first_block[s] + blocks_for_rows(targets[s].rows);
+  }
   with_token_count(T, [&](auto tokens) {
-    gemv_kernel<decltype(tokens)::value><<<blocks_for_rows(N), kWarpsPerBlock * 32, 0, stream>>>(x, w, y, N, K);
-    G4_CUDA_LAUNCHED(gemv_kernel);
+    launch_pdl("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[count], kWarpsPerBlock * 32, 0,
+               stream, x, launch, K);
   });
 }
 
@@ -121,9 +167,8 @@ void launch_gated_gelu(const bf16* x, const bf16* w_gate, const bf16* w_up, bf16
                        int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gated_gelu: K must be a multiple of 8");
   with_token_count(T, [&](auto tokens) {
-    gated_gelu_kernel<decltype(tokens)::value>
-        <<<blocks_for_rows(N), kWarpsPerBlock * 32, 0, stream>>>(x, w_gate, w_up, out, N, K);
-    G4_CUDA_LAUNCHED(gated_gelu_kernel);
+    launch_pdl("gated_gelu_kernel", gated_gelu_kernel<decltype(tokens)::value>, blocks_for_rows(N),
+               kWarpsPerBlock * 32, 0, stream, x, w_gate, w_up, out, N, K);
   });
 }
 
