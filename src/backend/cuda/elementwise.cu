@@ -118,32 +118,53 @@ __global__ void head_norms_kernel(HeadNormLaunch a) {
 }
 
 // One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
+// A decode step has one row, so the kernel is latency-bound: each thread keeps its (up to
+// kResidualPerThread) elements in registers, loaded in one go, and the norm weights are loaded
+// before pdl_wait() (they depend on no earlier kernel).
+constexpr int kResidualPerThread = 8;
+
 __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                      const float* scalar, float eps, const float* next_weight, bf16* next_out) {
   pdl_launch_dependents();
+  float post_w[kResidualPerThread], next_w[kResidualPerThread];
+#pragma unroll
+  for (int k = 0; k < kResidualPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    post_w[k] = post_weight && i < cols ? post_weight[i] : 1.0f;
+    next_w[k] = next_weight && i < cols ? next_weight[i] : 1.0f;
+  }
   pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* orow = o + int64_t(blockIdx.x) * cols;
+  float ov[kResidualPerThread], xv[kResidualPerThread];
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const float v = __bfloat162float(orow[i]);
-    ss += v * v;
+#pragma unroll
+  for (int k = 0; k < kResidualPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    ov[k] = i < cols ? __bfloat162float(orow[i]) : 0.0f;
+    xv[k] = i < cols ? __bfloat162float(xr[i]) : 0.0f;
+    ss += ov[k] * ov[k];
   }
   const float inv_o = rsqrtf(block_sum(ss) / float(cols) + eps);
   float ss_x = 0.0f;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const float n = __bfloat162float(orow[i]) * inv_o;
-    float v = round_bf16(__bfloat162float(xr[i]) + round_bf16(post_weight ? n * post_weight[i] : n));
+#pragma unroll
+  for (int k = 0; k < kResidualPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    float v = round_bf16(xv[k] + round_bf16(ov[k] * inv_o * post_w[k]));
     if (scalar) v = round_bf16(v * *scalar);
-    xr[i] = __float2bfloat16(v);
-    ss_x += v * v;
+    xv[k] = v;
+    if (i < cols) {
+      xr[i] = __float2bfloat16(v);
+      ss_x += v * v;
+    }
   }
   if (!next_out) return;  // the same for the whole block
   const float inv_x = rsqrtf(block_sum(ss_x) / float(cols) + eps);
   bf16* nr = next_out + int64_t(blockIdx.x) * cols;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const float n = __bfloat162float(xr[i]) * inv_x;
-    nr[i] = __float2bfloat16(next_weight ? n * next_weight[i] : n);
+#pragma unroll
+  for (int k = 0; k < kResidualPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    if (i < cols) nr[i] = __float2bfloat16(xv[k] * inv_x * next_w[k]);
   }
 }
 
@@ -232,8 +253,9 @@ void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
                           const float* scalar, float eps, const float* next_weight, bf16* next_out,
                           cudaStream_t stream) {
-  // A decode step has one row, so one block does all of it: wide blocks keep that latency short.
-  launch_pdl("residual_norm_kernel", residual_norm_kernel, unsigned(rows), row_threads(ceil_div(cols, 4), 1024), 0,
+  G4_CHECK(cols <= 1024 * kResidualPerThread, "residual_norm: rows wider than 8192 values are not supported");
+  launch_pdl("residual_norm_kernel", residual_norm_kernel, unsigned(rows),
+             row_threads(ceil_div(cols, kResidualPerThread), 1024), 0,
              stream, x, o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 

@@ -1,8 +1,8 @@
 // The decode matmuls: y[T, N] = x[T, K] · w[N, K]^T for a few tokens, and the MLP's gate/up pair
 // with its GELU-mul. They are bound by streaming the bf16 weights once, so each warp owns one
 // output row and keeps several 16-byte weight loads in flight per lane; the few activation rows
-// are re-read through L1. Launched with PDL: a warp's first weight loads are issued before the
-// kernel waits for the activations, overlapping the previous kernel's tail.
+// are re-read through L1. Launched with PDL: a warp asks L2 for the head of its weight row before
+// the kernel waits for the activations, overlapping the previous kernel's tail.
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -19,9 +19,7 @@ constexpr int kUnroll = 4;  // independent 16-byte weight loads in flight per la
 // Weights are read exactly once per step: bypass L1 so the activations stay resident there.
 __device__ inline uint4 load_streaming(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -39,43 +37,31 @@ __device__ inline void accumulate(const uint4& weights, const uint4* x, int64_t 
   }
 }
 
-// One warp's pass over a weight row of `vecs` 16-byte vectors: start() issues the first loads (they
-// depend on no earlier kernel, so they may precede pdl_wait), dot() streams the rest.
-struct WeightRow {
-  const uint4* w;
-  int64_t vecs;
-  uint4 head[kUnroll];
+// Asks L2 for the first bytes of a warp's weight row, the ones its first loads will read; issued
+// before pdl_wait() (weights depend on no earlier kernel), holding no registers while it waits.
+__device__ inline void prefetch_row_head(const bf16* row, int64_t K, int lane) {
+  constexpr int kLineElems = 64;  // 128-byte lines
+  const int64_t head = min(K, int64_t(32 * kUnroll * 8));
+  if (lane * kLineElems < head) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + lane * kLineElems));
+}
 
-  __device__ void start(const bf16* row, int64_t K, int lane) {
-    w = reinterpret_cast<const uint4*>(row);
-    vecs = K / 8;
+// acc[t] = x[t] · wrow for every token t, summed over the warp (every lane gets the sums); `vecs` = K / 8.
+template <int T>
+__device__ inline void warp_row_dot(const uint4* wrow, const uint4* xv, int64_t vecs, int lane, float (&acc)[T]) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (lane + 32 * u < vecs) head[u] = load_streaming(w + lane + 32 * u);
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  int64_t i = lane;
+  for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(wrow + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) accumulate<T>(wv[u], xv, vecs, i + 32 * u, acc);
   }
-
-  // acc[t] = x[t] · row, summed over the warp (every lane gets the sums).
-  template <int T>
-  __device__ void dot(const bf16* x, int lane, float (&acc)[T]) const {
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
+  for (; i < vecs; i += 32) accumulate<T>(load_streaming(wrow + i), xv, vecs, i, acc);
 #pragma unroll
-    for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (lane + 32 * u < vecs) accumulate<T>(head[u], xv, vecs, lane + 32 * u, acc);
-    int64_t i = lane + 32 * kUnroll;
-    for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
-      uint4 wv[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(w + i + 32 * u);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) accumulate<T>(wv[u], xv, vecs, i + 32 * u, acc);
-    }
-    for (; i < vecs; i += 32) accumulate<T>(load_streaming(w + i), xv, vecs, i, acc);
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
-  }
-};
+  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
+}
 
 // The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1].
 struct GemvLaunch {
@@ -87,17 +73,18 @@ struct GemvLaunch {
 template <int T>
 __global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, GemvLaunch launch, int64_t K) {
   pdl_launch_dependents();
-  int s = 0;
-  while (s + 1 < launch.count && blockIdx.x >= launch.first_block[s + 1]) ++s;
-  const GemvTarget& target = launch.targets[s];
+  // Selected by value, not by a dynamic index, which would copy the parameters to local memory.
+  const int s = blockIdx.x >= launch.first_block[2] ? 2 : blockIdx.x >= launch.first_block[1] ? 1 : 0;
+  const GemvTarget target = s == 0 ? launch.targets[0] : s == 1 ? launch.targets[1] : launch.targets[2];
   const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x - launch.first_block[s]) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const unsigned first_block = s == 0 ? 0u : s == 1 ? launch.first_block[1] : launch.first_block[2];
+  const int64_t row = int64_t(blockIdx.x - first_block) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= target.rows) return;
-  WeightRow w;
-  w.start(target.w + row * K, K, lane);
+  const bf16* wrow = target.w + row * K;
+  prefetch_row_head(wrow, K, lane);
   pdl_wait();
   float acc[T];
-  w.dot<T>(x, lane, acc);
+  warp_row_dot<T>(reinterpret_cast<const uint4*>(wrow), reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
   if (lane == 0) {
 #pragma unroll
     for (int t = 0; t < T; ++t) target.y[t * target.rows + row] = __float2bfloat16(acc[t]);
@@ -114,13 +101,13 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void gated_gelu_kernel(const b
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
-  WeightRow gate_row, up_row;
-  gate_row.start(w_gate + row * K, K, lane);
-  up_row.start(w_up + row * K, K, lane);
+  prefetch_row_head(w_gate + row * K, K, lane);
+  prefetch_row_head(w_up + row * K, K, lane);
   pdl_wait();
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
   float gate[T], up[T];
-  gate_row.dot<T>(x, lane, gate);
-  up_row.dot<T>(x, lane, up);
+  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_gate + row * K), xv, K / 8, lane, gate);
+  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_up + row * K), xv, K / 8, lane, up);
   if (lane == 0) {
 #pragma unroll
     for (int t = 0; t < T; ++t) out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(gate[t])) * round_bf16(up[t]));
