@@ -276,6 +276,8 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
       {4, 2, 256, 16, 32, {20, 1, 1, 32, 1, 7, 1}},          // 31B sliding head dim
       {4, 1, 512, 0, 90, {17, 1, 1, 40, 1, 1, 20, 1}},       // 31B full head dim, flat cache
       {8, 1, 64, 0, 300, {1, 1, 150, 1, 100, 1}},            // group of 8, many decode splits
+      {4, 2, 256, 128, 256, {200, 1, 200, 1}},               // 31B sliding shape, 200-token chunks wrap the ring
+      {8, 1, 512, 0, 450, {200, 1, 200, 1}},                 // 31B full shape (group 8), 200-token chunks
   };
   for (const auto& c : cases) {
     const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;

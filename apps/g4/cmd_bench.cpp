@@ -96,6 +96,30 @@ double gemv_bandwidth(Backend& be, const Tensor& w) {
   });
 }
 
+// Seconds of the prefill matmuls alone: every layer's seven matrices over a T-token chunk
+// (inputs are zeros: the work does not depend on the values).
+double prefill_matmul_seconds(Backend& be, const Gemma4& model, int64_t T) {
+  const DType a = be.activation_dtype();
+  int64_t widest = 0;
+  for (const LayerWeights& l : model.weights().layers)
+    for (const Tensor* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+      widest = std::max({widest, w->rows, w->cols});
+  const Tensor x = be.alloc(a, T, widest), y = be.alloc(a, T, widest);
+  auto prefix = [&](Tensor t, int64_t cols) {  // the first T * cols values as [T, cols]
+    t.rows = T;
+    t.cols = cols;
+    return t;
+  };
+  auto all_matmuls = [&] {
+    for (const LayerWeights& l : model.weights().layers)
+      for (const Tensor* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+        if (!w->empty()) be.matmul(prefix(x, w->cols), *w, prefix(y, w->rows));
+    be.synchronize();
+  };
+  all_matmuls();
+  return seconds_of(all_matmuls);
+}
+
 // Seconds of one layer's attention over a T-token chunk at position 0 (inputs are zeros: the work
 // does not depend on the values).
 double attention_seconds(Backend& be, const ModelConfig& c, const LayerConfig& l, int64_t T) {
@@ -216,6 +240,7 @@ void run_bench(const BenchOptions& o) {
                gemv_small = gemv_bandwidth(be, l0.k_proj);
   double prefill_attention_s = 0;
   for (const LayerConfig& l : c.layers) prefill_attention_s += attention_seconds(be, c, l, o.prompt_len);
+  const double prefill_matmul_s = prefill_matmul_seconds(be, *model, o.prompt_len);
 
   const double bytes = weight_bytes_per_step(*model);
   const double achieved = bytes / (graph_greedy.step_ms * 1e-3);
@@ -241,6 +266,7 @@ void run_bench(const BenchOptions& o) {
       {"gemv_gate_proj_tb_s", gemv_mlp / 1e12},
       {"gemv_k_proj_tb_s", gemv_small / 1e12},
       {"prefill_attention_s", prefill_attention_s},
+      {"prefill_matmul_s", prefill_matmul_s},
       {"sample_topk_topp_us", sample_s * 1e6},
       {"sampling_pct_of_step", 100.0 * sample_s / (graph_sampled.step_ms * 1e-3)},
   };

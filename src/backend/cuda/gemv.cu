@@ -63,11 +63,11 @@ __device__ inline void warp_row_dot(const uint4* wrow, const uint4* xv, int64_t 
   for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
 }
 
-// The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1].
+// The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1]
+// (unused targets have no blocks).
 struct GemvLaunch {
   GemvTarget targets[kMaxGemvTargets];
   unsigned first_block[kMaxGemvTargets + 1];
-  int count;
 };
 
 template <int T>
@@ -139,13 +139,12 @@ void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T,
   G4_CHECK(K % 8 == 0, "gemv: K must be a multiple of 8");
   G4_CHECK(count >= 1 && count <= kMaxGemvTargets, "gemv: 1 to kMaxGemvTargets matrices per launch");
   GemvLaunch launch{};
-  launch.count = count;
-  for (int s = 0; s < count; ++s) {
-    launch.targets[s] = targets[s];
-    launch.first_block[s + 1] = launch.first_block[s] + blocks_for_rows(targets[s].rows);
+  for (int s = 0; s < kMaxGemvTargets; ++s) {  // targets past `count` start after the last block: never chosen
+    if (s < count) launch.targets[s] = targets[s];
+    launch.first_block[s + 1] = launch.first_block[s] + (s < count ? blocks_for_rows(targets[s].rows) : 0);
   }
   with_token_count(T, [&](auto tokens) {
-    launch_pdl("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[count], kWarpsPerBlock * 32, 0,
+    launch_pdl("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets], kWarpsPerBlock * 32, 0,
                stream, x, launch, K);
   });
 }
