@@ -114,12 +114,21 @@ __device__ void merge_splits(const AttentionLaunch& a, const float* partials, in
     for (int s = lane; s < splits; s += 32) weights[warp * splits + s] = __expf(__ldcg(part + s * (D + 2)) - m) / l;
   }
   __syncthreads();
+  constexpr int kLoadsInFlight = 8;  // the sum over splits is latency-bound: independent partial sums
   for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
     const float* part = partials + int64_t(kvh * group + g) * max_splits * (D + 2) + 2 + d;
-    float o = 0.0f;
-    for (int s = 0; s < splits; ++s) o = fmaf(weights[g * splits + s], __ldcg(part + s * (D + 2)), o);
-    a.out[int64_t(kvh * group + g) * D + d] = __float2bfloat16(o);
+    const float* w = weights + g * splits;
+    float o[kLoadsInFlight] = {};
+    int s = 0;
+    for (; s + kLoadsInFlight <= splits; s += kLoadsInFlight)
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) o[u] = fmaf(w[s + u], __ldcg(part + (s + u) * (D + 2)), o[u]);
+    for (; s < splits; ++s) o[0] = fmaf(w[s], __ldcg(part + s * (D + 2)), o[0]);
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) sum += o[u];
+    a.out[int64_t(kvh * group + g) * D + d] = __float2bfloat16(sum);
   }
   const int64_t slot = a.positions[0] % a.capacity;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {

@@ -67,53 +67,65 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
   }
 }
 
-// One head row: out = rope(rms_norm(in)·weight) at `position` (no RoPE when inv_freq is null), and
-// plain_out = rms_norm(in) when it is not null. A thread owns whole rotating pairs (i, i + half) and
-// reads them before writing, so out may alias in.
+// One head row per warp: out = rope(rms_norm(in)·weight) at `position` (no RoPE when inv_freq is
+// null), and plain_out = rms_norm(in) when it is not null. Lane l owns the rotating pairs
+// (i, i + half) for i = l + 32j, kept in registers, so out may alias in.
+constexpr int kHeadNormWarps = 8;
+constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
+
 __device__ void head_norm_row(const bf16* in, bf16* out, int64_t half, const float* weight, float eps,
                               const float* inv_freq, float position, bf16* plain_out) {
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float a = __bfloat162float(in[i]), b = __bfloat162float(in[i + half]);
-    ss += a * a + b * b;
+  const int lane = threadIdx.x & 31;
+  float a[kMaxPairsPerLane], b[kMaxPairsPerLane], ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int64_t i = lane + 32 * j;
+    a[j] = i < half ? __bfloat162float(in[i]) : 0.0f;
+    b[j] = i < half ? __bfloat162float(in[i + half]) : 0.0f;
+    ss += a[j] * a[j] + b[j] * b[j];
   }
-  const float inv = rsqrtf(block_sum(ss) / float(2 * half) + eps);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float na = __bfloat162float(in[i]) * inv, nb = __bfloat162float(in[i + half]) * inv;
+  const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int64_t i = lane + 32 * j;
+    if (i >= half) break;
+    const float na = a[j] * inv, nb = b[j] * inv;
     if (plain_out) {
       plain_out[i] = __float2bfloat16(na);
       plain_out[i + half] = __float2bfloat16(nb);
     }
-    float a = round_bf16(weight ? na * weight[i] : na), b = round_bf16(weight ? nb * weight[i + half] : nb);
+    float ra = round_bf16(weight ? na * weight[i] : na), rb = round_bf16(weight ? nb * weight[i + half] : nb);
     if (inv_freq && inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
-      float s, c;
-      sincosf(position * inv_freq[i], &s, &c);
-      const float ra = a * c - b * s, rb = b * c + a * s;
-      a = ra;
-      b = rb;
+      float sn, cs;
+      sincosf(position * inv_freq[i], &sn, &cs);
+      const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
+      ra = ta;
+      rb = tb;
     }
-    out[i] = __float2bfloat16(a);
-    out[i + half] = __float2bfloat16(b);
+    out[i] = __float2bfloat16(ra);
+    out[i + half] = __float2bfloat16(rb);
   }
 }
 
-// Block b: q row b, then k rows, then (unless v comes from k) v rows.
-__global__ void head_norms_kernel(HeadNormLaunch a) {
+// Warp w of block b takes head row r = b * kHeadNormWarps + w: q rows, then k rows, then (unless v
+// comes from k) v rows.
+__global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
   pdl_launch_dependents();
   pdl_wait();
-  const int64_t half = a.head_dim / 2, b = blockIdx.x;
+  const int64_t half = a.head_dim / 2, r = int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5);
   const bool v_from_k = a.v_in == a.k;
-  if (b < a.q_rows) {
-    bf16* row = a.q + b * a.head_dim;
-    head_norm_row(row, row, half, a.q_weight, a.eps, a.inv_freq, float(a.positions[b / (a.q_rows / a.T)]), nullptr);
-  } else if (b < a.q_rows + a.k_rows) {
-    const int64_t r = b - a.q_rows;
-    bf16* row = a.k + r * a.head_dim;
-    head_norm_row(row, row, half, a.k_weight, a.eps, a.inv_freq, float(a.positions[r / (a.k_rows / a.T)]),
-                  v_from_k ? a.v + r * a.head_dim : nullptr);
+  if (r >= rows) return;
+  if (r < a.q_rows) {
+    bf16* row = a.q + r * a.head_dim;
+    head_norm_row(row, row, half, a.q_weight, a.eps, a.inv_freq, float(a.positions[r / (a.q_rows / a.T)]), nullptr);
+  } else if (r < a.q_rows + a.k_rows) {
+    const int64_t kr = r - a.q_rows;
+    bf16* row = a.k + kr * a.head_dim;
+    head_norm_row(row, row, half, a.k_weight, a.eps, a.inv_freq, float(a.positions[kr / (a.k_rows / a.T)]),
+                  v_from_k ? a.v + kr * a.head_dim : nullptr);
   } else {
-    const int64_t r = b - a.q_rows - a.k_rows;
-    head_norm_row(a.v_in + r * a.head_dim, a.v + r * a.head_dim, half, nullptr, a.eps, nullptr, 0.0f, nullptr);
+    const int64_t vr = r - a.q_rows - a.k_rows;
+    head_norm_row(a.v_in + vr * a.head_dim, a.v + vr * a.head_dim, half, nullptr, a.eps, nullptr, 0.0f, nullptr);
   }
 }
 
@@ -244,10 +256,11 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
 }
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
-  G4_CHECK(a.head_dim % 2 == 0 && a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0,
-           "head_norms: rows must be whole heads of every token");
-  const int64_t blocks = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
-  launch_pdl("head_norms_kernel", head_norms_kernel, unsigned(blocks), row_threads(a.head_dim / 2, 256), 0, stream, a);
+  G4_CHECK(a.head_dim % 2 == 0 && a.head_dim / 2 <= 32 * kMaxPairsPerLane, "head_norms: head_dim must be even, at most 512");
+  G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
+  const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
+  launch_pdl("head_norms_kernel", head_norms_kernel, unsigned(ceil_div(rows, kHeadNormWarps)), kHeadNormWarps * 32, 0,
+             stream, a, rows);
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
