@@ -18,6 +18,7 @@ namespace {
 constexpr int kTileKeys = 32;  // keys staged per step, one per lane
 constexpr int kDimChunks = kMaxAttentionHeadDim / 256;  // 8 output dims per lane per 256-dim chunk
 constexpr int kMinWarps = 4;    // staging wants more threads than a small GQA group has warps
+constexpr int kMaxSplits = 256;  // the merge holds every split's (m, l) in a warp's registers
 
 struct DecodeSmem {
   int ld;
@@ -31,7 +32,8 @@ struct DecodeSmem {
   }
 };
 
-// Copies the K and V rows of keys [kb, min(kb + kTileKeys, last + 1)) into shared rows of `ld` elements.
+// Starts copying the K and V rows of keys [kb, min(kb + kTileKeys, last + 1)) into shared rows of
+// `ld` elements (cp_async_wait_all completes it).
 __device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, int64_t pos, int kvh, bf16* ks,
                            bf16* vs, int ld) {
   const int vecs = a.head_dim / 8;
@@ -41,60 +43,68 @@ __device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, i
     cp_async16(shared_addr(ks + j * ld + c), key_row(a, a.k_new, a.k_cache, kb + j, pos, kvh) + c, true);
     cp_async16(shared_addr(vs + j * ld + c), key_row(a, a.v_new, a.v_cache, kb + j, pos, kvh) + c, true);
   }
-  cp_async_wait_all();
+}
+
+// One warp's pass over a staged tile of keys [kb, min(kb + kTileKeys, end)): lane j scores key j
+// against q, then the online softmax update of m, l and acc (8 output dims per 256-dim chunk).
+__device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const bf16* ks, const bf16* vs,
+                           const float* q, float& m, float& l, float (&acc)[kDimChunks][8], int D) {
+  const int lane = threadIdx.x & 31;
+  const bool valid = kb + lane < end;
+  float s = -FLT_MAX;
+  if (valid) {
+    s = 0.0f;
+    const bf16* krow = ks + lane * lay.ld;
+    for (int c = 0; c < D; c += 8) {
+      float kf[8];
+      unpack8(*reinterpret_cast<const uint4*>(krow + c), kf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = fmaf(q[c + j], kf[j], s);
+    }
+  }
+  const float m_new = fmaxf(m, warp_max(s));
+  const float p = valid ? __expf(s - m_new) : 0.0f;
+  const float alpha = __expf(m - m_new);
+  l = l * alpha + warp_sum(p);
+  m = m_new;
+#pragma unroll
+  for (int c = 0; c < kDimChunks; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[c][j] *= alpha;
+  const int keys = int(min(int64_t(kTileKeys), end - kb));
+  for (int j = 0; j < keys; ++j) {
+    const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+    for (int c = 0; c < kDimChunks; ++c) {
+      const int d = c * 256 + lane * 8;
+      if (d < D) {
+        float vf[8];
+        unpack8(*reinterpret_cast<const uint4*>(vs + j * lay.ld + d), vf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[c][i] = fmaf(pj, vf[i], acc[c][i]);
+      }
+    }
+  }
 }
 
 // Warp `warp` (< group) scores keys [begin, end) for query head kvh * group + warp; leaves its
 // running max, sum and unnormalised output (lane's 8 dims per 256-dim chunk) in m, l, acc.
 __device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t end, int64_t pos, int kvh,
                              const DecodeSmem& lay, uint8_t* smem, float& m, float& l, float (&acc)[kDimChunks][8]) {
-  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5;
   bf16* ks = reinterpret_cast<bf16*>(smem + lay.k);
   bf16* vs = reinterpret_cast<bf16*>(smem + lay.v);
   float* qs = reinterpret_cast<float*>(smem + lay.q);
+  stage_tile(a, begin, end - 1, pos, kvh, ks, vs, lay.ld);  // in flight while q is read
   for (int i = threadIdx.x; i < group * D; i += blockDim.x)
     qs[i] = __bfloat162float(a.q[int64_t(kvh) * group * D + i]) * a.scale;
   const float* q = qs + warp * D;
   for (int64_t kb = begin; kb < end; kb += kTileKeys) {
-    __syncthreads();  // previous tile consumed (and qs written, on the first pass)
-    stage_tile(a, kb, end - 1, pos, kvh, ks, vs, lay.ld);
-    __syncthreads();
-    if (warp >= group) continue;
-    const bool valid = kb + lane < end;
-    float s = -FLT_MAX;
-    if (valid) {
-      s = 0.0f;
-      const bf16* krow = ks + lane * lay.ld;
-      for (int c = 0; c < D; c += 8) {
-        float kf[8];
-        unpack8(*reinterpret_cast<const uint4*>(krow + c), kf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s = fmaf(q[c + j], kf[j], s);
-      }
-    }
-    const float m_new = fmaxf(m, warp_max(s));
-    const float p = valid ? __expf(s - m_new) : 0.0f;
-    const float alpha = __expf(m - m_new);
-    l = l * alpha + warp_sum(p);
-    m = m_new;
-#pragma unroll
-    for (int c = 0; c < kDimChunks; ++c)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[c][j] *= alpha;
-    const int keys = int(min(int64_t(kTileKeys), end - kb));
-    for (int j = 0; j < keys; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
-#pragma unroll
-      for (int c = 0; c < kDimChunks; ++c) {
-        const int d = c * 256 + lane * 8;
-        if (d < D) {
-          float vf[8];
-          unpack8(*reinterpret_cast<const uint4*>(vs + j * lay.ld + d), vf);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[c][i] = fmaf(pj, vf[i], acc[c][i]);
-        }
-      }
-    }
+    cp_async_wait_all();
+    __syncthreads();  // the tile (and qs) visible to every warp
+    if (warp < group) score_tile(kb, end, lay, ks, vs, q, m, l, acc, D);
+    __syncthreads();  // the tile consumed
+    if (kb + kTileKeys < end) stage_tile(a, kb + kTileKeys, end - 1, pos, kvh, ks, vs, lay.ld);
   }
 }
 
@@ -103,15 +113,24 @@ __device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t en
 __device__ void merge_splits(const AttentionLaunch& a, const float* partials, int max_splits, int splits, int kvh,
                              float* weights) {
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp < group) {
+  if (warp < group) {  // one pass over the splits' (m, l): lane holds splits lane + 32j
     const float* part = partials + int64_t(kvh * group + warp) * max_splits * (D + 2);
-    float m = -FLT_MAX;
-    for (int s = lane; s < splits; s += 32) m = fmaxf(m, __ldcg(part + s * (D + 2)));
+    float ms[kMaxSplits / 32], ls[kMaxSplits / 32], m = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int s = lane + 32 * j;
+      ms[j] = s < splits ? __ldcg(part + s * (D + 2)) : -FLT_MAX;
+      ls[j] = s < splits ? __ldcg(part + s * (D + 2) + 1) : 0.0f;
+      m = fmaxf(m, ms[j]);
+    }
     m = warp_max(m);
     float l = 0.0f;
-    for (int s = lane; s < splits; s += 32) l += __ldcg(part + s * (D + 2) + 1) * __expf(__ldcg(part + s * (D + 2)) - m);
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) l += ls[j] * __expf(ms[j] - m);
     l = warp_sum(l);
-    for (int s = lane; s < splits; s += 32) weights[warp * splits + s] = __expf(__ldcg(part + s * (D + 2)) - m) / l;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j)
+      if (lane + 32 * j < splits) weights[warp * splits + lane + 32 * j] = __expf(ms[j] - m) / l;
   }
   __syncthreads();
   constexpr int kLoadsInFlight = 8;  // the sum over splits is latency-bound: independent partial sums
@@ -178,6 +197,7 @@ __global__ void decode_attention_kernel(AttentionLaunch a, float* partials, unsi
 void launch_decode_attention(const AttentionLaunch& a, float* partials, unsigned* arrivals, int max_splits,
                              cudaStream_t stream) {
   check_attention_shape(a);
+  G4_CHECK(max_splits <= kMaxSplits, "decode attention: at most 256 splits");
   // Keys a query can see span at most the window (ring) or the capacity (flat cache).
   const int64_t span = a.window ? a.window : a.capacity;
   const int64_t split_keys = std::max<int64_t>(kTileKeys, ceil_div(ceil_div(span, max_splits), kTileKeys) * kTileKeys);

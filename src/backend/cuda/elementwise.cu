@@ -88,7 +88,7 @@ __device__ void head_norm_row(const bf16* in, bf16* out, int64_t half, const flo
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
     const int64_t i = lane + 32 * j;
-    if (i >= half) break;
+    if (i >= half) continue;
     const float na = a[j] * inv, nb = b[j] * inv;
     if (plain_out) {
       plain_out[i] = __float2bfloat16(na);
@@ -129,62 +129,89 @@ __global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
   }
 }
 
+// Values [8v, 8v + 8) of a row of `cols` (zeros past the end): one 16-byte access when rows are
+// whole 16-byte vectors (vector_rows), else element by element.
+__device__ inline void load8(const bf16* row, int64_t cols, int64_t v, bool vector_rows, float (&out)[8]) {
+  if (vector_rows && 8 * v + 8 <= cols) return unpack8(*reinterpret_cast<const uint4*>(row + 8 * v), out);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = 8 * v + j < cols ? __bfloat162float(row[8 * v + j]) : 0.0f;
+}
+
+__device__ inline void store8(bf16* row, int64_t cols, int64_t v, bool vector_rows, const float (&in)[8]) {
+  if (vector_rows && 8 * v + 8 <= cols) {
+    *reinterpret_cast<uint4*>(row + 8 * v) = pack8(in);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (8 * v + j < cols) row[8 * v + j] = __float2bfloat16(in[j]);
+}
+
+// weight[8v + j] (1 when weight is null or past the end).
+__device__ inline float weight_at(const float* weight, int64_t cols, int64_t v, int j) {
+  return weight && 8 * v + j < cols ? weight[8 * v + j] : 1.0f;
+}
+
 // One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
-// A decode step has one row, so the kernel is latency-bound: each thread keeps its (up to
-// kResidualPerThread) elements in registers, loaded in one go, and the norm weights are loaded
-// before pdl_wait() (they depend on no earlier kernel).
-constexpr int kResidualPerThread = 8;
+// Each thread keeps its kResidualVecs 8-value vectors of o and x in registers, read in one go: a
+// decode step has one row, so the kernel is latency-bound; a prefill chunk has thousands.
+constexpr int kResidualVecs = 2;
 
 __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                      const float* scalar, float eps, const float* next_weight, bf16* next_out) {
   pdl_launch_dependents();
-  float post_w[kResidualPerThread], next_w[kResidualPerThread];
-#pragma unroll
-  for (int k = 0; k < kResidualPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    post_w[k] = post_weight && i < cols ? post_weight[i] : 1.0f;
-    next_w[k] = next_weight && i < cols ? next_weight[i] : 1.0f;
-  }
   pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* orow = o + int64_t(blockIdx.x) * cols;
-  float ov[kResidualPerThread], xv[kResidualPerThread];
+  const bool vector_rows = cols % 8 == 0;
+  float ov[kResidualVecs][8], xv[kResidualVecs][8];
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kResidualPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    ov[k] = i < cols ? __bfloat162float(orow[i]) : 0.0f;
-    xv[k] = i < cols ? __bfloat162float(xr[i]) : 0.0f;
-    ss += ov[k] * ov[k];
+  for (int k = 0; k < kResidualVecs; ++k) {
+    const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
+    load8(orow, cols, v, vector_rows, ov[k]);
+    load8(xr, cols, v, vector_rows, xv[k]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += ov[k][j] * ov[k][j];
   }
   const float inv_o = rsqrtf(block_sum(ss) / float(cols) + eps);
   float ss_x = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kResidualPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    float v = round_bf16(xv[k] + round_bf16(ov[k] * inv_o * post_w[k]));
-    if (scalar) v = round_bf16(v * *scalar);
-    xv[k] = v;
-    if (i < cols) {
-      xr[i] = __float2bfloat16(v);
-      ss_x += v * v;
+  for (int k = 0; k < kResidualVecs; ++k) {
+    const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float r = round_bf16(xv[k][j] + round_bf16(ov[k][j] * inv_o * weight_at(post_weight, cols, v, j)));
+      if (scalar) r = round_bf16(r * *scalar);
+      xv[k][j] = 8 * v + j < cols ? r : 0.0f;
+      ss_x += xv[k][j] * xv[k][j];
     }
+    store8(xr, cols, v, vector_rows, xv[k]);
   }
   if (!next_out) return;  // the same for the whole block
   const float inv_x = rsqrtf(block_sum(ss_x) / float(cols) + eps);
   bf16* nr = next_out + int64_t(blockIdx.x) * cols;
 #pragma unroll
-  for (int k = 0; k < kResidualPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    if (i < cols) nr[i] = __float2bfloat16(xv[k] * inv_x * next_w[k]);
+  for (int k = 0; k < kResidualVecs; ++k) {
+    const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ov[k][j] = xv[k][j] * inv_x * weight_at(next_weight, cols, v, j);
+    store8(nr, cols, v, vector_rows, ov[k]);
   }
 }
 
-__global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
+// 8 values per thread, 16-byte accesses (n and the pointers are whole vectors, checked by the launcher).
+__global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t vecs) {
   pdl_launch_dependents();
   pdl_wait();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(gelu_tanh(__bfloat162float(gate[i])) * __bfloat162float(up[i]));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
+    float g[8], u[8];
+    unpack8(reinterpret_cast<const uint4*>(gate)[i], g);
+    unpack8(reinterpret_cast<const uint4*>(up)[i], u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) g[j] = gelu_tanh(g[j]) * u[j];
+    reinterpret_cast<uint4*>(out)[i] = pack8(g);
+  }
 }
 
 __global__ void softcap_kernel(const bf16* x, int64_t n, float cap, float* out) {
@@ -266,14 +293,17 @@ void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
                           const float* scalar, float eps, const float* next_weight, bf16* next_out,
                           cudaStream_t stream) {
-  G4_CHECK(cols <= 1024 * kResidualPerThread, "residual_norm: rows wider than 8192 values are not supported");
+  G4_CHECK(cols <= 1024 * 8 * kResidualVecs, "residual_norm: rows wider than 16384 values are not supported");
   launch_pdl("residual_norm_kernel", residual_norm_kernel, unsigned(rows),
-             row_threads(ceil_div(cols, kResidualPerThread), 1024), 0,
+             row_threads(ceil_div(cols, 8 * kResidualVecs), 1024), 0,
              stream, x, o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {
-  launch_pdl("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(n), kThreads, 0, stream, gate, up, out, n);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  G4_CHECK(n % 8 == 0 && aligned(gate) && aligned(up) && aligned(out),
+           "gelu_tanh_mul: sizes and pointers must be whole 16-byte vectors");
+  launch_pdl("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(n / 8), kThreads, 0, stream, gate, up, out, n / 8);
 }
 
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream) {
