@@ -13,6 +13,7 @@
 
 #include "backend/backend_factory.h"
 #include "commands.h"
+#include "format/quantize.h"
 #include "model/loader.h"
 #include "runtime/decode_graph.h"
 #include "runtime/session.h"
@@ -96,15 +97,32 @@ double gemv_bandwidth(Backend& be, const Tensor& w) {
   });
 }
 
-// Seconds of the prefill matmuls alone: every layer's seven matrices over a T-token chunk
-// (inputs are zeros: the work does not depend on the values).
+// [rows, cols] activations uniform in [-1, 1]: zeros would let the tensor cores draw less power and
+// run faster than a real prompt does.
+Tensor random_activations(Backend& be, int64_t rows, int64_t cols, uint64_t seed) {
+  const DType a = be.activation_dtype();
+  Tensor t = be.alloc(a, rows, cols);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(cols));
+  std::vector<uint8_t> bytes(t.bytes());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : row) v = dist(rng);
+    encode_row(a, row.data(), cols, bytes.data() + size_t(r) * t.row_size());
+  }
+  be.upload(bytes.data(), t);
+  return t;
+}
+
+// Seconds of the prefill matmuls alone: every layer's seven matrices over a T-token chunk of random
+// activations.
 double prefill_matmul_seconds(Backend& be, const Gemma4& model, int64_t T) {
   const DType a = be.activation_dtype();
   int64_t widest = 0;
   for (const LayerWeights& l : model.weights().layers)
     for (const Tensor* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
       widest = std::max({widest, w->rows, w->cols});
-  const Tensor x = be.alloc(a, T, widest), y = be.alloc(a, T, widest);
+  const Tensor x = random_activations(be, T, widest, 7), y = be.alloc(a, T, widest);
   auto prefix = [&](Tensor t, int64_t cols) {  // the first T * cols values as [T, cols]
     t.rows = T;
     t.cols = cols;

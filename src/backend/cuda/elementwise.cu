@@ -200,17 +200,23 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   }
 }
 
-// 8 values per thread, 16-byte accesses (n and the pointers are whole vectors, checked by the launcher).
-__global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t vecs) {
+// 8 values per thread with 16-byte accesses (the launcher checks the pointers' alignment); the
+// last n % 8 values one by one.
+__global__ void gelu_tanh_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
   pdl_launch_dependents();
   pdl_wait();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t vecs = n / 8, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
     float g[8], u[8];
     unpack8(reinterpret_cast<const uint4*>(gate)[i], g);
     unpack8(reinterpret_cast<const uint4*>(up)[i], u);
 #pragma unroll
     for (int j = 0; j < 8; ++j) g[j] = gelu_tanh(g[j]) * u[j];
     reinterpret_cast<uint4*>(out)[i] = pack8(g);
+  }
+  if (first < n % 8) {
+    const int64_t i = vecs * 8 + first;
+    out[i] = __float2bfloat16(gelu_tanh(__bfloat162float(gate[i])) * __bfloat162float(up[i]));
   }
 }
 
@@ -301,9 +307,9 @@ void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, co
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  G4_CHECK(n % 8 == 0 && aligned(gate) && aligned(up) && aligned(out),
-           "gelu_tanh_mul: sizes and pointers must be whole 16-byte vectors");
-  launch_pdl("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(n / 8), kThreads, 0, stream, gate, up, out, n / 8);
+  G4_CHECK(aligned(gate) && aligned(up) && aligned(out), "gelu_tanh_mul: buffers must be 16-byte aligned");
+  launch_pdl("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(std::max<int64_t>(n / 8, 8)), kThreads, 0,
+             stream, gate, up, out, n);
 }
 
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream) {
