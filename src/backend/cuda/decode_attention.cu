@@ -33,15 +33,22 @@ struct DecodeSmem {
 };
 
 // Starts copying the K and V rows of keys [kb, min(kb + kTileKeys, last + 1)) into shared rows of
-// `ld` elements (cp_async_wait_all completes it).
+// `ld` elements (cp_async_wait_all completes it). Key kp is the fresh token's row when kp == pos,
+// else cache slot kp % capacity; a tile's keys lie within one window (or the flat cache), so its
+// slots wrap at most once and one 64-bit modulo serves the whole tile.
 __device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, int64_t pos, int kvh, bf16* ks,
                            bf16* vs, int ld) {
   const int vecs = a.head_dim / 8;
   const int keys = int(min(int64_t(kTileKeys), last + 1 - kb));
+  const int64_t first_slot = kb % a.capacity, head_offset = int64_t(kvh) * a.head_dim;
   for (int i = threadIdx.x; i < keys * vecs; i += blockDim.x) {
-    const int j = i / vecs, c = (i % vecs) * 8;
-    cp_async16(shared_addr(ks + j * ld + c), key_row(a, a.k_new, a.k_cache, kb + j, pos, kvh) + c, true);
-    cp_async16(shared_addr(vs + j * ld + c), key_row(a, a.v_new, a.v_cache, kb + j, pos, kvh) + c, true);
+    const int j = i / vecs, c = (i - j * vecs) * 8;
+    const bool fresh = kb + j >= pos;
+    int64_t slot = first_slot + j;
+    if (slot >= a.capacity) slot -= a.capacity;
+    const int64_t offset = (fresh ? 0 : slot * a.kv_stride) + head_offset + c;
+    cp_async16(shared_addr(ks + j * ld + c), (fresh ? a.k_new : a.k_cache) + offset, true);
+    cp_async16(shared_addr(vs + j * ld + c), (fresh ? a.v_new : a.v_cache) + offset, true);
   }
 }
 
