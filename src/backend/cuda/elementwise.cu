@@ -67,96 +67,65 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
   }
 }
 
-// What head_norms does to one head row: out = rope(rms_norm(in)·weight) at `position` (no RoPE when
-// inv_freq is null), and plain_out = rms_norm(in) when plain_out is not null.
-struct HeadRow {
-  const bf16* in = nullptr;  // null: no row (past the end)
-  bf16* out = nullptr;
-  bf16* plain_out = nullptr;
-  const float *weight = nullptr, *inv_freq = nullptr;
-  float position = 0.0f;
-};
+// One head row per warp: out = rope(rms_norm(in)·weight) at `position` (no RoPE when inv_freq is
+// null), and plain_out = rms_norm(in) when it is not null. Lane l owns the rotating pairs
+// (i, i + half) for i = l + 32j, kept in registers, so out may alias in.
+constexpr int kHeadNormWarps = 8;
+constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
 
-// Row r of head_norms: q rows, then k rows, then (unless v comes from k) v rows.
-__device__ HeadRow head_row(const HeadNormLaunch& a, int64_t r, int64_t rows) {
-  HeadRow h;
-  if (r >= rows) return h;
-  if (r < a.q_rows) {
-    h.in = h.out = a.q + r * a.head_dim;
-    h.weight = a.q_weight;
-    h.inv_freq = a.inv_freq;
-    h.position = float(a.positions[r / (a.q_rows / a.T)]);
-  } else if (r < a.q_rows + a.k_rows) {
-    const int64_t kr = r - a.q_rows;
-    h.in = h.out = a.k + kr * a.head_dim;
-    h.weight = a.k_weight;
-    h.inv_freq = a.inv_freq;
-    h.position = float(a.positions[kr / (a.k_rows / a.T)]);
-    if (a.v_in == a.k) h.plain_out = a.v + kr * a.head_dim;
-  } else {
-    const int64_t vr = r - a.q_rows - a.k_rows;
-    h.in = a.v_in + vr * a.head_dim;
-    h.out = a.v + vr * a.head_dim;
+__device__ void head_norm_row(const bf16* in, bf16* out, int64_t half, const float* weight, float eps,
+                              const float* inv_freq, float position, bf16* plain_out) {
+  const int lane = threadIdx.x & 31;
+  float a[kMaxPairsPerLane], b[kMaxPairsPerLane], ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int64_t i = lane + 32 * j;
+    a[j] = i < half ? __bfloat162float(in[i]) : 0.0f;
+    b[j] = i < half ? __bfloat162float(in[i + half]) : 0.0f;
+    ss += a[j] * a[j] + b[j] * b[j];
   }
-  return h;
+  const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int64_t i = lane + 32 * j;
+    if (i >= half) continue;
+    const float na = a[j] * inv, nb = b[j] * inv;
+    if (plain_out) {
+      plain_out[i] = __float2bfloat16(na);
+      plain_out[i + half] = __float2bfloat16(nb);
+    }
+    float ra = round_bf16(weight ? na * weight[i] : na), rb = round_bf16(weight ? nb * weight[i + half] : nb);
+    if (inv_freq && inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
+      float sn, cs;
+      sincosf(position * inv_freq[i], &sn, &cs);
+      const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
+      ra = ta;
+      rb = tb;
+    }
+    out[i] = __float2bfloat16(ra);
+    out[i + half] = __float2bfloat16(rb);
+  }
 }
 
-// A warp norms kHeadRowsPerWarp head rows at once: all their loads are issued before the first
-// reduction, so a prefill chunk's hundred thousand rows are not one latency chain each. Lane l owns
-// the rotating pairs (i, i + half), i = l + 32j (j < Pairs), in registers, so out may alias in.
-constexpr int kHeadNormWarps = 8;
-constexpr int kHeadRowsPerWarp = 4;
-
-template <int Pairs>  // pairs per lane: half <= 32 * Pairs
+// Warp w of block b takes head row r = b * kHeadNormWarps + w: q rows, then k rows, then (unless v
+// comes from k) v rows.
 __global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
   pdl_launch_dependents();
   pdl_wait();
-  const int lane = threadIdx.x & 31;
-  const int64_t half = a.head_dim / 2;
-  const int64_t first = (int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5)) * kHeadRowsPerWarp;
-  float va[kHeadRowsPerWarp][Pairs], vb[kHeadRowsPerWarp][Pairs], inv[kHeadRowsPerWarp];
-#pragma unroll
-  for (int u = 0; u < kHeadRowsPerWarp; ++u) {
-    const bf16* in = head_row(a, first + u, rows).in;  // the rest of the row's description is looked up again below
-#pragma unroll
-    for (int j = 0; j < Pairs; ++j) {
-      const int64_t i = lane + 32 * j;
-      va[u][j] = in && i < half ? __bfloat162float(in[i]) : 0.0f;
-      vb[u][j] = in && i < half ? __bfloat162float(in[i + half]) : 0.0f;
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kHeadRowsPerWarp; ++u) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < Pairs; ++j) ss += va[u][j] * va[u][j] + vb[u][j] * vb[u][j];
-    inv[u] = rsqrtf(warp_sum(ss) / float(2 * half) + a.eps);
-  }
-#pragma unroll
-  for (int u = 0; u < kHeadRowsPerWarp; ++u) {
-    const HeadRow h = head_row(a, first + u, rows);
-    if (!h.in) continue;
-#pragma unroll
-    for (int j = 0; j < Pairs; ++j) {
-      const int64_t i = lane + 32 * j;
-      if (i >= half) continue;
-      const float na = va[u][j] * inv[u], nb = vb[u][j] * inv[u];
-      if (h.plain_out) {
-        h.plain_out[i] = __float2bfloat16(na);
-        h.plain_out[i + half] = __float2bfloat16(nb);
-      }
-      const float* w = h.weight;
-      float ra = round_bf16(w ? na * w[i] : na), rb = round_bf16(w ? nb * w[i + half] : nb);
-      if (h.inv_freq && h.inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
-        float sn, cs;
-        sincosf(h.position * h.inv_freq[i], &sn, &cs);
-        const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
-        ra = ta;
-        rb = tb;
-      }
-      h.out[i] = __float2bfloat16(ra);
-      h.out[i + half] = __float2bfloat16(rb);
-    }
+  const int64_t half = a.head_dim / 2, r = int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5);
+  const bool v_from_k = a.v_in == a.k;
+  if (r >= rows) return;
+  if (r < a.q_rows) {
+    bf16* row = a.q + r * a.head_dim;
+    head_norm_row(row, row, half, a.q_weight, a.eps, a.inv_freq, float(a.positions[r / (a.q_rows / a.T)]), nullptr);
+  } else if (r < a.q_rows + a.k_rows) {
+    const int64_t kr = r - a.q_rows;
+    bf16* row = a.k + kr * a.head_dim;
+    head_norm_row(row, row, half, a.k_weight, a.eps, a.inv_freq, float(a.positions[kr / (a.k_rows / a.T)]),
+                  v_from_k ? a.v + kr * a.head_dim : nullptr);
+  } else {
+    const int64_t vr = r - a.q_rows - a.k_rows;
+    head_norm_row(a.v_in + vr * a.head_dim, a.v + vr * a.head_dim, half, nullptr, a.eps, nullptr, 0.0f, nullptr);
   }
 }
 
@@ -343,20 +312,11 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
 }
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
-  const int64_t half = a.head_dim / 2;
-  G4_CHECK(a.head_dim % 2 == 0 && half <= 256, "head_norms: head_dim must be even, at most 512");
+  G4_CHECK(a.head_dim % 2 == 0 && a.head_dim / 2 <= 32 * kMaxPairsPerLane, "head_norms: head_dim must be even, at most 512");
   G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
   const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
-  const unsigned blocks = unsigned(ceil_div(rows, int64_t(kHeadNormWarps) * kHeadRowsPerWarp));
-  auto launch = [&](auto kernel) { launch_pdl("head_norms_kernel", kernel, blocks, kHeadNormWarps * 32, 0, stream, a, rows); };
-  if (half <= 32)
-    launch(head_norms_kernel<1>);
-  else if (half <= 64)
-    launch(head_norms_kernel<2>);
-  else if (half <= 128)
-    launch(head_norms_kernel<4>);
-  else
-    launch(head_norms_kernel<8>);
+  launch_pdl("head_norms_kernel", head_norms_kernel, unsigned(ceil_div(rows, kHeadNormWarps)), kHeadNormWarps * 32, 0,
+             stream, a, rows);
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
