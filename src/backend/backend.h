@@ -74,6 +74,7 @@ class Backend {
   virtual void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) {
     for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], ys[i]);
   }
+  // The attention block's q/k/v head norms and RoPE (see HeadNorms).
   virtual void head_norms(const HeadNorms& args) = 0;
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached
   // positions before the chunk and the chunk's own keys, then stores the chunk's K/V in the cache.
