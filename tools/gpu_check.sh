@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, for the device machine: build with CUDA, run the GPU tests, compare
-# CUDA (with and without graphs) against the CPU on the demo model, time the sampler.
+# CUDA (with and without graphs) against the CPU on the demo model; with --bench also time the
+# sampler and the synthetic 31B model (docs/PERF.md's figures).
 # Logs go to $OUT (default /tmp/g4-gpu). Usage: tools/gpu_check.sh [--bench]
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-gpu}
@@ -32,4 +33,5 @@ run() { "$G4" run --prompt "Tell me a fortune about computers." --max_new_tokens
 } | tee "$OUT/demo.log"
 if [ "${1:-}" = "--bench" ]; then
   ./build-gpu/bench/bench_sampling 2>&1 | tee "$OUT/bench_sampling.log" | tail -20
+  "$G4" bench --synthetic 31b --weights bf16 --prompt_len 2048 --gen 128 2>&1 | tee "$OUT/bench_31b.json"
 fi
