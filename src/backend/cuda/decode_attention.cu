@@ -175,7 +175,7 @@ __global__ void decode_attention_kernel(AttentionLaunch a, float* partials, unsi
   const int64_t begin = first + split * split_keys, end = min(begin + split_keys, pos + 1);
   float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
   if (begin < end) attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
-  if (warp < group) {  // an empty split leaves l = 0: weight 0 in the merge
+  if (warp < group) {  // empty splits too (l = 0); the merge reads only the non-empty ones
     float* part = partials + (int64_t(kvh * group + warp) * max_splits + split) * (D + 2);
     if (lane == 0) part[0] = m, part[1] = l;
 #pragma unroll
