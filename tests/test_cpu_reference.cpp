@@ -1,5 +1,6 @@
 // The CPU backend against transformers' own Gemma 4 logits (SPEC §6: max |Δlogit| <= 1e-3),
-// computed three ways: one prefill, token-by-token decode, and every chunk size 1..2*window.
+// computed three ways: one prefill, token-by-token decode, and every chunk size 1..2*window; and
+// the contracts of backend ops that the fixtures alone would not pin down.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -74,6 +75,28 @@ TEST_P(CpuReference, ChunkedPrefillLeavesTheLastLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CpuReference,
                          ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout"));
+
+// Backend::matmuls (the q/k/v projections of one input) equals one matmul per weight, and a
+// missing output is an error, not an out-of-range write.
+TEST(CpuBackendOps, MatmulsAreOneMatmulPerWeight) {
+  CpuBackend be(2);
+  const std::vector<float> xv = {1, 2, 3, 4, -1, 0.5f, 2, -3};  // x [2, 4]
+  const std::vector<float> w1v = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1};  // [3, 4]
+  const std::vector<float> w2v = {1, 1, 1, 1};  // [1, 4]
+  Tensor x = be.alloc(DType::F32, 2, 4), w1 = be.alloc(DType::F32, 3, 4), w2 = be.alloc(DType::F32, 1, 4);
+  be.upload(xv.data(), x);
+  be.upload(w1v.data(), w1);
+  be.upload(w2v.data(), w2);
+  Tensor y1 = be.alloc(DType::F32, 2, 3), y2 = be.alloc(DType::F32, 2, 1);
+  const Tensor ws[] = {w1, w2}, ys[] = {y1, y2};
+  be.matmuls(x, ws, ys);
+  std::vector<float> got1(6), got2(2);
+  be.download(y1, got1.data());
+  be.download(y2, got2.data());
+  EXPECT_EQ(got1, (std::vector<float>{1, 2, 7, -1, 0.5f, -1}));
+  EXPECT_EQ(got2, (std::vector<float>{10, -1.5f}));
+  EXPECT_THROW(be.matmuls(x, ws, std::span<const Tensor>(ys, 1)), Error);
+}
 
 TEST(Checkpoint, PublishedLayoutSkipsTheVisionTower) {
   HfCheckpoint ckpt(test::fixture_dir("published-layout"));

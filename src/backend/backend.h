@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backend/tensor.h"
+#include "util/error.h"
 
 namespace g4 {
 
@@ -72,6 +73,7 @@ class Backend {
   // ys[i] = x · ws[i]^T for every i: projections of one input (q/k/v), which a backend may stream
   // in one launch.
   virtual void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) {
+    G4_CHECK(ws.size() == ys.size(), "matmuls: one output per weight");
     for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], ys[i]);
   }
   // The attention block's q/k/v head norms and RoPE (see HeadNorms).
