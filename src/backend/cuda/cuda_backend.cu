@@ -163,8 +163,8 @@ class CudaBackend final : public Backend {
 
   // A few tokens: the matrices' rows in one GEMV launch; otherwise one GEMM each.
   void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
-    G4_CHECK(ws.size() == ys.size(), "matmuls: one output per weight");
-    const bool one_launch = x.rows <= kMaxGemvTokens && x.cols % 8 == 0 && ws.size() <= size_t(kMaxGemvTargets) &&
+    // A weight without its output goes to Backend::matmuls, whose check names it.
+    const bool one_launch = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && x.cols % 8 == 0 && ws.size() <= size_t(kMaxGemvTargets) &&
                             std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) { return w.cols == x.cols; });
     if (!one_launch) return Backend::matmuls(x, ws, ys);
     expect_dtype(x, DType::BF16, "matmul input");
