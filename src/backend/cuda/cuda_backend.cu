@@ -225,12 +225,11 @@ class CudaBackend final : public Backend {
     // step is captured, so a graph capture never has to allocate.
     const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
     if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
-    if (arrivals_.numel() < a.kv_heads) arrivals_ = alloc(DType::I32, 1, a.kv_heads);
     if (a.T > 1) {
       launch_prefill_attention(a, stream_);
       return;
     }
-    launch_decode_attention(a, ptr<float>(partials_), ptr<unsigned>(arrivals_), kDecodeSplits, stream_);
+    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
   void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
@@ -322,8 +321,8 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  // up_: gated_gelu's up projection for large chunks; partials_/arrivals_: decode attention's workspace
-  Tensor cublas_workspace_, staging_, partials_, arrivals_, up_;
+  // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states
+  Tensor cublas_workspace_, staging_, partials_, up_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool sampled_since_check_ = false, capturing_ = false;

@@ -71,10 +71,9 @@ struct AttentionLaunch {
   float scale;
   int64_t q_stride, kv_stride, out_stride;  // row strides in elements
 };
-// Decode (T == 1): split-K flash decoding in one launch; `partials` holds heads * max_splits *
-// (head_dim + 2) floats and `arrivals` kv_heads zeros (left zero after each launch).
-void launch_decode_attention(const AttentionLaunch& a, float* partials, unsigned* arrivals, int max_splits,
-                             cudaStream_t stream);
+// Decode (T == 1): split-K flash decoding, then the merge of the splits; `partials` holds
+// heads * max_splits * (head_dim + 2) floats.
+void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream);
 // Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
 

@@ -1,9 +1,11 @@
-// Decode attention (one query token), split-K "flash decoding". Block (kv head, split) scores the
-// split's keys for every query head of the GQA group (one warp each, one key per lane) from K/V
-// tiles staged with cp.async by all of its threads, and writes each head's softmax state. The
-// last block of a kv head to finish merges the splits' states in split order (so the result does
-// not depend on arrival order) and then stores the token's K/V: every split has read the ring row
-// it overwrites by then. One launch per layer.
+// Decode attention (one query token), split-K "flash decoding" in two launches. The split
+// kernel's block (kv head, split) scores the split's keys for every query head of the GQA group
+// (one warp each, one key per lane) from K/V tiles staged with cp.async by all of its threads, and
+// writes each head's softmax state (m, l) and unnormalised output. The merge kernel's block (query
+// head, 128 output dims) sums the splits in split order, so the result does not depend on which
+// split finished first, then stores the token's K/V: every split has read the ring row it
+// overwrites by then. The merge is spread over many blocks because a global layer's partials
+// (8 heads x 512 dims x up to 256 splits per kv head) are too many for one block to read quickly.
 #include <algorithm>
 #include <cfloat>
 
@@ -18,17 +20,29 @@ namespace {
 constexpr int kTileKeys = 32;  // keys staged per step, one per lane
 constexpr int kDimChunks = kMaxAttentionHeadDim / 256;  // 8 output dims per lane per 256-dim chunk
 constexpr int kMinWarps = 4;    // staging wants more threads than a small GQA group has warps
-constexpr int kMaxSplits = 256;  // the merge holds every split's (m, l) in a warp's registers
+constexpr int kMaxSplits = 256;
+constexpr int kDotAccumulators = 4;  // independent partial sums of a q·k dot product
+// Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
+// each summing every kMergeLanes-th split with kMergeLoads loads in flight.
+constexpr int kMergeColumns = 32, kMergeLanes = 8, kMergeLoads = 8;
+constexpr int kMergeDims = 4 * kMergeColumns;
+
+// Where the split kernel leaves each (query head, split)'s softmax state for the merge.
+struct SplitPartials {
+  float* acc;  // [heads][max_splits][head_dim] unnormalised outputs
+  float2* ml;  // [heads][max_splits] running max m and sum l
+  int max_splits;
+  int64_t split_keys;
+};
 
 struct DecodeSmem {
   int ld;
-  size_t k, v, q, weights, total;
-  __host__ __device__ DecodeSmem(int D, int group, int splits) : ld(D + 8) {
+  size_t k, v, q, total;
+  __host__ __device__ DecodeSmem(int D, int group) : ld(D + 8) {
     k = 0;
     v = k + size_t(kTileKeys) * ld * 2;
     q = v + size_t(kTileKeys) * ld * 2;
-    weights = q + size_t(group) * D * 4;
-    total = weights + size_t(group) * splits * 4;
+    total = q + size_t(group) * D * 4;
   }
 };
 
@@ -52,23 +66,34 @@ __device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, i
   }
 }
 
+// q · krow over D dims (a multiple of 16), with kDotAccumulators independent sums.
+__device__ inline float dot_q_k(const float* q, const bf16* krow, int D) {
+  float part[kDotAccumulators] = {};
+  int c = 0;
+  for (; c + 8 * kDotAccumulators <= D; c += 8 * kDotAccumulators)
+#pragma unroll
+    for (int u = 0; u < kDotAccumulators; ++u) {
+      float kf[8];
+      unpack8(*reinterpret_cast<const uint4*>(krow + c + 8 * u), kf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part[u] = fmaf(q[c + 8 * u + j], kf[j], part[u]);
+    }
+  for (; c < D; c += 8) {  // head dims that are not a multiple of 32
+    float kf[8];
+    unpack8(*reinterpret_cast<const uint4*>(krow + c), kf);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) part[0] = fmaf(q[c + j], kf[j], part[0]);
+  }
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 // One warp's pass over a staged tile of keys [kb, min(kb + kTileKeys, end)): lane j scores key j
 // against q, then the online softmax update of m, l and acc (8 output dims per 256-dim chunk).
 __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const bf16* ks, const bf16* vs,
                            const float* q, float& m, float& l, float (&acc)[kDimChunks][8], int D) {
   const int lane = threadIdx.x & 31;
   const bool valid = kb + lane < end;
-  float s = -FLT_MAX;
-  if (valid) {
-    s = 0.0f;
-    const bf16* krow = ks + lane * lay.ld;
-    for (int c = 0; c < D; c += 8) {
-      float kf[8];
-      unpack8(*reinterpret_cast<const uint4*>(krow + c), kf);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s = fmaf(q[c + j], kf[j], s);
-    }
-  }
+  const float s = valid ? dot_q_k(q, ks + lane * lay.ld, D) : -FLT_MAX;
   const float m_new = fmaxf(m, warp_max(s));
   const float p = valid ? __expf(s - m_new) : 0.0f;
   const float alpha = __expf(m - m_new);
@@ -79,6 +104,7 @@ __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[c][j] *= alpha;
   const int keys = int(min(int64_t(kTileKeys), end - kb));
+#pragma unroll 4
   for (int j = 0; j < keys; ++j) {
     const float pj = __shfl_sync(0xffffffffu, p, j);
 #pragma unroll
@@ -115,19 +141,58 @@ __device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t en
   }
 }
 
-// The last block of kv head kvh: out = sum_s w_s * acc_s over the non-empty splits with
-// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m), then the token's K/V row goes into the cache.
-__device__ void merge_splits(const AttentionLaunch& a, const float* partials, int max_splits, int splits, int kvh,
-                             float* weights) {
+// Splits visible to the query at `pos` (the rest are empty).
+__device__ inline int used_splits(int64_t pos, int window, int64_t split_keys, int max_splits) {
+  return int(min(int64_t(max_splits), (pos + split_keys - first_key(pos, window)) / split_keys));
+}
+
+__global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
+  pdl_launch_dependents();
+  extern __shared__ __align__(16) uint8_t decode_smem[];
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp < group) {  // one pass over the splits' (m, l): lane holds splits lane + 32j
-    const float* part = partials + int64_t(kvh * group + warp) * max_splits * (D + 2);
+  const int kvh = blockIdx.x, split = blockIdx.y;
+  const DecodeSmem lay(D, group);
+  pdl_wait();
+  const int64_t pos = a.positions[0], first = first_key(pos, a.window);
+  const int64_t begin = first + split * parts.split_keys, end = min(begin + parts.split_keys, pos + 1);
+  if (begin >= end) return;  // an empty split: the merge does not read it
+  float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
+  attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
+  if (warp >= group) return;
+  const int64_t row = int64_t(kvh * group + warp) * parts.max_splits + split;
+  if (lane == 0) parts.ml[row] = make_float2(m, l);
+  float* out = parts.acc + row * D;
+#pragma unroll
+  for (int c = 0; c < kDimChunks; ++c) {
+    const int d = c * 256 + lane * 8;
+    if (d < D) {
+      reinterpret_cast<float4*>(out + d)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+      reinterpret_cast<float4*>(out + d)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
+    }
+  }
+}
+
+// Block (head, dims [128 y, 128 y + 128)): out = sum_s w_s * acc_s over the non-empty splits with
+// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m); then, for the group's first head, those dims of
+// the token's K/V row go into the cache.
+__global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch a,
+                                                                                  SplitPartials parts) {
+  pdl_launch_dependents();
+  __shared__ float weights[kMaxSplits];
+  __shared__ float4 sums[kMergeLanes][kMergeColumns];
+  const int D = a.head_dim, head = blockIdx.x, column = threadIdx.x % kMergeColumns, lane_group = threadIdx.x / kMergeColumns;
+  pdl_wait();
+  const int64_t pos = a.positions[0];
+  const int used = used_splits(pos, a.window, parts.split_keys, parts.max_splits);
+  const float2* ml = parts.ml + int64_t(head) * parts.max_splits;
+  if (threadIdx.x < 32) {  // one pass over the splits' (m, l): lane holds splits lane + 32j
+    const int lane = threadIdx.x;
     float ms[kMaxSplits / 32], ls[kMaxSplits / 32], m = -FLT_MAX;
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j) {
       const int s = lane + 32 * j;
-      ms[j] = s < splits ? __ldcg(part + s * (D + 2)) : -FLT_MAX;
-      ls[j] = s < splits ? __ldcg(part + s * (D + 2) + 1) : 0.0f;
+      const float2 v = s < used ? __ldcg(ml + s) : make_float2(-FLT_MAX, 0.0f);
+      ms[j] = v.x, ls[j] = v.y;
       m = fmaxf(m, ms[j]);
     }
     m = warp_max(m);
@@ -137,83 +202,71 @@ __device__ void merge_splits(const AttentionLaunch& a, const float* partials, in
     l = warp_sum(l);
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j)
-      if (lane + 32 * j < splits) weights[warp * splits + lane + 32 * j] = __expf(ms[j] - m) / l;
+      if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;
   }
   __syncthreads();
-  constexpr int kLoadsInFlight = 8;  // the sum over splits is latency-bound: independent partial sums
-  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    const float* part = partials + int64_t(kvh * group + g) * max_splits * (D + 2) + 2 + d;
-    const float* w = weights + g * splits;
-    float o[kLoadsInFlight] = {};
-    int s = 0;
-    for (; s + kLoadsInFlight <= splits; s += kLoadsInFlight)
+  const int d = blockIdx.y * kMergeDims + 4 * column;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (d < D) {
+    const float* acc = parts.acc + int64_t(head) * parts.max_splits * D + d;
+    for (int s0 = lane_group; s0 < used; s0 += kMergeLanes * kMergeLoads) {
+      float4 v[kMergeLoads];
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) o[u] = fmaf(w[s + u], __ldcg(part + (s + u) * (D + 2)), o[u]);
-    for (; s < splits; ++s) o[0] = fmaf(w[s], __ldcg(part + s * (D + 2)), o[0]);
-    float sum = 0.0f;
+      for (int u = 0; u < kMergeLoads; ++u) {
+        const int s = s0 + u * kMergeLanes;
+        v[u] = s < used ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D)) : make_float4(0, 0, 0, 0);
+      }
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) sum += o[u];
-    a.out[int64_t(kvh * group + g) * D + d] = __float2bfloat16(sum);
-  }
-  const int64_t slot = a.positions[0] % a.capacity;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    a.k_cache[slot * a.kv_stride + int64_t(kvh) * D + d] = a.k_new[int64_t(kvh) * D + d];
-    a.v_cache[slot * a.kv_stride + int64_t(kvh) * D + d] = a.v_new[int64_t(kvh) * D + d];
-  }
-}
-
-__global__ void decode_attention_kernel(AttentionLaunch a, float* partials, unsigned* arrivals, int max_splits,
-                                        int64_t split_keys) {
-  pdl_launch_dependents();
-  extern __shared__ __align__(16) uint8_t decode_smem[];
-  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-  const DecodeSmem lay(D, group, splits);
-  pdl_wait();
-  const int64_t pos = a.positions[0], first = first_key(pos, a.window);
-  const int64_t begin = first + split * split_keys, end = min(begin + split_keys, pos + 1);
-  float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
-  if (begin < end) attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
-  if (warp < group) {  // empty splits too (l = 0); the merge reads only the non-empty ones
-    float* part = partials + (int64_t(kvh * group + warp) * max_splits + split) * (D + 2);
-    if (lane == 0) part[0] = m, part[1] = l;
-#pragma unroll
-    for (int c = 0; c < kDimChunks; ++c) {
-      const int d = c * 256 + lane * 8;
-      if (d < D)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) part[2 + d + i] = acc[c][i];
+      for (int u = 0; u < kMergeLoads; ++u) {
+        const int s = s0 + u * kMergeLanes;
+        const float w = s < used ? weights[s] : 0.0f;
+        sum.x = fmaf(w, v[u].x, sum.x), sum.y = fmaf(w, v[u].y, sum.y);
+        sum.z = fmaf(w, v[u].z, sum.z), sum.w = fmaf(w, v[u].w, sum.w);
+      }
     }
   }
-  // Arrival count (threadFenceReduction pattern): our partials are visible before we count.
-  __shared__ bool last;
-  __threadfence();
+  sums[lane_group][column] = sum;
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals + kvh, 1u) == unsigned(splits - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int used = int(min(int64_t(splits), (pos + split_keys - first) / split_keys));  // non-empty splits
-  merge_splits(a, partials, max_splits, used, kvh, reinterpret_cast<float*>(decode_smem + lay.weights));
-  if (threadIdx.x == 0) arrivals[kvh] = 0;  // ready for the next layer's launch
+  if (lane_group == 0 && d < D) {
+    for (int g = 1; g < kMergeLanes; ++g) {
+      const float4 o = sums[g][column];
+      sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
+    }
+    bf16* out = a.out + int64_t(head) * D + d;
+    out[0] = __float2bfloat16(sum.x), out[1] = __float2bfloat16(sum.y);
+    out[2] = __float2bfloat16(sum.z), out[3] = __float2bfloat16(sum.w);
+  }
+  const int group = a.heads / a.kv_heads;
+  if (head % group == 0 && threadIdx.x < kMergeDims / 8) {  // 8 dims of K and V per thread
+    const int kd = blockIdx.y * kMergeDims + 8 * threadIdx.x;
+    if (kd < D) {
+      const int64_t src = int64_t(head / group) * D + kd, dst = (pos % a.capacity) * a.kv_stride + src;
+      *reinterpret_cast<uint4*>(a.k_cache + dst) = *reinterpret_cast<const uint4*>(a.k_new + src);
+      *reinterpret_cast<uint4*>(a.v_cache + dst) = *reinterpret_cast<const uint4*>(a.v_new + src);
+    }
+  }
 }
 
 }  // namespace
 
-void launch_decode_attention(const AttentionLaunch& a, float* partials, unsigned* arrivals, int max_splits,
-                             cudaStream_t stream) {
+void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream) {
   check_attention_shape(a);
   G4_CHECK(max_splits <= kMaxSplits, "decode attention: at most 256 splits");
   // Keys a query can see span at most the window (ring) or the capacity (flat cache).
   const int64_t span = a.window ? a.window : a.capacity;
-  const int64_t split_keys = std::max<int64_t>(kTileKeys, ceil_div(ceil_div(span, max_splits), kTileKeys) * kTileKeys);
-  const int splits = int(ceil_div(span, split_keys));
-  const int group = a.heads / a.kv_heads;
-  const DecodeSmem lay(a.head_dim, group, splits);
-  G4_CUDA(cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(lay.total)));
-  launch_pdl("decode_attention_kernel", decode_attention_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
-             32 * std::max(group, kMinWarps), lay.total, stream, a, partials, arrivals, max_splits, split_keys);
+  SplitPartials parts;
+  parts.split_keys = std::max<int64_t>(kTileKeys, ceil_div(ceil_div(span, max_splits), kTileKeys) * kTileKeys);
+  parts.max_splits = max_splits;
+  parts.acc = partials;
+  parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
+  const int splits = int(ceil_div(span, parts.split_keys)), group = a.heads / a.kv_heads;
+  const DecodeSmem lay(a.head_dim, group);
+  G4_CUDA(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(lay.total)));
+  launch_pdl("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
+             32 * std::max(group, kMinWarps), lay.total, stream, a, parts);
+  launch_pdl("decode_merge_kernel", decode_merge_kernel,
+             dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
+             kMergeColumns * kMergeLanes, 0, stream, a, parts);
 }
 
 }  // namespace g4

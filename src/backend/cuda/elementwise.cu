@@ -69,41 +69,77 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
 
 // One head row per warp: out = rope(rms_norm(in)·weight) at `position` (no RoPE when inv_freq is
 // null), and plain_out = rms_norm(in) when it is not null. Lane l owns the rotating pairs
-// (i, i + half) for i = l + 32j, kept in registers, so out may alias in.
+// (i + p, i + p + half) for i = 4 (l + 32j), p < 4, read and written 8 bytes at a time and kept in
+// registers, so out may alias in. half is a multiple of 4 (head_dim of 16).
 constexpr int kHeadNormWarps = 8;
-constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
+constexpr int kPairsPerAccess = 4;
+constexpr int kMaxAccessesPerLane = 512 / 2 / 32 / kPairsPerAccess;  // head_dim <= 512
+
+__device__ inline void load4(const bf16* p, float (&out)[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
+}
+
+__device__ inline void store4(bf16* p, const float (&in)[4]) {
+  uint2 raw;
+  *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(in[0], in[1]);
+  *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(in[2], in[3]);
+  *reinterpret_cast<uint2*>(p) = raw;
+}
+
+// weight[i .. i + 4), or ones when weight is null.
+__device__ inline float4 load_weight4(const float* weight, int64_t i) {
+  return weight ? *reinterpret_cast<const float4*>(weight + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+}
 
 __device__ void head_norm_row(const bf16* in, bf16* out, int64_t half, const float* weight, float eps,
                               const float* inv_freq, float position, bf16* plain_out) {
   const int lane = threadIdx.x & 31;
-  float a[kMaxPairsPerLane], b[kMaxPairsPerLane], ss = 0.0f;
+  float a[kMaxAccessesPerLane][4], b[kMaxAccessesPerLane][4], ss = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int64_t i = lane + 32 * j;
-    a[j] = i < half ? __bfloat162float(in[i]) : 0.0f;
-    b[j] = i < half ? __bfloat162float(in[i + half]) : 0.0f;
-    ss += a[j] * a[j] + b[j] * b[j];
+  for (int j = 0; j < kMaxAccessesPerLane; ++j) {
+    const int64_t i = kPairsPerAccess * (lane + 32 * j);
+    if (i < half) {
+      load4(in + i, a[j]);
+      load4(in + i + half, b[j]);
+    }
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      if (i >= half) a[j][p] = b[j][p] = 0.0f;
+      ss += a[j][p] * a[j][p] + b[j][p] * b[j][p];
+    }
   }
   const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
 #pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int64_t i = lane + 32 * j;
+  for (int j = 0; j < kMaxAccessesPerLane; ++j) {
+    const int64_t i = kPairsPerAccess * (lane + 32 * j);
     if (i >= half) continue;
-    const float na = a[j] * inv, nb = b[j] * inv;
+    float na[4], nb[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) na[p] = a[j][p] * inv, nb[p] = b[j][p] * inv;
     if (plain_out) {
-      plain_out[i] = __float2bfloat16(na);
-      plain_out[i + half] = __float2bfloat16(nb);
+      store4(plain_out + i, na);
+      store4(plain_out + i + half, nb);
     }
-    float ra = round_bf16(weight ? na * weight[i] : na), rb = round_bf16(weight ? nb * weight[i + half] : nb);
-    if (inv_freq && inv_freq[i] != 0.0f) {  // zero: identity rotation (proportional partial RoPE)
-      float sn, cs;
-      sincosf(position * inv_freq[i], &sn, &cs);
-      const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
-      ra = ta;
-      rb = tb;
+    const float4 wa = load_weight4(weight, i), wb = load_weight4(weight, i + half);
+    const float4 f = inv_freq ? *reinterpret_cast<const float4*>(inv_freq + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float was[4] = {wa.x, wa.y, wa.z, wa.w}, wbs[4] = {wb.x, wb.y, wb.z, wb.w}, fs[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      float ra = round_bf16(na[p] * was[p]), rb = round_bf16(nb[p] * wbs[p]);
+      if (fs[p] != 0.0f) {  // zero: identity rotation (proportional partial RoPE, or no RoPE)
+        float sn, cs;
+        sincosf(position * fs[p], &sn, &cs);
+        const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
+        ra = ta;
+        rb = tb;
+      }
+      na[p] = ra, nb[p] = rb;
     }
-    out[i] = __float2bfloat16(ra);
-    out[i + half] = __float2bfloat16(rb);
+    store4(out + i, na);
+    store4(out + i + half, nb);
   }
 }
 
@@ -312,7 +348,8 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
 }
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
-  G4_CHECK(a.head_dim % 2 == 0 && a.head_dim / 2 <= 32 * kMaxPairsPerLane, "head_norms: head_dim must be even, at most 512");
+  G4_CHECK(a.head_dim % 8 == 0 && a.head_dim / 2 <= 32 * kPairsPerAccess * kMaxAccessesPerLane,
+           "head_norms: head_dim must be a multiple of 8, at most 512");
   G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
   const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
   launch_pdl("head_norms_kernel", head_norms_kernel, unsigned(ceil_div(rows, kHeadNormWarps)), kHeadNormWarps * 32, 0,

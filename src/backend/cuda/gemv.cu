@@ -45,22 +45,39 @@ __device__ inline void prefetch_row_head(const bf16* row, int64_t K, int lane) {
   if (lane * kLineElems < head) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + lane * kLineElems));
 }
 
-// acc[t] = x[t] · wrow for every token t, summed over the warp (every lane gets the sums); `vecs` = K / 8.
-template <int T>
-__device__ inline void warp_row_dot(const uint4* wrow, const uint4* xv, int64_t vecs, int lane, float (&acc)[T]) {
+// acc[r][t] = x[t] · rows[r] for every token t and each of R weight rows, summed over the warp
+// (every lane gets the sums); `vecs` = K / 8. The rows' loads are interleaved, so a warp keeps
+// R * kUnroll of them in flight and shares each activation load among the rows.
+template <int T, int R>
+__device__ inline void warp_rows_dot(const uint4* const (&rows)[R], const uint4* xv, int64_t vecs, int lane,
+                                     float (&acc)[R][T]) {
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
   int64_t i = lane;
   for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 wv[R][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(wrow + i + 32 * u);
+    for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) accumulate<T>(wv[u], xv, vecs, i + 32 * u, acc);
+      for (int r = 0; r < R; ++r) wv[r][u] = load_streaming(rows[r] + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) accumulate<T>(wv[r][u], xv, vecs, i + 32 * u, acc[r]);
   }
-  for (; i < vecs; i += 32) accumulate<T>(load_streaming(wrow + i), xv, vecs, i, acc);
+  for (; i < vecs; i += 32) {
+    uint4 wv[R];
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
+    for (int r = 0; r < R; ++r) wv[r] = load_streaming(rows[r] + i);
+#pragma unroll
+    for (int r = 0; r < R; ++r) accumulate<T>(wv[r], xv, vecs, i, acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
 // The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1]
@@ -83,15 +100,16 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x
   const bf16* wrow = target.w + row * K;
   prefetch_row_head(wrow, K, lane);
   pdl_wait();
-  float acc[T];
-  warp_row_dot<T>(reinterpret_cast<const uint4*>(wrow), reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
+  const uint4* const rows[1] = {reinterpret_cast<const uint4*>(wrow)};
+  float acc[1][T];
+  warp_rows_dot<T, 1>(rows, reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
   if (lane == 0) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) target.y[t * target.rows + row] = __float2bfloat16(acc[t]);
+    for (int t = 0; t < T; ++t) target.y[t * target.rows + row] = __float2bfloat16(acc[0][t]);
   }
 }
 
-// Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as
+// Row `row` of gate and of up per warp, their loads interleaved; gate and up are rounded to bf16 before the GELU-mul, as
 // the separate matmuls stored them.
 template <int T>
 __global__ __launch_bounds__(kWarpsPerBlock * 32) void gated_gelu_kernel(const bf16* x, const bf16* w_gate,
@@ -104,13 +122,14 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void gated_gelu_kernel(const b
   prefetch_row_head(w_gate + row * K, K, lane);
   prefetch_row_head(w_up + row * K, K, lane);
   pdl_wait();
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  float gate[T], up[T];
-  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_gate + row * K), xv, K / 8, lane, gate);
-  warp_row_dot<T>(reinterpret_cast<const uint4*>(w_up + row * K), xv, K / 8, lane, up);
+  const uint4* const rows[2] = {reinterpret_cast<const uint4*>(w_gate + row * K),
+                                 reinterpret_cast<const uint4*>(w_up + row * K)};
+  float acc[2][T];  // gate, up
+  warp_rows_dot<T, 2>(rows, reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
   if (lane == 0) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(gate[t])) * round_bf16(up[t]));
+    for (int t = 0; t < T; ++t)
+      out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(acc[0][t])) * round_bf16(acc[1][t]));
   }
 }
 
