@@ -312,6 +312,62 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
   }
 }
 
+// The model's attention call: head norms, then attention. For one decode token the CUDA backend
+// folds the norms into the attention launch, which also stores the normed K/V in the cache: the
+// outputs and the caches must match the CPU's separate ops, token after token.
+TEST_F(CudaOps, NormedAttentionFoldsTheHeadNormsIntoDecode) {
+  const std::vector<AttentionCase> cases = {
+      {4, 2, 64, 8, 8, {5, 1, 1, 1, 1, 1, 1}},        // ring of one window: every slot rewritten
+      {4, 2, 256, 16, 32, {20, 1, 1, 1, 1}},           // 31B sliding head dim
+      {8, 1, 512, 0, 64, {30, 1, 1, 1}},               // 31B full head dim and group, flat cache
+  };
+  for (const auto& c : cases)
+    for (bool k_eq_v : {false, true}) {
+      const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
+      std::vector<float> inv(size_t(hd / 2), 0.0f);  // partial RoPE: a quarter of the pairs rotate
+      for (int64_t i = 0; i < hd / 8; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+      Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
+      KvCache cpu_cache{cpu_.alloc(DType::F32, c.capacity, kv_cols), cpu_.alloc(DType::F32, c.capacity, kv_cols),
+                        c.capacity};
+      KvCache gpu_cache{gpu_->alloc(DType::BF16, c.capacity, kv_cols),
+                        gpu_->alloc(DType::BF16, c.capacity, kv_cols), c.capacity};
+      int32_t pos = 0;
+      for (int64_t T : c.chunks) {
+        std::vector<int32_t> p(static_cast<size_t>(T));
+        for (int64_t i = 0; i < T; ++i) p[size_t(i)] = pos + int32_t(i);
+        Both positions = raw(DType::I32, T, 1, p.data());
+        Both q = activation(T, q_cols, 3.0f), k = activation(T, kv_cols, 2.0f), v = activation(T, kv_cols, 1.5f);
+        Both out = activation(T, q_cols);
+        auto norms_of = [&](const Tensor& qt, const Tensor& kt, const Tensor& vt, const Tensor& pt, const Both& qw,
+                            const Both& kw, const Tensor& inv_t, bool gpu) {
+          const Tensor kh = kt.reshaped(T * c.kv_heads, hd), vh = vt.reshaped(T * c.kv_heads, hd);
+          return HeadNorms{qt.reshaped(T * c.heads, hd), gpu ? qw.gpu : qw.cpu, kh, gpu ? kw.gpu : kw.cpu,
+                           k_eq_v ? kh : vh, vh, pt, inv_t, 1e-6f};
+        };
+        AttentionArgs a;
+        a.heads = c.heads;
+        a.kv_heads = c.kv_heads;
+        a.head_dim = c.head_dim;
+        a.window = c.window;
+        a.scale = 1.0f;
+        AttentionArgs g = a;
+        a.q = q.cpu, a.k_new = k.cpu, a.v_new = v.cpu, a.positions = positions.cpu, a.out = out.cpu;
+        a.cache = &cpu_cache;
+        g.q = q.gpu, g.k_new = k.gpu, g.v_new = v.gpu, g.positions = positions.gpu, g.out = out.gpu;
+        g.cache = &gpu_cache;
+        cpu_.normed_attention(norms_of(q.cpu, k.cpu, v.cpu, positions.cpu, q_w, k_w, inv_freq.cpu, false), a);
+        gpu_->normed_attention(norms_of(q.gpu, k.gpu, v.gpu, positions.gpu, q_w, k_w, inv_freq.gpu, true), g);
+        const std::string what = "normed attention hd " + std::to_string(hd) + (k_eq_v ? " K=V" : "") + " at " +
+                                 std::to_string(pos) + " T=" + std::to_string(T);
+        expect_close(out, what);
+        expect_close(Both{cpu_cache.k, gpu_cache.k}, what + ": K cache");
+        expect_close(Both{cpu_cache.v, gpu_cache.v}, what + ": V cache");
+        pos += int32_t(T);
+      }
+    }
+}
+
 TEST_F(CudaOps, SampleAndAdvanceStepMatchTheCpu) {
   const int64_t vocab = 262144;
   std::vector<float> logits = random_values(size_t(vocab), 20.0f, 99);

@@ -81,6 +81,12 @@ class Backend {
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached
   // positions before the chunk and the chunk's own keys, then stores the chunk's K/V in the cache.
   virtual void attention(const AttentionArgs& args) = 0;
+  // head_norms(norms), then attention(args), whose q/k_new/v_new are the normed tensors; a backend
+  // may fuse the two (CUDA does for one decode token).
+  virtual void normed_attention(const HeadNorms& norms, const AttentionArgs& args) {
+    head_norms(norms);
+    attention(args);
+  }
   // The gated MLP's first half: out[T, I] = gelu_tanh(x · w_gate^T) * (x · w_up^T), w_* [I, H].
   virtual void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) = 0;
   // The end of a residual block, per row: x = (x + rms_norm(o)·post_weight) · scalar[0] (no scaling

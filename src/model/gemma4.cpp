@@ -44,7 +44,6 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
     const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, ys[] = {q, k, v};
     be.matmuls(h, ws, ys);
   }
-  be.head_norms(norms);
 
   AttentionArgs args;
   args.q = q;
@@ -58,7 +57,7 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
   args.window = l.sliding ? config_.sliding_window : 0;
   args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
   args.out = head(buf.attn, T, q_cols);
-  be.attention(args);
+  be.normed_attention(norms, args);
 
   Tensor o = head(buf.proj, T, H);
   be.matmul(args.out, w.o_proj, o);

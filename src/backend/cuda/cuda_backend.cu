@@ -201,34 +201,26 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionArgs& args) override {
-    AttentionLaunch a;
-    a.q = ptr<bf16>(args.q);
-    a.k_new = ptr<bf16>(args.k_new);
-    a.v_new = ptr<bf16>(args.v_new);
-    a.k_cache = ptr<bf16>(args.cache->k);
-    a.v_cache = ptr<bf16>(args.cache->v);
-    a.out = ptr<bf16>(args.out);
-    a.positions = ptr<int32_t>(args.positions);
-    a.T = args.positions.rows;
-    a.capacity = args.cache->capacity;
-    a.heads = args.heads;
-    a.kv_heads = args.kv_heads;
-    a.head_dim = args.head_dim;
-    a.window = args.window;
-    a.scale = args.scale;
-    a.q_stride = args.q.cols;
-    a.kv_stride = args.k_new.cols;
-    a.out_stride = args.out.cols;
-    G4_CHECK(args.cache->k.cols == a.kv_stride && args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
-             "cuda attention: K/V rows must hold kv_heads * head_dim values");
-    // Sized on every call, prefill too: a prompt's forward visits every layer before a decode
-    // step is captured, so a graph capture never has to allocate.
-    const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
-    if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
-    if (a.T > 1) {
-      launch_prefill_attention(a, stream_);
-      return;
-    }
+    const AttentionLaunch a = attention_launch(args);
+    if (a.T > 1) return launch_prefill_attention(a, stream_);
+    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
+  }
+
+  // One decode token: the head norms are folded into the attention launch, which reads the raw
+  // projections (V from v_in: K itself on K=V layers).
+  void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
+    const bool fold = args.positions.rows == 1 && norms.q.data == args.q.data && norms.k.data == args.k_new.data &&
+                      norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
+    if (!fold) return Backend::normed_attention(norms, args);
+    expect_dtype(norms.v_in, DType::BF16, "head_norms input");
+    expect_dtype(norms.inv_freq, DType::F32, "rope inv_freq");
+    AttentionLaunch a = attention_launch(args);
+    a.v_new = ptr<bf16>(norms.v_in);
+    a.norm_inputs = true;
+    a.q_norm_weight = optional_f32(norms.q_weight, "q_norm weight");
+    a.k_norm_weight = optional_f32(norms.k_weight, "k_norm weight");
+    a.inv_freq = ptr<float>(norms.inv_freq);
+    a.norm_eps = norms.eps;
     launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
@@ -319,6 +311,35 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The launch arguments of an attention call; also sizes the decode workspace, on every call,
+  // prefill too: a prompt's forward visits every layer before a decode step is captured, so a
+  // graph capture never has to allocate.
+  AttentionLaunch attention_launch(const AttentionArgs& args) {
+    AttentionLaunch a;
+    a.q = ptr<bf16>(args.q);
+    a.k_new = ptr<bf16>(args.k_new);
+    a.v_new = ptr<bf16>(args.v_new);
+    a.k_cache = ptr<bf16>(args.cache->k);
+    a.v_cache = ptr<bf16>(args.cache->v);
+    a.out = ptr<bf16>(args.out);
+    a.positions = ptr<int32_t>(args.positions);
+    a.T = args.positions.rows;
+    a.capacity = args.cache->capacity;
+    a.heads = args.heads;
+    a.kv_heads = args.kv_heads;
+    a.head_dim = args.head_dim;
+    a.window = args.window;
+    a.scale = args.scale;
+    a.q_stride = args.q.cols;
+    a.kv_stride = args.k_new.cols;
+    a.out_stride = args.out.cols;
+    G4_CHECK(args.cache->k.cols == a.kv_stride && args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
+             "cuda attention: K/V rows must hold kv_heads * head_dim values");
+    const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
+    if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
+    return a;
+  }
+
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states

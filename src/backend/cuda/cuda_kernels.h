@@ -70,9 +70,14 @@ struct AttentionLaunch {
   int heads, kv_heads, head_dim, window;
   float scale;
   int64_t q_stride, kv_stride, out_stride;  // row strides in elements
+  // Decode only: when norm_inputs, q, k_new and v_new are the raw projections (v_new is K itself on
+  // K=V layers) and are normed here as Backend::head_norms would (q/k weights, RoPE inv_freq).
+  bool norm_inputs = false;
+  const float *q_norm_weight = nullptr, *k_norm_weight = nullptr, *inv_freq = nullptr;
+  float norm_eps = 0.0f;
 };
-// Decode (T == 1): split-K flash decoding, then the merge of the splits; `partials` holds
-// heads * max_splits * (head_dim + 2) floats.
+// Decode (T == 1): split-K flash decoding (which also stores the token's K/V), then the merge of
+// the splits; `partials` holds heads * max_splits * (head_dim + 2) floats.
 void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream);
 // Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);

@@ -1,15 +1,18 @@
 // Decode attention (one query token), split-K "flash decoding" in two launches. The split
 // kernel's block (kv head, split) scores the split's keys for every query head of the GQA group
 // (one warp each, one key per lane) from K/V tiles staged with cp.async by all of its threads, and
-// writes each head's softmax state (m, l) and unnormalised output. The merge kernel's block (query
-// head, 128 output dims) sums the splits in split order, so the result does not depend on which
-// split finished first, then stores the token's K/V: every split has read the ring row it
-// overwrites by then. The merge is spread over many blocks because a global layer's partials
-// (8 heads x 512 dims x up to 256 splits per kv head) are too many for one block to read quickly.
+// writes each head's softmax state (m, l) and unnormalised output. It can fold in the head norms
+// (AttentionLaunch::norm_inputs): each block norms its group's queries itself, and the block whose
+// split holds the new token norms that token's K/V, which it also stores in the cache (no split
+// reads that slot: a ring is at least a window long). The merge kernel's block (query head, 128
+// output dims) sums the splits in split order, so the result does not depend on which split
+// finished first; it is spread over many blocks because a global layer's partials (8 heads x 512
+// dims x up to 256 splits per kv head) are too many for one block to read quickly.
 #include <algorithm>
 #include <cfloat>
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -37,19 +40,22 @@ struct SplitPartials {
 
 struct DecodeSmem {
   int ld;
-  size_t k, v, q, total;
+  size_t k, v, q, fresh_k, fresh_v, total;
   __host__ __device__ DecodeSmem(int D, int group) : ld(D + 8) {
     k = 0;
     v = k + size_t(kTileKeys) * ld * 2;
     q = v + size_t(kTileKeys) * ld * 2;
-    total = q + size_t(group) * D * 4;
+    fresh_k = q + size_t(group) * D * 4;
+    fresh_v = fresh_k + size_t(D) * 2;
+    total = fresh_v + size_t(D) * 2;
   }
 };
 
 // Starts copying the K and V rows of keys [kb, min(kb + kTileKeys, last + 1)) into shared rows of
-// `ld` elements (cp_async_wait_all completes it). Key kp is the fresh token's row when kp == pos,
-// else cache slot kp % capacity; a tile's keys lie within one window (or the flat cache), so its
-// slots wrap at most once and one 64-bit modulo serves the whole tile.
+// `ld` elements (cp_async_wait_all completes it), all but the new token's (key pos), which
+// place_fresh_row copies in. Key kp < pos is cache slot kp % capacity; a tile's keys lie within
+// one window (or the flat cache), so its slots wrap at most once and one 64-bit modulo serves the
+// whole tile.
 __device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, int64_t pos, int kvh, bf16* ks,
                            bf16* vs, int ld) {
   const int vecs = a.head_dim / 8;
@@ -57,13 +63,88 @@ __device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, i
   const int64_t first_slot = kb % a.capacity, head_offset = int64_t(kvh) * a.head_dim;
   for (int i = threadIdx.x; i < keys * vecs; i += blockDim.x) {
     const int j = i / vecs, c = (i - j * vecs) * 8;
-    const bool fresh = kb + j >= pos;
+    if (kb + j >= pos) continue;
     int64_t slot = first_slot + j;
     if (slot >= a.capacity) slot -= a.capacity;
-    const int64_t offset = (fresh ? 0 : slot * a.kv_stride) + head_offset + c;
-    cp_async16(shared_addr(ks + j * ld + c), (fresh ? a.k_new : a.k_cache) + offset, true);
-    cp_async16(shared_addr(vs + j * ld + c), (fresh ? a.v_new : a.v_cache) + offset, true);
+    const int64_t offset = slot * a.kv_stride + head_offset + c;
+    cp_async16(shared_addr(ks + j * ld + c), a.k_cache + offset, true);
+    cp_async16(shared_addr(vs + j * ld + c), a.v_cache + offset, true);
   }
+}
+
+// Writes four values at element i of a shared and a global bf16 row.
+struct SharedAndGlobalSink {
+  bf16 *shared, *global;
+  __device__ void operator()(int64_t i, const float (&v)[4]) const {
+    store_bf16x4(shared + i, v);
+    store_bf16x4(global + i, v);
+  }
+};
+
+// The new token's K and V rows of kv head kvh (normed first when a.norm_inputs) into fresh_k /
+// fresh_v and into cache slot pos % capacity.
+__device__ void make_fresh_row(const AttentionLaunch& a, int64_t pos, int kvh, bf16* fresh_k, bf16* fresh_v) {
+  const int D = a.head_dim, warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+  const int64_t head_offset = int64_t(kvh) * D, cache_row = (pos % a.capacity) * a.kv_stride + head_offset;
+  if (!a.norm_inputs) {
+    for (int c = 8 * threadIdx.x; c < D; c += 8 * blockDim.x) {
+      const uint4 k = *reinterpret_cast<const uint4*>(a.k_new + head_offset + c);
+      const uint4 v = *reinterpret_cast<const uint4*>(a.v_new + head_offset + c);
+      *reinterpret_cast<uint4*>(fresh_k + c) = k;
+      *reinterpret_cast<uint4*>(fresh_v + c) = v;
+      *reinterpret_cast<uint4*>(a.k_cache + cache_row + c) = k;
+      *reinterpret_cast<uint4*>(a.v_cache + cache_row + c) = v;
+    }
+    return;
+  }
+  if (warp < warps - 2) return;
+  const bool is_k = warp == warps - 1;
+  HeadRow<kHeadNormMaxAccesses> raw;
+  load_head_row((is_k ? a.k_new : a.v_new) + head_offset, D / 2, raw);
+  if (!is_k) {
+    norm_head_row(raw, D / 2, nullptr, a.norm_eps, static_cast<const RopeLane<kHeadNormMaxAccesses>*>(nullptr),
+                  SharedAndGlobalSink{fresh_v, a.v_cache + cache_row}, NoSink{});
+    return;
+  }
+  RopeLane<kHeadNormMaxAccesses> rope;
+  rope_lane(a.inv_freq, D / 2, float(pos), rope);
+  norm_head_row(raw, D / 2, a.k_norm_weight, a.norm_eps, &rope, SharedAndGlobalSink{fresh_k, a.k_cache + cache_row},
+                NoSink{});
+}
+
+// Copies the new token's rows into the staged tile when the tile [kb, kb + kTileKeys) holds pos.
+__device__ void place_fresh_row(int64_t kb, int64_t pos, int D, int ld, const bf16* fresh_k, const bf16* fresh_v,
+                                bf16* ks, bf16* vs) {
+  if (pos < kb || pos >= kb + kTileKeys) return;
+  const int j = int(pos - kb);
+  for (int c = 8 * threadIdx.x; c < D; c += 8 * blockDim.x) {
+    *reinterpret_cast<uint4*>(ks + j * ld + c) = *reinterpret_cast<const uint4*>(fresh_k + c);
+    *reinterpret_cast<uint4*>(vs + j * ld + c) = *reinterpret_cast<const uint4*>(fresh_v + c);
+  }
+}
+
+// The group's queries, scaled, into qs (normed and rotated first when a.norm_inputs).
+__device__ void load_queries(const AttentionLaunch& a, int64_t pos, int kvh, float* qs) {
+  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5;
+  const bf16* q = a.q + int64_t(kvh) * group * D;
+  if (!a.norm_inputs) {
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) qs[i] = __bfloat162float(q[i]) * a.scale;
+    return;
+  }
+  if (warp >= group) return;
+  float* row = qs + warp * D;
+  const float scale = a.scale;
+  HeadRow<kHeadNormMaxAccesses> raw;
+  load_head_row(q + warp * D, D / 2, raw);
+  RopeLane<kHeadNormMaxAccesses> rope;
+  rope_lane(a.inv_freq, D / 2, float(pos), rope);
+  norm_head_row(
+      raw, D / 2, a.q_norm_weight, a.norm_eps, &rope,
+      [row, scale](int64_t i, const float(&v)[4]) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p) row[i + p] = v[p] * scale;
+      },
+      NoSink{});
 }
 
 // q · krow over D dims (a multiple of 16), with kDotAccumulators independent sums.
@@ -128,13 +209,17 @@ __device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t en
   bf16* ks = reinterpret_cast<bf16*>(smem + lay.k);
   bf16* vs = reinterpret_cast<bf16*>(smem + lay.v);
   float* qs = reinterpret_cast<float*>(smem + lay.q);
-  stage_tile(a, begin, end - 1, pos, kvh, ks, vs, lay.ld);  // in flight while q is read
-  for (int i = threadIdx.x; i < group * D; i += blockDim.x)
-    qs[i] = __bfloat162float(a.q[int64_t(kvh) * group * D + i]) * a.scale;
+  bf16* fresh_k = reinterpret_cast<bf16*>(smem + lay.fresh_k);
+  bf16* fresh_v = reinterpret_cast<bf16*>(smem + lay.fresh_v);
+  stage_tile(a, begin, end - 1, pos, kvh, ks, vs, lay.ld);  // in flight while q (and the new K/V) are read
+  load_queries(a, pos, kvh, qs);
+  if (end == pos + 1) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);
+  __syncthreads();  // qs and the new K/V rows visible to every warp
   const float* q = qs + warp * D;
   for (int64_t kb = begin; kb < end; kb += kTileKeys) {
     cp_async_wait_all();
-    __syncthreads();  // the tile (and qs) visible to every warp
+    place_fresh_row(kb, pos, D, lay.ld, fresh_k, fresh_v, ks, vs);
+    __syncthreads();  // the tile visible to every warp
     if (warp < group) score_tile(kb, end, lay, ks, vs, q, m, l, acc, D);
     __syncthreads();  // the tile consumed
     if (kb + kTileKeys < end) stage_tile(a, kb + kTileKeys, end - 1, pos, kvh, ks, vs, lay.ld);
@@ -173,8 +258,7 @@ __global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
 }
 
 // Block (head, dims [128 y, 128 y + 128)): out = sum_s w_s * acc_s over the non-empty splits with
-// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m); then, for the group's first head, those dims of
-// the token's K/V row go into the cache.
+// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m).
 __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch a,
                                                                                   SplitPartials parts) {
   pdl_launch_dependents();
@@ -235,15 +319,6 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
     bf16* out = a.out + int64_t(head) * D + d;
     out[0] = __float2bfloat16(sum.x), out[1] = __float2bfloat16(sum.y);
     out[2] = __float2bfloat16(sum.z), out[3] = __float2bfloat16(sum.w);
-  }
-  const int group = a.heads / a.kv_heads;
-  if (head % group == 0 && threadIdx.x < kMergeDims / 8) {  // 8 dims of K and V per thread
-    const int kd = blockIdx.y * kMergeDims + 8 * threadIdx.x;
-    if (kd < D) {
-      const int64_t src = int64_t(head / group) * D + kd, dst = (pos % a.capacity) * a.kv_stride + src;
-      *reinterpret_cast<uint4*>(a.k_cache + dst) = *reinterpret_cast<const uint4*>(a.k_new + src);
-      *reinterpret_cast<uint4*>(a.v_cache + dst) = *reinterpret_cast<const uint4*>(a.v_new + src);
-    }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace g4 {
@@ -67,101 +68,63 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
   }
 }
 
-// One head row per warp: out = rope(rms_norm(in)·weight) at `position` (no RoPE when inv_freq is
-// null), and plain_out = rms_norm(in) when it is not null. Lane l owns the rotating pairs
-// (i + p, i + p + half) for i = 4 (l + 32j), p < 4, read and written 8 bytes at a time and kept in
-// registers, so out may alias in. half is a multiple of 4 (head_dim of 16).
 constexpr int kHeadNormWarps = 8;
-constexpr int kPairsPerAccess = 4;
-constexpr int kMaxAccessesPerLane = 512 / 2 / 32 / kPairsPerAccess;  // head_dim <= 512
+constexpr int kHeadNormRowsPerWarp = 4;  // rows per warp at head_dim <= 256; half as many at 512
 
-__device__ inline void load4(const bf16* p, float (&out)[4]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-  out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
-}
-
-__device__ inline void store4(bf16* p, const float (&in)[4]) {
-  uint2 raw;
-  *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(in[0], in[1]);
-  *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(in[2], in[3]);
-  *reinterpret_cast<uint2*>(p) = raw;
-}
-
-// weight[i .. i + 4), or ones when weight is null.
-__device__ inline float4 load_weight4(const float* weight, int64_t i) {
-  return weight ? *reinterpret_cast<const float4*>(weight + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-}
-
-__device__ void head_norm_row(const bf16* in, bf16* out, int64_t half, const float* weight, float eps,
-                              const float* inv_freq, float position, bf16* plain_out) {
-  const int lane = threadIdx.x & 31;
-  float a[kMaxAccessesPerLane][4], b[kMaxAccessesPerLane][4], ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxAccessesPerLane; ++j) {
-    const int64_t i = kPairsPerAccess * (lane + 32 * j);
-    if (i < half) {
-      load4(in + i, a[j]);
-      load4(in + i + half, b[j]);
-    }
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      if (i >= half) a[j][p] = b[j][p] = 0.0f;
-      ss += a[j][p] * a[j][p] + b[j][p] * b[j][p];
-    }
-  }
-  const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
-#pragma unroll
-  for (int j = 0; j < kMaxAccessesPerLane; ++j) {
-    const int64_t i = kPairsPerAccess * (lane + 32 * j);
-    if (i >= half) continue;
-    float na[4], nb[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) na[p] = a[j][p] * inv, nb[p] = b[j][p] * inv;
-    if (plain_out) {
-      store4(plain_out + i, na);
-      store4(plain_out + i + half, nb);
-    }
-    const float4 wa = load_weight4(weight, i), wb = load_weight4(weight, i + half);
-    const float4 f = inv_freq ? *reinterpret_cast<const float4*>(inv_freq + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float was[4] = {wa.x, wa.y, wa.z, wa.w}, wbs[4] = {wb.x, wb.y, wb.z, wb.w}, fs[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      float ra = round_bf16(na[p] * was[p]), rb = round_bf16(nb[p] * wbs[p]);
-      if (fs[p] != 0.0f) {  // zero: identity rotation (proportional partial RoPE, or no RoPE)
-        float sn, cs;
-        sincosf(position * fs[p], &sn, &cs);
-        const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
-        ra = ta;
-        rb = tb;
-      }
-      na[p] = ra, nb[p] = rb;
-    }
-    store4(out + i, na);
-    store4(out + i + half, nb);
-  }
-}
-
-// Warp w of block b takes head row r = b * kHeadNormWarps + w: q rows, then k rows, then (unless v
-// comes from k) v rows.
-__global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
+// Block (t, c) norms kRows rows per warp of token t, counting the token's q heads, then its k
+// heads, then (unless v comes from k) its v heads: warp w takes rows c R + w + kHeadNormWarps i,
+// R = kHeadNormWarps * kRows. A warp loads all of its rows before norming any (more bytes in
+// flight; the rows may be normed in place), and computes the RoPE rotation once for them.
+template <int kAccesses>
+__global__ void head_norms_kernel(HeadNormLaunch a) {
+  constexpr int kRows = kHeadNormRowsPerWarp / kAccesses;
   pdl_launch_dependents();
   pdl_wait();
-  const int64_t half = a.head_dim / 2, r = int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5);
+  const int64_t t = blockIdx.x, half = a.head_dim / 2, D = a.head_dim;
+  const int64_t q_heads = a.q_rows / a.T, k_heads = a.k_rows / a.T, v_heads = a.v_rows / a.T;
   const bool v_from_k = a.v_in == a.k;
-  if (r >= rows) return;
-  if (r < a.q_rows) {
-    bf16* row = a.q + r * a.head_dim;
-    head_norm_row(row, row, half, a.q_weight, a.eps, a.inv_freq, float(a.positions[r / (a.q_rows / a.T)]), nullptr);
-  } else if (r < a.q_rows + a.k_rows) {
-    const int64_t kr = r - a.q_rows;
-    bf16* row = a.k + kr * a.head_dim;
-    head_norm_row(row, row, half, a.k_weight, a.eps, a.inv_freq, float(a.positions[kr / (a.k_rows / a.T)]),
-                  v_from_k ? a.v + kr * a.head_dim : nullptr);
-  } else {
-    const int64_t vr = r - a.q_rows - a.k_rows;
-    head_norm_row(a.v_in + vr * a.head_dim, a.v + vr * a.head_dim, half, nullptr, a.eps, nullptr, 0.0f, nullptr);
+  const int64_t rows = q_heads + k_heads + (v_from_k ? 0 : v_heads);
+  const int64_t first = int64_t(blockIdx.y) * kHeadNormWarps * kRows + (threadIdx.x >> 5);
+  if (first >= rows) return;
+  // Row r of the token: its input, output, plain (v from k) output, weight and whether it rotates.
+  // (Captured by value: taking the address of the kernel parameter would copy it to the stack.)
+  auto row_of = [=](int64_t r, const bf16*& in, bf16*& out, bf16*& plain, const float*& weight) {
+    plain = nullptr;
+    if (r < q_heads) {
+      out = a.q + (t * q_heads + r) * D, in = out, weight = a.q_weight;
+    } else if (r < q_heads + k_heads) {
+      const int64_t kr = t * k_heads + r - q_heads;
+      out = a.k + kr * D, in = out, weight = a.k_weight;
+      if (v_from_k) plain = a.v + kr * D;
+    } else {
+      const int64_t vr = t * v_heads + r - q_heads - k_heads;
+      in = a.v_in + vr * D, out = a.v + vr * D, weight = nullptr;
+    }
+  };
+  HeadRow<kAccesses> raw[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t r = first + int64_t(i) * kHeadNormWarps;
+    const bf16* in = nullptr;
+    bf16 *out, *plain;
+    const float* weight;
+    if (r < rows) row_of(r, in, out, plain, weight), load_head_row(in, half, raw[i]);
+  }
+  RopeLane<kAccesses> rope;
+  if (first < q_heads + k_heads) rope_lane(a.inv_freq, half, float(a.positions[t]), rope);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t r = first + int64_t(i) * kHeadNormWarps;
+    if (r >= rows) continue;
+    const bf16* in;
+    bf16 *out, *plain;
+    const float* weight;
+    row_of(r, in, out, plain, weight);
+    if (r < q_heads + k_heads)
+      norm_head_row(raw[i], half, weight, a.eps, &rope, Bf16RowSink{out}, Bf16RowSink{plain});
+    else
+      norm_head_row(raw[i], half, weight, a.eps, static_cast<const RopeLane<kAccesses>*>(nullptr), Bf16RowSink{out},
+                    NoSink{});
   }
 }
 
@@ -181,11 +144,6 @@ __device__ inline void store8(bf16* row, int64_t cols, int64_t v, bool vector_ro
 #pragma unroll
   for (int j = 0; j < 8; ++j)
     if (8 * v + j < cols) row[8 * v + j] = __float2bfloat16(in[j]);
-}
-
-// weight[8v + j] (1 when weight is null or past the end).
-__device__ inline float weight_at(const float* weight, int64_t cols, int64_t v, int j) {
-  return weight && 8 * v + j < cols ? weight[8 * v + j] : 1.0f;
 }
 
 // weight[8v .. 8v + 8) (1 when weight is null or past the end).
@@ -237,9 +195,10 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
 #pragma unroll
   for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
+    if constexpr (!kWeightsFirst) load_weight8(post_weight, cols, v, vector_rows, post_w[k]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float w = kWeightsFirst ? post_w[k][j] : weight_at(post_weight, cols, v, j);
+      const float w = post_w[k][j];
       float r = round_bf16(xv[k][j] + round_bf16(ov[k][j] * inv_o * w));
       if (scalar) r = round_bf16(r * *scalar);
       xv[k][j] = 8 * v + j < cols ? r : 0.0f;
@@ -253,8 +212,9 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
 #pragma unroll
   for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
+    if constexpr (!kWeightsFirst) load_weight8(next_weight, cols, v, vector_rows, next_w[k]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ov[k][j] = xv[k][j] * inv_x * (kWeightsFirst ? next_w[k][j] : weight_at(next_weight, cols, v, j));
+    for (int j = 0; j < 8; ++j) ov[k][j] = xv[k][j] * inv_x * next_w[k][j];
     store8(nr, cols, v, vector_rows, ov[k]);
   }
 }
@@ -348,12 +308,19 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
 }
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
-  G4_CHECK(a.head_dim % 8 == 0 && a.head_dim / 2 <= 32 * kPairsPerAccess * kMaxAccessesPerLane,
-           "head_norms: head_dim must be a multiple of 8, at most 512");
-  G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
-  const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
-  launch_pdl("head_norms_kernel", head_norms_kernel, unsigned(ceil_div(rows, kHeadNormWarps)), kHeadNormWarps * 32, 0,
-             stream, a, rows);
+  G4_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 512, "head_norms: head_dim must be a multiple of 8, at most 512");
+  G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0 && a.v_rows % a.T == 0,
+           "head_norms: rows must be whole heads of every token");
+  G4_CHECK(a.inv_freq, "head_norms: the RoPE frequencies are missing");
+  const int64_t rows_per_token = (a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows)) / a.T;
+  const auto launch = [&](auto kernel, int rows_per_warp) {
+    const dim3 grid(unsigned(a.T), unsigned(ceil_div(rows_per_token, kHeadNormWarps * rows_per_warp)));
+    launch_pdl("head_norms_kernel", kernel, grid, kHeadNormWarps * 32, 0, stream, a);
+  };
+  if (a.head_dim <= 256)
+    launch(head_norms_kernel<1>, kHeadNormRowsPerWarp);
+  else
+    launch(head_norms_kernel<2>, kHeadNormRowsPerWarp / 2);
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,

@@ -284,6 +284,7 @@ void launch_prefill_tiles(const PrefillArgs& args, cudaStream_t stream) {
 
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream) {
   check_attention_shape(a);
+  G4_CHECK(!a.norm_inputs, "prefill attention: q/k/v must be normed before (head_norms)");
   const int group = a.heads / a.kv_heads;
   G4_CHECK(a.scale > 0.0f, "cuda attention: the softmax scale must be positive");
   const PrefillArgs args{a, group, int(a.T) * group, a.scale * 1.4426950408889634f};
