@@ -158,21 +158,21 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 }
 
 // One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
-// Each thread keeps its kResidualVecs 8-value vectors of o and x in registers, read in one go. A
-// decode step has one row, so the kernel is a latency chain: kWeightsFirst reads the norm weights
-// before pdl_wait() (they depend on no earlier kernel). A prefill chunk has thousands of rows and
-// wants the registers for occupancy: the weights are read where they are used.
-constexpr int kResidualVecs = 2;
+// Each thread keeps its kVecs 8-value vectors of o and x in registers, read in one go. A decode
+// step has one row, so the kernel is a latency chain: kWeightsFirst reads the norm weights before
+// pdl_wait() (they depend on no earlier kernel). A prefill chunk has thousands of rows and wants
+// occupancy: one vector per thread, the weights read where they are used, and few registers.
+constexpr int kResidualMaxVecs = 2;
 
-template <bool kWeightsFirst>
+template <bool kWeightsFirst, int kVecs>
 __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                      const float* scalar, float eps, const float* next_weight, bf16* next_out) {
   pdl_launch_dependents();
   const bool vector_rows = cols % 8 == 0;
-  float post_w[kResidualVecs][8], next_w[kResidualVecs][8];
+  float post_w[kVecs][8], next_w[kVecs][8];
   if constexpr (kWeightsFirst) {
 #pragma unroll
-    for (int k = 0; k < kResidualVecs; ++k) {
+    for (int k = 0; k < kVecs; ++k) {
       load_weight8(post_weight, cols, threadIdx.x + int64_t(k) * blockDim.x, vector_rows, post_w[k]);
       load_weight8(next_weight, cols, threadIdx.x + int64_t(k) * blockDim.x, vector_rows, next_w[k]);
     }
@@ -180,10 +180,10 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* orow = o + int64_t(blockIdx.x) * cols;
-  float ov[kResidualVecs][8], xv[kResidualVecs][8];
+  float ov[kVecs][8], xv[kVecs][8];
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kResidualVecs; ++k) {
+  for (int k = 0; k < kVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     load8(orow, cols, v, vector_rows, ov[k]);
     load8(xr, cols, v, vector_rows, xv[k]);
@@ -193,7 +193,7 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   const float inv_o = rsqrtf(block_sum(ss) / float(cols) + eps);
   float ss_x = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kResidualVecs; ++k) {
+  for (int k = 0; k < kVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     if constexpr (!kWeightsFirst) load_weight8(post_weight, cols, v, vector_rows, post_w[k]);
 #pragma unroll
@@ -210,7 +210,7 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   const float inv_x = rsqrtf(block_sum(ss_x) / float(cols) + eps);
   bf16* nr = next_out + int64_t(blockIdx.x) * cols;
 #pragma unroll
-  for (int k = 0; k < kResidualVecs; ++k) {
+  for (int k = 0; k < kVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     if constexpr (!kWeightsFirst) load_weight8(next_weight, cols, v, vector_rows, next_w[k]);
 #pragma unroll
@@ -326,14 +326,18 @@ void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
                           const float* scalar, float eps, const float* next_weight, bf16* next_out,
                           cudaStream_t stream) {
-  G4_CHECK(cols <= 1024 * 8 * kResidualVecs, "residual_norm: rows wider than 16384 values are not supported");
-  const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
+  G4_CHECK(cols <= 1024 * 8 * kResidualMaxVecs, "residual_norm: rows wider than 16384 values are not supported");
+  const auto launch = [&](auto kernel, int vecs) {
+    const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * vecs), 1024));
+    launch_pdl("residual_norm_kernel", kernel, unsigned(rows), threads, 0, stream, x, o, cols, post_weight, scalar,
+               eps, next_weight, next_out);
+  };
   if (rows == 1)
-    launch_pdl("residual_norm_kernel", residual_norm_kernel<true>, 1u, threads, 0, stream, x, o, cols, post_weight,
-               scalar, eps, next_weight, next_out);
+    launch(residual_norm_kernel<true, kResidualMaxVecs>, kResidualMaxVecs);
+  else if (cols <= 1024 * 8)
+    launch(residual_norm_kernel<false, 1>, 1);
   else
-    launch_pdl("residual_norm_kernel", residual_norm_kernel<false>, unsigned(rows), threads, 0, stream, x, o, cols,
-               post_weight, scalar, eps, next_weight, next_out);
+    launch(residual_norm_kernel<false, kResidualMaxVecs>, kResidualMaxVecs);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {

@@ -86,7 +86,7 @@ __device__ void norm_head_row(const HeadRow<kAccesses>& r, int64_t half, const f
 #pragma unroll
   for (int j = 0; j < kAccesses; ++j)
 #pragma unroll
-    for (int p = 0; p < 4; ++p) ss += r.a[j][p] * r.a[j][p] + r.b[j][p] * r.b[j][p];
+    for (int p = 0; p < 4; ++p) ss = fmaf(r.b[j][p], r.b[j][p], fmaf(r.a[j][p], r.a[j][p], ss));
   const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
 #pragma unroll
   for (int j = 0; j < kAccesses; ++j) {
@@ -104,7 +104,9 @@ __device__ void norm_head_row(const HeadRow<kAccesses>& r, int64_t half, const f
       float ra = round_bf16(na[p] * was[p]), rb = round_bf16(nb[p] * wbs[p]);
       if (rope) {
         const float cs = rope->cos[j][p], sn = rope->sin[j][p];
-        const float ta = ra * cs - rb * sn, tb = rb * cs + ra * sn;
+        // Explicit roundings: every kernel that inlines this computes the same bits.
+        const float ta = __fsub_rn(__fmul_rn(ra, cs), __fmul_rn(rb, sn));
+        const float tb = __fadd_rn(__fmul_rn(rb, cs), __fmul_rn(ra, sn));
         ra = ta;
         rb = tb;
       }
