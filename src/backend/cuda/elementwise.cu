@@ -69,63 +69,33 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
 }
 
 constexpr int kHeadNormWarps = 8;
-constexpr int kHeadNormRowsPerWarp = 4;  // rows per warp at head_dim <= 256; half as many at 512
 
-// Block (t, c) norms kRows rows per warp of token t, counting the token's q heads, then its k
-// heads, then (unless v comes from k) its v heads: warp w takes rows c R + w + kHeadNormWarps i,
-// R = kHeadNormWarps * kRows. A warp loads all of its rows before norming any (more bytes in
-// flight; the rows may be normed in place), and computes the RoPE rotation once for them.
+// Warp w of block b norms head row r = b * kHeadNormWarps + w: q rows, then k rows, then (unless
+// v comes from k) v rows. (Sharing one RoPE rotation among a warp's rows of a token, four rows per
+// warp, was measured no faster on a 2048-token chunk: 70 against 65 us.)
 template <int kAccesses>
-__global__ void head_norms_kernel(HeadNormLaunch a) {
-  constexpr int kRows = kHeadNormRowsPerWarp / kAccesses;
+__global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
   pdl_launch_dependents();
   pdl_wait();
-  const int64_t t = blockIdx.x, half = a.head_dim / 2, D = a.head_dim;
-  const int64_t q_heads = a.q_rows / a.T, k_heads = a.k_rows / a.T, v_heads = a.v_rows / a.T;
-  const bool v_from_k = a.v_in == a.k;
-  const int64_t rows = q_heads + k_heads + (v_from_k ? 0 : v_heads);
-  const int64_t first = int64_t(blockIdx.y) * kHeadNormWarps * kRows + (threadIdx.x >> 5);
-  if (first >= rows) return;
-  // Row r of the token: its input, output, plain (v from k) output, weight and whether it rotates.
-  // (Captured by value: taking the address of the kernel parameter would copy it to the stack.)
-  auto row_of = [=](int64_t r, const bf16*& in, bf16*& out, bf16*& plain, const float*& weight) {
-    plain = nullptr;
-    if (r < q_heads) {
-      out = a.q + (t * q_heads + r) * D, in = out, weight = a.q_weight;
-    } else if (r < q_heads + k_heads) {
-      const int64_t kr = t * k_heads + r - q_heads;
-      out = a.k + kr * D, in = out, weight = a.k_weight;
-      if (v_from_k) plain = a.v + kr * D;
-    } else {
-      const int64_t vr = t * v_heads + r - q_heads - k_heads;
-      in = a.v_in + vr * D, out = a.v + vr * D, weight = nullptr;
-    }
-  };
-  HeadRow<kAccesses> raw[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int64_t r = first + int64_t(i) * kHeadNormWarps;
-    const bf16* in = nullptr;
-    bf16 *out, *plain;
-    const float* weight;
-    if (r < rows) row_of(r, in, out, plain, weight), load_head_row(in, half, raw[i]);
-  }
+  const int64_t half = a.head_dim / 2, D = a.head_dim, r = int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  HeadRow<kAccesses> raw;
   RopeLane<kAccesses> rope;
-  if (first < q_heads + k_heads) rope_lane(a.inv_freq, half, float(a.positions[t]), rope);
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int64_t r = first + int64_t(i) * kHeadNormWarps;
-    if (r >= rows) continue;
-    const bf16* in;
-    bf16 *out, *plain;
-    const float* weight;
-    row_of(r, in, out, plain, weight);
-    if (r < q_heads + k_heads)
-      norm_head_row(raw[i], half, weight, a.eps, &rope, Bf16RowSink{out}, Bf16RowSink{plain});
-    else
-      norm_head_row(raw[i], half, weight, a.eps, static_cast<const RopeLane<kAccesses>*>(nullptr), Bf16RowSink{out},
-                    NoSink{});
+  if (r < a.q_rows + a.k_rows) {  // q and k rows: norm, weight, RoPE
+    const bool is_q = r < a.q_rows;
+    const int64_t row = is_q ? r : r - a.q_rows, heads = (is_q ? a.q_rows : a.k_rows) / a.T;
+    bf16* data = (is_q ? a.q : a.k) + row * D;
+    load_head_row(data, half, raw);
+    rope_lane(a.inv_freq, half, float(a.positions[row / heads]), rope);
+    const bool v_from_k = !is_q && a.v_in == a.k;
+    norm_head_row(raw, half, is_q ? a.q_weight : a.k_weight, a.eps, &rope, Bf16RowSink{data},
+                  Bf16RowSink{v_from_k ? a.v + row * D : nullptr});
+    return;
   }
+  const int64_t vr = r - a.q_rows - a.k_rows;  // v rows: norm alone
+  load_head_row(a.v_in + vr * D, half, raw);
+  norm_head_row(raw, half, nullptr, a.eps, static_cast<const RopeLane<kAccesses>*>(nullptr), Bf16RowSink{a.v + vr * D},
+                NoSink{});
 }
 
 // Values [8v, 8v + 8) of a row of `cols` (zeros past the end): one 16-byte access when rows are
@@ -158,21 +128,22 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 }
 
 // One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
-// Each thread keeps its kVecs 8-value vectors of o and x in registers, read in one go. A decode
+// Each thread keeps its kResidualVecs 8-value vectors of o and x in registers, read in one go. A decode
 // step has one row, so the kernel is a latency chain: kWeightsFirst reads the norm weights before
 // pdl_wait() (they depend on no earlier kernel). A prefill chunk has thousands of rows and wants
-// occupancy: one vector per thread, the weights read where they are used, and few registers.
-constexpr int kResidualMaxVecs = 2;
+// the registers for occupancy: the weights are read where they are used. (One vector per thread
+// in 672-thread blocks was measured slower on prefill rows: 53 against 41 us at 2048 x 5376.)
+constexpr int kResidualVecs = 2;
 
-template <bool kWeightsFirst, int kVecs>
+template <bool kWeightsFirst>
 __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                      const float* scalar, float eps, const float* next_weight, bf16* next_out) {
   pdl_launch_dependents();
   const bool vector_rows = cols % 8 == 0;
-  float post_w[kVecs][8], next_w[kVecs][8];
+  float post_w[kResidualVecs][8], next_w[kResidualVecs][8];
   if constexpr (kWeightsFirst) {
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
+    for (int k = 0; k < kResidualVecs; ++k) {
       load_weight8(post_weight, cols, threadIdx.x + int64_t(k) * blockDim.x, vector_rows, post_w[k]);
       load_weight8(next_weight, cols, threadIdx.x + int64_t(k) * blockDim.x, vector_rows, next_w[k]);
     }
@@ -180,10 +151,10 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* orow = o + int64_t(blockIdx.x) * cols;
-  float ov[kVecs][8], xv[kVecs][8];
+  float ov[kResidualVecs][8], xv[kResidualVecs][8];
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
+  for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     load8(orow, cols, v, vector_rows, ov[k]);
     load8(xr, cols, v, vector_rows, xv[k]);
@@ -193,7 +164,7 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   const float inv_o = rsqrtf(block_sum(ss) / float(cols) + eps);
   float ss_x = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
+  for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     if constexpr (!kWeightsFirst) load_weight8(post_weight, cols, v, vector_rows, post_w[k]);
 #pragma unroll
@@ -210,7 +181,7 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   const float inv_x = rsqrtf(block_sum(ss_x) / float(cols) + eps);
   bf16* nr = next_out + int64_t(blockIdx.x) * cols;
 #pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
+  for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     if constexpr (!kWeightsFirst) load_weight8(next_weight, cols, v, vector_rows, next_w[k]);
 #pragma unroll
@@ -309,35 +280,23 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
   G4_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 512, "head_norms: head_dim must be a multiple of 8, at most 512");
-  G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0 && a.v_rows % a.T == 0,
-           "head_norms: rows must be whole heads of every token");
+  G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
   G4_CHECK(a.inv_freq, "head_norms: the RoPE frequencies are missing");
-  const int64_t rows_per_token = (a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows)) / a.T;
-  const auto launch = [&](auto kernel, int rows_per_warp) {
-    const dim3 grid(unsigned(a.T), unsigned(ceil_div(rows_per_token, kHeadNormWarps * rows_per_warp)));
-    launch_pdl("head_norms_kernel", kernel, grid, kHeadNormWarps * 32, 0, stream, a);
-  };
+  const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
+  const unsigned blocks = unsigned(ceil_div(rows, kHeadNormWarps));
   if (a.head_dim <= 256)
-    launch(head_norms_kernel<1>, kHeadNormRowsPerWarp);
+    launch_pdl("head_norms_kernel", head_norms_kernel<1>, blocks, kHeadNormWarps * 32, 0, stream, a, rows);
   else
-    launch(head_norms_kernel<2>, kHeadNormRowsPerWarp / 2);
+    launch_pdl("head_norms_kernel", head_norms_kernel<2>, blocks, kHeadNormWarps * 32, 0, stream, a, rows);
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
                           const float* scalar, float eps, const float* next_weight, bf16* next_out,
                           cudaStream_t stream) {
-  G4_CHECK(cols <= 1024 * 8 * kResidualMaxVecs, "residual_norm: rows wider than 16384 values are not supported");
-  const auto launch = [&](auto kernel, int vecs) {
-    const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * vecs), 1024));
-    launch_pdl("residual_norm_kernel", kernel, unsigned(rows), threads, 0, stream, x, o, cols, post_weight, scalar,
-               eps, next_weight, next_out);
-  };
-  if (rows == 1)
-    launch(residual_norm_kernel<true, kResidualMaxVecs>, kResidualMaxVecs);
-  else if (cols <= 1024 * 8)
-    launch(residual_norm_kernel<false, 1>, 1);
-  else
-    launch(residual_norm_kernel<false, kResidualMaxVecs>, kResidualMaxVecs);
+  G4_CHECK(cols <= 1024 * 8 * kResidualVecs, "residual_norm: rows wider than 16384 values are not supported");
+  const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
+  launch_pdl("residual_norm_kernel", rows == 1 ? residual_norm_kernel<true> : residual_norm_kernel<false>,
+             unsigned(rows), threads, 0, stream, x, o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {

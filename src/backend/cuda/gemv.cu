@@ -1,6 +1,6 @@
 // The decode matmuls: y[T, N] = x[T, K] · w[N, K]^T for a few tokens, and the MLP's gate/up pair
-// with its GELU-mul. They are bound by streaming the bf16 weights once, so each warp owns one or
-// two output rows and keeps several 16-byte weight loads in flight per lane; the few activation rows
+// with its GELU-mul. They are bound by streaming the bf16 weights once, so each warp owns one
+// output row (gate/up: one of each) and keeps several 16-byte weight loads in flight per lane; the few activation rows
 // are re-read through L1. Launched with PDL: a warp asks L2 for the head of its weight row before
 // the kernel waits for the activations, overlapping the previous kernel's tail.
 #include <type_traits>
@@ -87,39 +87,25 @@ struct GemvLaunch {
   unsigned first_block[kMaxGemvTargets + 1];
 };
 
-// Weight rows per warp for T tokens: two interleaved rows keep twice the loads in flight (the
-// per-layer matrices stream ~10 % faster), while larger T needs the registers for accumulators.
-template <int T>
-inline constexpr int kRowsPerWarp = T <= 2 ? 2 : 1;
-
 template <int T>
 __global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, GemvLaunch launch, int64_t K) {
-  constexpr int R = kRowsPerWarp<T>;
   pdl_launch_dependents();
   // Selected by value, not by a dynamic index, which would copy the parameters to local memory.
   const int s = blockIdx.x >= launch.first_block[2] ? 2 : blockIdx.x >= launch.first_block[1] ? 1 : 0;
   const GemvTarget target = s == 0 ? launch.targets[0] : s == 1 ? launch.targets[1] : launch.targets[2];
   const int lane = threadIdx.x & 31;
   const unsigned first_block = s == 0 ? 0u : s == 1 ? launch.first_block[1] : launch.first_block[2];
-  const int64_t first_row = (int64_t(blockIdx.x - first_block) * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
-  if (first_row >= target.rows) return;
-  // A row past the end (an odd last row) re-reads the first one and is not stored.
-  const uint4* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = first_row + r < target.rows ? first_row + r : first_row;
-    rows[r] = reinterpret_cast<const uint4*>(target.w + row * K);
-    prefetch_row_head(target.w + row * K, K, lane);
-  }
+  const int64_t row = int64_t(blockIdx.x - first_block) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= target.rows) return;
+  const bf16* wrow = target.w + row * K;
+  prefetch_row_head(wrow, K, lane);
   pdl_wait();
-  float acc[R][T];
-  warp_rows_dot<T, R>(rows, reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
+  const uint4* const rows[1] = {reinterpret_cast<const uint4*>(wrow)};
+  float acc[1][T];
+  warp_rows_dot<T, 1>(rows, reinterpret_cast<const uint4*>(x), K / 8, lane, acc);
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (first_row + r < target.rows)
-#pragma unroll
-        for (int t = 0; t < T; ++t) target.y[t * target.rows + first_row + r] = __float2bfloat16(acc[r][t]);
+    for (int t = 0; t < T; ++t) target.y[t * target.rows + row] = __float2bfloat16(acc[0][t]);
   }
 }
 
@@ -164,22 +150,19 @@ void with_token_count(int64_t T, F&& f) {
   }
 }
 
-unsigned blocks_for_rows(int64_t N, int rows_per_warp = 1) {
-  return unsigned(ceil_div(N, int64_t(kWarpsPerBlock) * rows_per_warp));
-}
+unsigned blocks_for_rows(int64_t N) { return unsigned(ceil_div(N, kWarpsPerBlock)); }
 
 }  // namespace
 
 void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T, int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gemv: K must be a multiple of 8");
   G4_CHECK(count >= 1 && count <= kMaxGemvTargets, "gemv: 1 to kMaxGemvTargets matrices per launch");
+  GemvLaunch launch{};
+  for (int s = 0; s < kMaxGemvTargets; ++s) {  // targets past `count` start after the last block: never chosen
+    if (s < count) launch.targets[s] = targets[s];
+    launch.first_block[s + 1] = launch.first_block[s] + (s < count ? blocks_for_rows(targets[s].rows) : 0);
+  }
   with_token_count(T, [&](auto tokens) {
-    constexpr int R = kRowsPerWarp<decltype(tokens)::value>;
-    GemvLaunch launch{};
-    for (int s = 0; s < kMaxGemvTargets; ++s) {  // targets past `count` start after the last block: never chosen
-      if (s < count) launch.targets[s] = targets[s];
-      launch.first_block[s + 1] = launch.first_block[s] + (s < count ? blocks_for_rows(targets[s].rows, R) : 0);
-    }
     launch_pdl("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets], kWarpsPerBlock * 32, 0,
                stream, x, launch, K);
   });
