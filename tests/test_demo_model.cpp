@@ -6,8 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
+#include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/session.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,6 +27,18 @@ std::unique_ptr<Engine> demo_engine() {
   EngineOptions o;
   o.model_path = kDemo;
   return std::make_unique<Engine>(o);
+}
+
+// SPEC §6's float32 oracle on a trained model: transformers' float64 logits of the demo's weights
+// (tests/fixtures/demo/transformers, tools/demo_reference_logits.py) at every position.
+TEST(DemoModel, LogitsMatchTransformersFloat64AtEveryPosition) {
+  const test::Reference ref = test::load_demo_reference();
+  CpuBackend cpu(2);
+  auto model = load_model(kDemo, cpu);
+  SessionOptions o;
+  o.max_seq_len = ref.positions + 1;
+  Session s(*model, cpu, o);
+  EXPECT_LE(test::max_abs_diff(s.logits_all(ref.tokens), ref.logits), 1e-3);
 }
 
 TEST(DemoModel, IsASamplingProgramWithItsTokenizer) {

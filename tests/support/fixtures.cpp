@@ -14,9 +14,13 @@ namespace g4::test {
 
 std::string fixture_dir(const std::string& name) { return std::string(G4_FIXTURES_DIR) + "/hf-gemma4/" + name; }
 
-Reference load_reference(const std::string& name) {
+Reference load_reference(const std::string& name) { return load_reference_dir(fixture_dir(name)); }
+
+Reference load_demo_reference() { return load_reference_dir(std::string(G4_FIXTURES_DIR) + "/demo/transformers"); }
+
+Reference load_reference_dir(const std::string& dir) {
   Reference r;
-  r.dir = fixture_dir(name);
+  r.dir = dir;
   std::ifstream meta(r.dir + "/reference.json");
   if (!meta) throw std::runtime_error("missing " + r.dir + "/reference.json");
   auto j = nlohmann::json::parse(meta);

@@ -203,7 +203,7 @@ class CudaBackend final : public Backend {
   void attention(const AttentionArgs& args) override {
     const AttentionLaunch a = attention_launch(args);
     if (a.T > 1) return launch_prefill_attention(a, stream_);
-    launch_decode_attention(a, ptr<float>(partials_), ptr<unsigned>(arrivals_), kDecodeSplits, stream_);
+    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
   // One decode token: the head norms are folded into the attention launch, which reads the raw
@@ -221,7 +221,7 @@ class CudaBackend final : public Backend {
     a.k_norm_weight = optional_f32(norms.k_weight, "k_norm weight");
     a.inv_freq = ptr<float>(norms.inv_freq);
     a.norm_eps = norms.eps;
-    launch_decode_attention(a, ptr<float>(partials_), ptr<unsigned>(arrivals_), kDecodeSplits, stream_);
+    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
   void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
@@ -337,14 +337,13 @@ class CudaBackend final : public Backend {
              "cuda attention: K/V rows must hold kv_heads * head_dim values");
     const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
     if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
-    if (arrivals_.numel() < a.kv_heads) arrivals_ = alloc(DType::I32, 1, a.kv_heads);
     return a;
   }
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  // up_: gated_gelu's up projection for large chunks; partials_/arrivals_: decode attention's workspace
-  Tensor cublas_workspace_, staging_, partials_, arrivals_, up_;
+  // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states
+  Tensor cublas_workspace_, staging_, partials_, up_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool sampled_since_check_ = false, capturing_ = false;

@@ -76,11 +76,9 @@ struct AttentionLaunch {
   const float *q_norm_weight = nullptr, *k_norm_weight = nullptr, *inv_freq = nullptr;
   float norm_eps = 0.0f;
 };
-// Decode (T == 1): split-K flash decoding (which also stores the token's K/V) and the merge of the
-// splits; `partials` holds heads * max_splits * (head_dim + 2) floats and `arrivals` kv_heads zeros
-// (left zero after each launch).
-void launch_decode_attention(const AttentionLaunch& a, float* partials, unsigned* arrivals, int max_splits,
-                             cudaStream_t stream);
+// Decode (T == 1): split-K flash decoding (which also stores the token's K/V), then the merge of
+// the splits; `partials` holds heads * max_splits * (head_dim + 2) floats.
+void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream);
 // Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
 

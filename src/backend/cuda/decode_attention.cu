@@ -1,14 +1,13 @@
-// Decode attention (one query token), split-K "flash decoding". The split
+// Decode attention (one query token), split-K "flash decoding" in two launches. The split
 // kernel's block (kv head, split) scores the split's keys for every query head of the GQA group
 // (one warp each, one key per lane) from K/V tiles staged with cp.async by all of its threads, and
 // writes each head's softmax state (m, l) and unnormalised output. It can fold in the head norms
 // (AttentionLaunch::norm_inputs): each block norms its group's queries itself, and the block whose
 // split holds the new token norms that token's K/V, which it also stores in the cache (no split
-// reads that slot: a ring is at least a window long). The merge sums the splits in a fixed order, so
-// the result does not depend on which split finished first: for a small merge (a sliding layer)
-// the last split of a kv head to finish does it within the same launch; a global layer's partials
-// (8 heads x 512 dims x up to 256 splits per kv head) are too many for one block to read quickly,
-// so a second launch spreads them over (query head, 128 dims) blocks.
+// reads that slot: a ring is at least a window long). The merge kernel's block (query head, 128
+// output dims) sums the splits in split order, so the result does not depend on which split
+// finished first; it is spread over many blocks because a global layer's partials (8 heads x 512
+// dims x up to 256 splits per kv head) are too many for one block to read quickly.
 #include <algorithm>
 #include <cfloat>
 
@@ -26,13 +25,10 @@ constexpr int kDimChunks = kMaxAttentionHeadDim / 256;  // 8 output dims per lan
 constexpr int kMinWarps = 4;    // staging wants more threads than a small GQA group has warps
 constexpr int kMaxSplits = 256;
 constexpr int kDotAccumulators = 4;  // independent partial sums of a q·k dot product
-// Merge: kMergeColumns threads own 4 output dims each, the others of a column share its splits
-// (kMergeLanes per column in decode_merge_kernel), with kMergeLoads loads in flight.
+// Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
+// each summing every kMergeLanes-th split with kMergeLoads loads in flight.
 constexpr int kMergeColumns = 32, kMergeLanes = 8, kMergeLoads = 8;
 constexpr int kMergeDims = 4 * kMergeColumns;
-// A kv head's partials up to this size are merged by its last split's block, in the split launch;
-// larger ones (a global layer's 8 heads x 512 dims x many splits) by decode_merge_kernel's many blocks.
-constexpr int64_t kMaxFusedMergeBytes = 64 << 10;
 
 // Where the split kernel leaves each (query head, split)'s softmax state for the merge.
 struct SplitPartials {
@@ -40,11 +36,8 @@ struct SplitPartials {
   float2* ml;  // [heads][max_splits] running max m and sum l
   int max_splits;
   int64_t split_keys;
-  unsigned* arrivals;  // [kv_heads] zeros when the split kernel merges (small merges), else null
 };
 
-// The split kernel's shared memory; a fused merge reuses it from the start (kMaxSplits weights,
-// then a float4 per thread).
 struct DecodeSmem {
   int ld;
   size_t k, v, q, fresh_k, fresh_v, total;
@@ -56,7 +49,6 @@ struct DecodeSmem {
     fresh_v = fresh_k + size_t(D) * 2;
     total = fresh_v + size_t(D) * 2;
   }
-  static size_t merge_bytes(int threads) { return kMaxSplits * sizeof(float) + size_t(threads) * sizeof(float4); }
 };
 
 // Starts copying the K and V rows of keys [kb, min(kb + kTileKeys, last + 1)) into shared rows of
@@ -239,16 +231,43 @@ __device__ inline int used_splits(int64_t pos, int window, int64_t split_keys, i
   return int(min(int64_t(max_splits), (pos + split_keys - first_key(pos, window)) / split_keys));
 }
 
-// Dims [kMergeDims chunk, kMergeDims (chunk + 1)) of query head `head`: out = sum_s w_s * acc_s
-// over the `used` non-empty splits, w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m), by the whole
-// block: kMergeColumns threads own 4 dims each, and the blockDim / kMergeColumns threads of a
-// column sum every (blockDim / kMergeColumns)-th split with kMergeLoads loads in flight; partial
-// sums are added in a fixed order. `weights` holds kMaxSplits floats and `sums` blockDim float4s
-// of shared memory.
-__device__ void merge_head_chunk(const AttentionLaunch& a, const SplitPartials& parts, int head, int chunk, int used,
-                                 float* weights, float4* sums) {
-  const int D = a.head_dim, column = threadIdx.x % kMergeColumns, lane_group = threadIdx.x / kMergeColumns,
-            lane_groups = blockDim.x / kMergeColumns;
+__global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
+  pdl_launch_dependents();
+  extern __shared__ __align__(16) uint8_t decode_smem[];
+  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kvh = blockIdx.x, split = blockIdx.y;
+  const DecodeSmem lay(D, group);
+  pdl_wait();
+  const int64_t pos = a.positions[0], first = first_key(pos, a.window);
+  const int64_t begin = first + split * parts.split_keys, end = min(begin + parts.split_keys, pos + 1);
+  if (begin >= end) return;  // an empty split: the merge does not read it
+  float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
+  attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
+  if (warp >= group) return;
+  const int64_t row = int64_t(kvh * group + warp) * parts.max_splits + split;
+  if (lane == 0) parts.ml[row] = make_float2(m, l);
+  float* out = parts.acc + row * D;
+#pragma unroll
+  for (int c = 0; c < kDimChunks; ++c) {
+    const int d = c * 256 + lane * 8;
+    if (d < D) {
+      reinterpret_cast<float4*>(out + d)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+      reinterpret_cast<float4*>(out + d)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
+    }
+  }
+}
+
+// Block (head, dims [128 y, 128 y + 128)): out = sum_s w_s * acc_s over the non-empty splits with
+// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m).
+__global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch a,
+                                                                                  SplitPartials parts) {
+  pdl_launch_dependents();
+  __shared__ float weights[kMaxSplits];
+  __shared__ float4 sums[kMergeLanes][kMergeColumns];
+  const int D = a.head_dim, head = blockIdx.x, column = threadIdx.x % kMergeColumns, lane_group = threadIdx.x / kMergeColumns;
+  pdl_wait();
+  const int64_t pos = a.positions[0];
+  const int used = used_splits(pos, a.window, parts.split_keys, parts.max_splits);
   const float2* ml = parts.ml + int64_t(head) * parts.max_splits;
   if (threadIdx.x < 32) {  // one pass over the splits' (m, l): lane holds splits lane + 32j
     const int lane = threadIdx.x;
@@ -270,99 +289,42 @@ __device__ void merge_head_chunk(const AttentionLaunch& a, const SplitPartials& 
       if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;
   }
   __syncthreads();
-  const int d = chunk * kMergeDims + 4 * column;
+  const int d = blockIdx.y * kMergeDims + 4 * column;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (d < D) {
     const float* acc = parts.acc + int64_t(head) * parts.max_splits * D + d;
-    for (int s0 = lane_group; s0 < used; s0 += lane_groups * kMergeLoads) {
+    for (int s0 = lane_group; s0 < used; s0 += kMergeLanes * kMergeLoads) {
       float4 v[kMergeLoads];
 #pragma unroll
       for (int u = 0; u < kMergeLoads; ++u) {
-        const int s = s0 + u * lane_groups;
+        const int s = s0 + u * kMergeLanes;
         v[u] = s < used ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D)) : make_float4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kMergeLoads; ++u) {
-        const int s = s0 + u * lane_groups;
+        const int s = s0 + u * kMergeLanes;
         const float w = s < used ? weights[s] : 0.0f;
         sum.x = fmaf(w, v[u].x, sum.x), sum.y = fmaf(w, v[u].y, sum.y);
         sum.z = fmaf(w, v[u].z, sum.z), sum.w = fmaf(w, v[u].w, sum.w);
       }
     }
   }
-  sums[threadIdx.x] = sum;
+  sums[lane_group][column] = sum;
   __syncthreads();
   if (lane_group == 0 && d < D) {
-    for (int g = 1; g < lane_groups; ++g) {
-      const float4 o = sums[g * kMergeColumns + column];
+    for (int g = 1; g < kMergeLanes; ++g) {
+      const float4 o = sums[g][column];
       sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
     }
     bf16* out = a.out + int64_t(head) * D + d;
     out[0] = __float2bfloat16(sum.x), out[1] = __float2bfloat16(sum.y);
     out[2] = __float2bfloat16(sum.z), out[3] = __float2bfloat16(sum.w);
   }
-  __syncthreads();  // weights and sums are free for the next call
-}
-
-__global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
-  pdl_launch_dependents();
-  extern __shared__ __align__(16) uint8_t decode_smem[];
-  __shared__ bool last;
-  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvh = blockIdx.x, split = blockIdx.y;
-  const DecodeSmem lay(D, group);
-  pdl_wait();
-  const int64_t pos = a.positions[0], first = first_key(pos, a.window);
-  const int64_t begin = first + split * parts.split_keys, end = min(begin + parts.split_keys, pos + 1);
-  if (begin >= end) return;  // an empty split: the merge does not read it
-  float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
-  attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
-  if (warp < group) {
-    const int64_t row = int64_t(kvh * group + warp) * parts.max_splits + split;
-    if (lane == 0) parts.ml[row] = make_float2(m, l);
-    float* out = parts.acc + row * D;
-#pragma unroll
-    for (int c = 0; c < kDimChunks; ++c) {
-      const int d = c * 256 + lane * 8;
-      if (d < D) {
-        reinterpret_cast<float4*>(out + d)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
-        reinterpret_cast<float4*>(out + d)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
-      }
-    }
-  }
-  if (!parts.arrivals) return;  // decode_merge_kernel follows
-  // The last non-empty split of the kv head to arrive merges (threadFenceReduction pattern: our
-  // partials are visible before we count), in the shared memory the tiles are done with.
-  const int used = used_splits(pos, a.window, parts.split_keys, parts.max_splits);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(parts.arrivals + kvh, 1u) == unsigned(used - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float* weights = reinterpret_cast<float*>(decode_smem);
-  float4* sums = reinterpret_cast<float4*>(decode_smem + kMaxSplits * sizeof(float));
-  for (int g = 0; g < group; ++g)
-    for (int chunk = 0; chunk * kMergeDims < D; ++chunk)
-      merge_head_chunk(a, parts, kvh * group + g, chunk, used, weights, sums);
-  if (threadIdx.x == 0) parts.arrivals[kvh] = 0;  // ready for the next launch
-}
-
-// Block (head, y) merges dims [kMergeDims y, kMergeDims (y + 1)) of query head `head`.
-__global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch a,
-                                                                                  SplitPartials parts) {
-  pdl_launch_dependents();
-  __shared__ float weights[kMaxSplits];
-  __shared__ float4 sums[kMergeColumns * kMergeLanes];
-  pdl_wait();
-  const int used = used_splits(a.positions[0], a.window, parts.split_keys, parts.max_splits);
-  merge_head_chunk(a, parts, blockIdx.x, blockIdx.y, used, weights, sums);
 }
 
 }  // namespace
 
-void launch_decode_attention(const AttentionLaunch& a, float* partials, unsigned* arrivals, int max_splits,
-                             cudaStream_t stream) {
+void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream) {
   check_attention_shape(a);
   G4_CHECK(max_splits <= kMaxSplits, "decode attention: at most 256 splits");
   // Keys a query can see span at most the window (ring) or the capacity (flat cache).
@@ -373,14 +335,10 @@ void launch_decode_attention(const AttentionLaunch& a, float* partials, unsigned
   parts.acc = partials;
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
   const int splits = int(ceil_div(span, parts.split_keys)), group = a.heads / a.kv_heads;
-  const bool fused_merge = int64_t(group) * a.head_dim * splits * int64_t(sizeof(float)) <= kMaxFusedMergeBytes;
-  parts.arrivals = fused_merge ? arrivals : nullptr;
-  const int threads = 32 * std::max(group, kMinWarps);
-  const size_t smem = std::max(DecodeSmem(a.head_dim, group).total, DecodeSmem::merge_bytes(threads));
-  G4_CUDA(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_pdl("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)), threads, smem,
-             stream, a, parts);
-  if (fused_merge) return;
+  const DecodeSmem lay(a.head_dim, group);
+  G4_CUDA(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(lay.total)));
+  launch_pdl("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
+             32 * std::max(group, kMinWarps), lay.total, stream, a, parts);
   launch_pdl("decode_merge_kernel", decode_merge_kernel,
              dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
              kMergeColumns * kMergeLanes, 0, stream, a, parts);
