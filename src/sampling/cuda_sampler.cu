@@ -226,6 +226,40 @@ __device__ uint32_t find_first_reaching(RowContext& row, Measure measure, Target
   return uint32_t(result);
 }
 
+// The measures of a thread's two bins (2 * threadIdx.x and the next) summed over the cluster's
+// histograms, which must be published (cluster barrier) first.
+struct BinPair {
+  int first_bin;
+  uint64_t measure[2];
+  __device__ uint64_t sum() const { return measure[0] + measure[1]; }
+};
+
+template <class Count>
+__device__ BinPair cluster_bin_pair(const Count* bins) {
+  static_assert(2 * kThreads == kBins, "each thread owns two bins");
+  cg::cluster_group cluster = cg::this_cluster();
+  BinPair pair{2 * int(threadIdx.x), {0, 0}};
+  for (int b = 0; b < kClusterBlocks; ++b) {
+    const Count* remote = cluster.map_shared_rank(bins, b);
+    pair.measure[0] += remote[pair.first_bin];
+    pair.measure[1] += remote[pair.first_bin + 1];
+  }
+  return pair;
+}
+
+// When the cumulative measure crosses `target` within the pair (`before` = the measure ahead of
+// it), the thread records the crossing bin, the measure ahead of that bin and the bin's measure
+// in shared.selected[0..2]; exactly one thread of the block does.
+__device__ inline void select_crossing(SharedState& shared, const BinPair& pair, uint64_t before, uint64_t target) {
+  for (int i = 0; i < 2; ++i) {
+    if (before < target && target <= before + pair.measure[i]) {
+      shared.selected[0] = pair.first_bin + i, shared.selected[1] = before, shared.selected[2] = pair.measure[i];
+      return;
+    }
+    before += pair.measure[i];
+  }
+}
+
 // The rank at which the cumulative measure of the row's tokens, in rank order, first reaches
 // `target` (<= total measure). Measure: 1 per token (kWeighted = false) or its weight.
 // Radix selection on the logit key: each round histograms the keys of the current range
@@ -271,19 +305,8 @@ __device__ uint64_t select_cut(RowContext& row, uint64_t target) {
       }
     }
     cluster.sync();
-    const int first_bin = 2 * threadIdx.x;
-    uint64_t measure0 = 0, measure1 = 0;
-    for (int b = 0; b < kClusterBlocks; ++b) {
-      const uint64_t* remote = cluster.map_shared_rank(bins, b);
-      measure0 += remote[first_bin];
-      measure1 += remote[first_bin + 1];
-    }
-    const uint64_t before = above + block_exclusive_scan(measure0 + measure1, shared.scratch);
-    if (before < target && target <= before + measure0) {
-      shared.selected[0] = first_bin, shared.selected[1] = before, shared.selected[2] = measure0;
-    } else if (before + measure0 < target && target <= before + measure0 + measure1) {
-      shared.selected[0] = first_bin + 1, shared.selected[1] = before + measure0, shared.selected[2] = measure1;
-    }
+    const BinPair pair = cluster_bin_pair(bins);
+    select_crossing(shared, pair, above + block_exclusive_scan(pair.sum(), shared.scratch), target);
     __syncthreads();
     const uint32_t bin = uint32_t(shared.selected[0]);
     above = shared.selected[1];
@@ -371,25 +394,11 @@ struct BinCrossing {
 // barrier that publishes the histograms; every block computes the same answer.
 template <class Count, class TargetOf>
 __device__ BinCrossing cluster_bin_crossing(SharedState& shared, const Count* bins, TargetOf target_of) {
-  static_assert(2 * kThreads == kBins, "each thread owns two bins");
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  const int first_bin = 2 * threadIdx.x;
-  uint64_t measure0 = 0, measure1 = 0;
-  for (int b = 0; b < kClusterBlocks; ++b) {
-    const Count* remote = cluster.map_shared_rank(bins, b);
-    measure0 += remote[first_bin];
-    measure1 += remote[first_bin + 1];
-  }
-  const uint64_t total = block_reduce<false>(measure0 + measure1, shared.scratch);
-  const uint64_t target = target_of(total);
+  cg::this_cluster().sync();
+  const BinPair pair = cluster_bin_pair(bins);
+  const uint64_t total = block_reduce<false>(pair.sum(), shared.scratch);
   if (threadIdx.x == 0) shared.selected[0] = kBins;
-  const uint64_t before = block_exclusive_scan(measure0 + measure1, shared.scratch);
-  if (before < target && target <= before + measure0) {
-    shared.selected[0] = first_bin;
-  } else if (before + measure0 < target && target <= before + measure0 + measure1) {
-    shared.selected[0] = first_bin + 1;
-  }
+  select_crossing(shared, pair, block_exclusive_scan(pair.sum(), shared.scratch), target_of(total));
   __syncthreads();
   return {int(shared.selected[0]), total};
 }
