@@ -81,8 +81,9 @@ class Backend {
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached
   // positions before the chunk and the chunk's own keys, then stores the chunk's K/V in the cache.
   virtual void attention(const AttentionArgs& args) = 0;
-  // head_norms(norms), then attention(args), whose q/k_new/v_new are the normed tensors; a backend
-  // may fuse the two (CUDA does for one decode token).
+  // head_norms(norms), then attention(args), whose q/k_new/v_new are the normed tensors. A backend
+  // may fuse the two (CUDA does for one decode token); the results are then args.out and the cache,
+  // and q/k/v may be left un-normed.
   virtual void normed_attention(const HeadNorms& norms, const AttentionArgs& args) {
     head_norms(norms);
     attention(args);

@@ -23,7 +23,7 @@ namespace {
 constexpr int kTileKeys = 32;  // keys staged per step, one per lane
 constexpr int kDimChunks = kMaxAttentionHeadDim / 256;  // 8 output dims per lane per 256-dim chunk
 constexpr int kMinWarps = 4;    // staging wants more threads than a small GQA group has warps
-constexpr int kMaxSplits = 256;
+constexpr int kMaxSplits = 256;  // the merge holds every split's (m, l) in a warp's registers
 constexpr int kDotAccumulators = 4;  // independent partial sums of a q·k dot product
 // Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
 // each summing every kMergeLanes-th split with kMergeLoads loads in flight.
