@@ -1,8 +1,9 @@
 // The decode matmuls: y[T, N] = x[T, K] · w[N, K]^T for a few tokens, and the MLP's gate/up pair
 // with its GELU-mul. They are bound by streaming the bf16 weights once, so each warp owns one
-// output row (gate/up: one of each) and keeps several 16-byte weight loads in flight per lane; the few activation rows
-// are re-read through L1. Launched with PDL: a warp asks L2 for the head of its weight row before
-// the kernel waits for the activations, overlapping the previous kernel's tail.
+// output row (gate/up: one of each) and keeps several 16-byte weight loads in flight per lane;
+// the few activation rows are re-read through L1. Launched with PDL: a warp asks L2 for the head
+// of its weight row before the kernel waits for the activations, overlapping the previous
+// kernel's tail.
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -47,7 +48,7 @@ __device__ inline void prefetch_row_head(const bf16* row, int64_t K, int lane) {
 
 // acc[r][t] = x[t] · rows[r] for every token t and each of R weight rows, summed over the warp
 // (every lane gets the sums); `vecs` = K / 8. The rows' loads are interleaved, so a warp keeps
-// R * kUnroll of them in flight and shares each activation load among the rows.
+// R * kUnroll of them in flight.
 template <int T, int R>
 __device__ inline void warp_rows_dot(const uint4* const (&rows)[R], const uint4* xv, int64_t vecs, int lane,
                                      float (&acc)[R][T]) {
