@@ -31,8 +31,7 @@ __device__ inline float4 load_weight4(const float* weight, int64_t i) {
 // i = 4 (l + 32j), p < 4, j < kAccesses (half a multiple of 4).
 __device__ inline int64_t head_norm_pair(int j) { return kHeadNormPairsPerAccess * ((threadIdx.x & 31) + 32 * j); }
 
-// The rotation of a lane's pairs at one position: computed once per warp and token, shared by all
-// of that token's q and k heads (sincosf is the costly part of the op).
+// The rotation of a lane's pairs at one position.
 template <int kAccesses>
 struct RopeLane {
   float cos[kAccesses][kHeadNormPairsPerAccess], sin[kAccesses][kHeadNormPairsPerAccess];
