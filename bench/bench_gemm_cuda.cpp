@@ -126,9 +126,11 @@ int main(int argc, char** argv) {
   try {
     const int T = argc > 1 ? std::atoi(argv[1]) : 2048, candidates = argc > 2 ? std::atoi(argv[2]) : 12;
     // Gemma 4 31B: hidden 5376, 32 heads, sliding kv 16 x 256, global kv 4 x 512 (K=V), MLP 21504.
-    const Shape shapes[] = {{"q", 8192, 5376},      {"k|v", 4096, 5376},       {"o", 5376, 8192},
-                            {"gate|up", 21504, 5376}, {"down", 5376, 21504},   {"q global", 16384, 5376},
-                            {"k global", 2048, 5376}, {"o global", 5376, 16384}};
+    // "gate+up" and "q+k+v" are the shapes of one GEMM over both (all three) matrices stacked.
+    const Shape shapes[] = {{"q", 8192, 5376},        {"k|v", 4096, 5376},         {"o", 5376, 8192},
+                            {"gate|up", 21504, 5376}, {"down", 5376, 21504},       {"q global", 16384, 5376},
+                            {"k global", 2048, 5376}, {"o global", 5376, 16384},   {"gate+up", 43008, 5376},
+                            {"q+k+v", 16384, 5376}};
     cublasHandle_t blas;
     cublasLtHandle_t lt;
     check(cublasCreate(&blas), "cublasCreate");
@@ -136,11 +138,11 @@ int main(int argc, char** argv) {
     Gemm g{};
     g.T = T;
     g.workspace_bytes = size_t(32) << 20;
-    const size_t max_elems = size_t(21504) * 16384;
+    const size_t max_elems = size_t(43008) * 5376;
     check(cudaMalloc(&g.w, max_elems * 2), "malloc");
     check(cudaMalloc(&g.x, size_t(T) * 21504 * 2), "malloc");
-    check(cudaMalloc(&g.y, size_t(T) * 21504 * 2), "malloc");
-    check(cudaMalloc(&g.ref, size_t(T) * 21504 * 2), "malloc");
+    check(cudaMalloc(&g.y, size_t(T) * 43008 * 2), "malloc");
+    check(cudaMalloc(&g.ref, size_t(T) * 43008 * 2), "malloc");
     check(cudaMalloc(&g.workspace, g.workspace_bytes), "malloc");
     g4::launch_fill_uniform(static_cast<g4::bf16*>(g.w), int64_t(max_elems), 0.0f, 0.02f, 1, nullptr);
     g4::launch_fill_uniform(static_cast<g4::bf16*>(g.x), int64_t(T) * 21504, 0.0f, 1.0f, 2, nullptr);
