@@ -14,10 +14,9 @@ namespace g4::test {
 
 std::string fixture_dir(const std::string& name) { return std::string(G4_FIXTURES_DIR) + "/hf-gemma4/" + name; }
 
-Reference load_reference(const std::string& name) { return load_reference_dir(fixture_dir(name)); }
+namespace {
 
-Reference load_demo_reference() { return load_reference_dir(std::string(G4_FIXTURES_DIR) + "/demo/transformers"); }
-
+// A reference (reference.json + reference_logits.f32) in `dir`.
 Reference load_reference_dir(const std::string& dir) {
   Reference r;
   r.dir = dir;
@@ -33,6 +32,12 @@ Reference load_reference_dir(const std::string& dir) {
   if (!bin) throw std::runtime_error("short reference_logits.f32 in " + r.dir);
   return r;
 }
+
+}  // namespace
+
+Reference load_reference(const std::string& name) { return load_reference_dir(fixture_dir(name)); }
+
+Reference load_demo_reference() { return load_reference_dir(std::string(G4_FIXTURES_DIR) + "/demo/transformers"); }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;

@@ -15,8 +15,6 @@ struct Reference {
 
 std::string fixture_dir(const std::string& name);
 Reference load_reference(const std::string& name);
-// A reference (reference.json + reference_logits.f32) in any directory.
-Reference load_reference_dir(const std::string& dir);
 // transformers' float64 logits of the committed demo model (tools/demo_reference_logits.py).
 Reference load_demo_reference();
 // max |a - b| over all elements (a and b must have the same size).

@@ -178,10 +178,7 @@ class CudaBackend final : public Backend {
   }
 
   void head_norms(const HeadNorms& n) override {
-    for (const Tensor* t : {&n.q, &n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
-    expect_dtype(n.inv_freq, DType::F32, "rope inv_freq");
-    G4_CHECK(n.q.cols == n.k.cols && n.v.cols == n.k.cols && n.v_in.rows == n.v.rows,
-             "head_norms: q, k and v heads must have one head_dim");
+    check_head_norms(n);
     HeadNormLaunch a;
     a.q = ptr<bf16>(n.q);
     a.k = ptr<bf16>(n.k);
@@ -212,8 +209,7 @@ class CudaBackend final : public Backend {
     const bool fold = args.positions.rows == 1 && norms.q.data == args.q.data && norms.k.data == args.k_new.data &&
                       norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
     if (!fold) return Backend::normed_attention(norms, args);
-    expect_dtype(norms.v_in, DType::BF16, "head_norms input");
-    expect_dtype(norms.inv_freq, DType::F32, "rope inv_freq");
+    check_head_norms(norms);
     AttentionLaunch a = attention_launch(args);
     a.v_new = ptr<bf16>(norms.v_in);
     a.norm_inputs = true;
@@ -311,6 +307,13 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static void check_head_norms(const HeadNorms& n) {
+    for (const Tensor* t : {&n.q, &n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
+    expect_dtype(n.inv_freq, DType::F32, "rope inv_freq");
+    G4_CHECK(n.q.cols == n.k.cols && n.v.cols == n.k.cols && n.v_in.rows == n.v.rows,
+             "head_norms: q, k and v heads must have one head_dim");
+  }
+
   // The launch arguments of an attention call; also sizes the decode workspace, on every call,
   // prefill too: a prompt's forward visits every layer before a decode step is captured, so a
   // graph capture never has to allocate.

@@ -5,7 +5,7 @@
 // (AttentionLaunch::norm_inputs): each block norms its group's queries itself, and the block whose
 // split holds the new token norms that token's K/V, which it also stores in the cache (no split
 // reads that slot: a ring is at least a window long). The merge kernel's block (query head, 128
-// output dims) sums the splits in split order, so the result does not depend on which split
+// output dims) sums the splits in a fixed order, so the result does not depend on which split
 // finished first; it is spread over many blocks because a global layer's partials (8 heads x 512
 // dims x up to 256 splits per kv head) are too many for one block to read quickly.
 #include <algorithm>
