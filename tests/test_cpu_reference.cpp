@@ -71,6 +71,11 @@ TEST_P(CpuReference, ChunkedPrefillLeavesTheLastLogits) {
   EXPECT_EQ(s.position(), 0);
   s.prefill(ref_.tokens);
   EXPECT_LE(test::max_abs_diff(s.last_logits_host(), want), kTolerance) << "after reset";
+  // prefill runs the earlier chunks for their K/V only and the last layer for one row only: the
+  // same last row as a forward that computes every position.
+  Session all = new_session();
+  const std::vector<float> every = all.logits_all(ref_.tokens, s.max_prefill_chunk());
+  EXPECT_LE(test::max_abs_diff(last, std::vector<float>(every.end() - ref_.vocab, every.end())), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CpuReference,

@@ -511,7 +511,7 @@ std::vector<float> hidden_after(Backend& be, const Gemma4& full, int n, std::spa
   Tensor ids = be.alloc(DType::I32, T, 1), positions = be.alloc(DType::I32, T, 1);
   be.upload(tokens.data(), ids);
   be.upload(pos.data(), positions);
-  model.forward_layers(be, buf, caches, ids, positions);
+  model.forward_layers(be, buf, caches, ids, positions, T);
   const Tensor x = buf.x.rows_view(0, T);
   std::vector<float> out(size_t(x.numel()));
   if (x.dtype == DType::F32) {

@@ -22,9 +22,13 @@ ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_to
 
 // First T rows of `t`, seen as [T, cols].
 static Tensor head(const Tensor& t, int64_t T, int64_t cols) { return t.rows_view(0, T).reshaped(T, cols); }
+// Rows [first, first + n) of `t` seen as rows of `cols` values.
+static Tensor rows(const Tensor& t, int64_t first, int64_t n, int64_t cols) {
+  return head(t, first + n, cols).rows_view(first, n);
+}
 
 void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
-                             int64_t T) const {
+                             int64_t T, int64_t out_rows) const {
   const LayerConfig& l = config_.layers[size_t(layer)];
   const LayerWeights& w = weights_.layers[size_t(layer)];
   const float eps = float(config_.rms_norm_eps);
@@ -58,17 +62,20 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
   args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
   args.out = head(buf.attn, T, q_cols);
   be.normed_attention(norms, args);
+  if (out_rows == 0) return;
 
-  Tensor o = head(buf.proj, T, H);
-  be.matmul(args.out, w.o_proj, o);
-  be.residual_norm(x, o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm, h);
+  const int64_t first = T - out_rows;
+  Tensor o = rows(buf.proj, first, out_rows, H);
+  be.matmul(args.out.rows_view(first, out_rows), w.o_proj, o);
+  be.residual_norm(x.rows_view(first, out_rows), o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm,
+                   h.rows_view(first, out_rows));
 }
 
-void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t T) const {
+void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const {
   const LayerWeights& w = weights_.layers[size_t(layer)];
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
-  Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
-  Tensor gate = head(buf.gate, T, I), o = head(buf.proj, T, H);
+  Tensor x = rows(buf.x, first, n, H), h = rows(buf.normed, first, n, H);
+  Tensor gate = rows(buf.gate, first, n, I), o = rows(buf.proj, first, n, H);
   be.gated_gelu(h, w.gate_proj, w.up_proj, gate);
   be.matmul(gate, w.down_proj, o);
   // The last layer leaves x un-normed: logits() applies the final norm.
@@ -78,19 +85,24 @@ void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t T) c
 }
 
 void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
-                            const Tensor& positions) const {
+                            const Tensor& positions, int64_t out_rows) const {
   const int64_t T = ids.rows;
   G4_CHECK(T >= 1 && T <= buf.max_tokens, "chunk of " + std::to_string(T) + " tokens exceeds the buffers (" +
                                               std::to_string(buf.max_tokens) + ")");
+  G4_CHECK(out_rows >= 0 && out_rows <= T, "forward_layers: " + std::to_string(out_rows) +
+                                               " output rows asked of a chunk of " + std::to_string(T));
   const Tensor x = head(buf.x, T, config_.hidden_size);
   be.embed(weights_.embed, ids, float(std::sqrt(double(config_.hidden_size))), x);
   // Each block ends with residual_norm, which also writes the next block's normed input into
   // buf.normed; only the first layer's input norm is an op of its own.
   if (config_.num_layers() > 0)
     be.rms_norm(x, weights_.layers[0].attn_norm, float(config_.rms_norm_eps), head(buf.normed, T, config_.hidden_size));
+  // The last layer still projects and stores every position's K/V, but computes the rest (o_proj,
+  // MLP) only for the rows whose hidden states the caller reads.
   for (int i = 0; i < config_.num_layers(); ++i) {
-    attention_block(be, buf, i, caches[size_t(i)], positions, T);
-    mlp_block(be, buf, i, T);
+    const int64_t n = i + 1 == config_.num_layers() ? out_rows : T;
+    attention_block(be, buf, i, caches[size_t(i)], positions, T, n);
+    if (n > 0) mlp_block(be, buf, i, T - n, n);
   }
 }
 

@@ -24,9 +24,11 @@ class Gemma4 {
   const ModelWeights& weights() const { return weights_; }
 
   // Runs T = ids.rows tokens at contiguous `positions` through every layer, reading and extending
-  // `caches` (one per layer). Leaves the final hidden states in buf.x.
+  // `caches` (one per layer). Leaves the final hidden states of the last `out_rows` positions in
+  // buf.x rows [T - out_rows, T); the other rows hold the last layer's input. out_rows = 0 (a chunk
+  // whose logits nobody reads) only fills the caches.
   void forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
-                      const Tensor& positions) const;
+                      const Tensor& positions, int64_t out_rows) const;
   // LM head + soft-cap of hidden rows `hidden` [n, H] into F32 `logits` [n, V]. `scratch` holds
   // the activation-dtype logits [n, V].
   void logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor& scratch,
@@ -34,9 +36,11 @@ class Gemma4 {
 
  private:
   // Both blocks read their normed input from buf.normed and leave the next block's there.
+  // Attention runs over all T rows; o_proj and the residual only over the last out_rows.
   void attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
-                       int64_t T) const;
-  void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t T) const;
+                       int64_t T, int64_t out_rows) const;
+  // The MLP block over rows [first, first + n).
+  void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const;
 
   ModelConfig config_;
   ModelWeights weights_;

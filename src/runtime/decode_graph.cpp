@@ -21,7 +21,7 @@ void DecodeGraph::record() {
   const Tensor ids = s.ids_.rows_view(0, 1), positions = s.positions_.rows_view(0, 1);
   s.backend_.begin_capture();
   try {
-    s.model_.forward_layers(s.backend_, s.buffers_, s.caches_, ids, positions);
+    s.model_.forward_layers(s.backend_, s.buffers_, s.caches_, ids, positions, 1);
     s.model_.logits(s.backend_, s.buffers_.x.rows_view(0, 1), s.buffers_.last_hidden, s.buffers_.logits_act,
                     s.logits_);
     s.backend_.sample(s.logits_, s.params_, s.token_);

@@ -53,30 +53,34 @@ void Session::check_input(std::span<const int32_t> tokens, int64_t start) const 
                " used, " + std::to_string(tokens.size()) + " more requested");
 }
 
-void Session::run_chunk(std::span<const int32_t> tokens, bool all_logits, float* host_logits) {
+void Session::run_chunk(std::span<const int32_t> tokens, ChunkOutput output, float* host_logits) {
   const int64_t T = int64_t(tokens.size());
   std::vector<int32_t> pos(tokens.size());
   std::iota(pos.begin(), pos.end(), int32_t(position_));
   Tensor ids = ids_.rows_view(0, T), positions = positions_.rows_view(0, T);
   backend_.upload(tokens.data(), ids);
   backend_.upload(pos.data(), positions);
-  model_.forward_layers(backend_, buffers_, caches_, ids, positions);
+  const int64_t out_rows = output == ChunkOutput::kAllLogits ? T : output == ChunkOutput::kLastLogits ? 1 : 0;
+  model_.forward_layers(backend_, buffers_, caches_, ids, positions, out_rows);
   position_ += T;
   const Tensor hidden = buffers_.x.rows_view(0, T);
-  if (all_logits) {
+  if (output == ChunkOutput::kAllLogits) {
     Tensor logits = all_logits_.rows_view(0, T);
     model_.logits(backend_, hidden, all_normed_.rows_view(0, T), all_scratch_.rows_view(0, T), logits);
     backend_.download(logits, host_logits);
-  } else {
-    // Only the last position's logits are needed during generation.
+  } else if (output == ChunkOutput::kLastLogits) {
     model_.logits(backend_, hidden.rows_view(T - 1, 1), buffers_.last_hidden, buffers_.logits_act, logits_);
   }
 }
 
+// Only the last chunk's last position has logits worth computing during generation.
 void Session::prefill(std::span<const int32_t> tokens) {
   check_input(tokens);
-  for (size_t at = 0; at < tokens.size(); at += size_t(max_chunk_))
-    run_chunk(tokens.subspan(at, std::min(tokens.size() - at, size_t(max_chunk_))), false, nullptr);
+  for (size_t at = 0; at < tokens.size(); at += size_t(max_chunk_)) {
+    const size_t n = std::min(tokens.size() - at, size_t(max_chunk_));
+    run_chunk(tokens.subspan(at, n), at + n == tokens.size() ? ChunkOutput::kLastLogits : ChunkOutput::kCacheOnly,
+              nullptr);
+  }
 }
 
 std::vector<float> Session::logits_all(std::span<const int32_t> tokens, int64_t chunk) {
@@ -92,7 +96,7 @@ std::vector<float> Session::logits_all(std::span<const int32_t> tokens, int64_t 
   }
   std::vector<float> out(tokens.size() * size_t(c.vocab_size));
   for (size_t at = 0; at < tokens.size(); at += size_t(chunk))
-    run_chunk(tokens.subspan(at, std::min(tokens.size() - at, size_t(chunk))), true, out.data() + at * c.vocab_size);
+    run_chunk(tokens.subspan(at, std::min(tokens.size() - at, size_t(chunk))), ChunkOutput::kAllLogits, out.data() + at * c.vocab_size);
   // Keep last_logits() meaningful after an all-positions run too.
   backend_.upload(out.data() + (tokens.size() - 1) * size_t(c.vocab_size), logits_);
   return out;

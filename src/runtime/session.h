@@ -44,7 +44,10 @@ class Session {
 
  private:
   friend class DecodeGraph;  // records a decode step over this session's buffers and caches
-  void run_chunk(std::span<const int32_t> tokens, bool all_logits, float* host_logits);
+  // What a chunk's forward leaves behind besides its K/V: nothing more, the last position's logits
+  // in logits_, or every position's logits copied to host_logits.
+  enum class ChunkOutput { kCacheOnly, kLastLogits, kAllLogits };
+  void run_chunk(std::span<const int32_t> tokens, ChunkOutput output, float* host_logits);
 
   const Gemma4& model_;
   Backend& backend_;
