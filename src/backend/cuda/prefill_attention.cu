@@ -177,12 +177,15 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
   float alpha[2];             // the factor O's rows take for the current tile
   const int tiles = (key_end - key_begin + kKeys - 1) / kKeys;
 
-  // Waits for the copies of iteration t - 1 (K_t, V_{t-1}) and issues K_{t+1} and V_t. Past the
-  // barrier every warpgroup is done with K_{t-1} (its S was waited for) and V_{t-2} (its P·V
-  // too), whose buffers the new copies reuse.
-  auto next_copies = [&](int t) {
+  // Waits for the copies of iteration t - 1 (K_t, V_{t-1}). Past the barrier every warpgroup is
+  // done with K_{t-1} (its S was waited for) and V_{t-2} (its P·V too), whose buffers
+  // copy_next(t) refills.
+  auto wait_copies = [&] {
     cp_async_wait_all_for_wgmma();
     __syncthreads();
+  };
+  // Issues K_{t+1} and V_t, behind the iteration's wgmma, so that the tensor cores start first.
+  auto copy_next = [&](int t) {
     const int kb = key_begin + t * kKeys;
     if (t + 1 < tiles) stage_tile(kb + kKeys, k_buffer(t + 1), a.k_new, a.k_cache);
     if (t < tiles) stage_tile(kb, v_buffer(t), a.v_new, a.v_cache);
@@ -257,21 +260,23 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
   // FlashAttention-3's intra-warpgroup overlap: iteration t issues S_t and then P_{t-1}·V_{t-1},
   // and runs S_t's softmax while the tensor cores do that P·V. The first S and the last P·V are
   // peeled off, so that no branch separates a wgmma from its wait.
-  next_copies(0);
+  wait_copies();
   issue_s(0);
+  copy_next(0);
   wgmma_wait<0>();
   softmax(0);
   rescale_and_pack();
   for (int t = 1; t < tiles; ++t) {
-    next_copies(t);
+    wait_copies();
     issue_s(t);
     issue_pv(t - 1);
+    copy_next(t);
     wgmma_wait<1>();  // S_t is in; P_{t-1}·V_{t-1} may still run
     softmax(t);
     wgmma_wait<0>();
     rescale_and_pack();
   }
-  next_copies(tiles);
+  wait_copies();
   issue_pv(tiles - 1);
   wgmma_wait<0>();
 #pragma unroll
