@@ -45,11 +45,7 @@ __device__ inline uint64_t swizzled_desc(uint32_t addr) {
 
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most `Pending` of this warpgroup's latest wgmma groups are unfinished.
-template <int Pending>
-__device__ inline void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
-}
+__device__ inline void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Pins accumulators at this point of the program: the compiler may not move their reads or writes
 // across it, so none lands between an asynchronous wgmma and its wait.
 template <int Blocks>
@@ -58,14 +54,6 @@ __device__ inline void wgmma_pin(float (&d)[Blocks][4]) {
   for (int i = 0; i < Blocks; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
-}
-
-template <int Frags>
-__device__ inline void wgmma_pin(uint32_t (&a)[Frags][4]) {
-#pragma unroll
-  for (int i = 0; i < Frags; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 #define G4_WGMMA_D4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])

@@ -9,12 +9,12 @@ namespace g4 {
 
 namespace {
 
-// FlashAttention on Hopper's warpgroup tensor cores (wgmma, bf16 inputs, float32 accumulation).
+// FlashAttention-2 on Hopper's warpgroup tensor cores (wgmma, bf16 inputs, float32 accumulation).
 // The rows of a block are (query, head) pairs of one KV group, query-major (row R: query R / group,
 // head kvh * group + R % group), so the group's heads share every K/V tile staged in shared memory.
-// A block of two warpgroups walks the key tiles its rows can see; K and V tiles are double-buffered
-// with cp.async, each copied one iteration before its use, and a tile's softmax runs while the
-// tensor cores do the previous tile's P·V (see the loop). A warpgroup owns 64 rows: S = Q·K^T
+// A block of two warpgroups walks the key tiles its rows can see; tiles are double-buffered with
+// cp.async, the next one's copies issued right behind S's wgmma so that the tensor cores start
+// first and the copies run under the current tile's work. A warpgroup owns 64 rows: S = Q·K^T
 // comes back to its registers, the online softmax runs there, P is rounded to bf16 in place as the
 // register A operand of P·V, and O stays in registers until the end. O of 64 x 512 floats would
 // take 256 registers a thread, so for head dims past 256 the two warpgroups share 64 rows: each
@@ -64,46 +64,6 @@ __device__ inline void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// One tile's online softmax in base 2 over a thread's S accumulators: element e of block nb is row
-// e / 2 (positions p_row, first visible key lo_row), key kb + nb * 8 + lane_col + e % 2. Masks
-// the keys a row does not see when `partial`, turns s into unnormalised P, updates the running
-// max m and this thread's share l of the row sums, and gives the factor alpha that O's rows take.
-template <int NBlocks>
-__device__ inline void online_softmax(float (&s)[NBlocks][4], int kb, int lane_col, const int (&lo_row)[2],
-                                      const int (&p_row)[2], bool partial, float scale_log2, float (&m)[2],
-                                      float (&l)[2], float (&alpha)[2]) {
-  if (partial) {
-#pragma unroll
-    for (int nb = 0; nb < NBlocks; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kp = kb + nb * 8 + lane_col + (e & 1);
-        if (kp < lo_row[e >> 1] || kp > p_row[e >> 1]) s[nb][e] = -INFINITY;
-      }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = m[r];
-#pragma unroll
-    for (int nb = 0; nb < NBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // exp2((s - max) * scale * log2 e) as one FMA (scale > 0); a row that has seen no key yet keeps P = 0.
-    const float ref = mx == -INFINITY ? 0.0f : mx * scale_log2;
-    alpha[r] = exp2_approx(m[r] * scale_log2 - ref);
-    m[r] = mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int nb = 0; nb < NBlocks; ++nb)
-#pragma unroll
-      for (int e = 2 * r; e < 2 * r + 2; ++e) {
-        s[nb][e] = exp2_approx(fmaf(s[nb][e], scale_log2, -ref));
-        sum += s[nb][e];
-      }
-    l[r] = l[r] * alpha[r] + sum;
-  }
-}
-
 template <int DP>
 __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(PrefillArgs args) {
   using L = PrefillTile<DP>;
@@ -132,27 +92,25 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
     const bf16* src = a.q + int64_t(r / G) * a.q_stride + int64_t(kvh * G + r % G) * D + col;
     cp_async16(q_smem + offset, valid ? src : a.q, valid);
   });
-  // Keys [kb, kb + kKeys) of K or V (chunk rows from `fresh`, older ones from `cached`) into the
-  // tile at `dst`; zeros past key_end (they are masked, and zeros keep P·V free of whatever an
-  // unwritten row holds).
-  auto stage_tile = [&](int kb, uint32_t dst, const bf16* fresh, const bf16* cached) {
+  // Keys [kb, kb + kKeys) into stage `stage`; zeros past key_end (they are masked, and zeros keep
+  // P·V free of whatever an unwritten row holds).
+  auto stage_keys_tile = [&](int kb, int stage) {
     // The cached keys of a tile lie within one window (ring: capacity >= window) or below the
     // capacity (flat cache), so one subtraction wraps a slot.
     const int kb_slot = kb % int(a.capacity);
+    const uint32_t k_dst = kv_smem + stage * L::kStageBytes, v_dst = k_dst + L::kTileBytes;
     stage_rows<DP, kKeys>([&](int j, int col, uint32_t offset) {
       const int kp = kb + j;
       const bool valid = kp < key_end && col < D;
       int slot = kb_slot + j;
       if (slot >= a.capacity) slot -= int(a.capacity);
-      const bool is_fresh = kp >= pos0;
-      const int64_t off = int64_t(is_fresh ? kp - pos0 : slot) * a.kv_stride + int64_t(kvh) * D + col;
-      cp_async16(dst + offset, valid ? (is_fresh ? fresh : cached) + off : fresh, valid);
+      const bool fresh = kp >= pos0;
+      const int64_t off = int64_t(fresh ? kp - pos0 : slot) * a.kv_stride + int64_t(kvh) * D + col;
+      cp_async16(k_dst + offset, valid ? (fresh ? a.k_new : a.k_cache) + off : a.k_new, valid);
+      cp_async16(v_dst + offset, valid ? (fresh ? a.v_new : a.v_cache) + off : a.v_new, valid);
     });
   };
-  // Tile t's K in buffer t % 2, its V beside it.
-  auto k_buffer = [&](int t) { return kv_smem + (t & 1) * L::kStageBytes; };
-  auto v_buffer = [&](int t) { return k_buffer(t) + L::kTileBytes; };
-  stage_tile(key_begin, k_buffer(0), a.k_new, a.k_cache);
+  stage_keys_tile(key_begin, 0);
   cp_async_commit();
 
   // This thread's accumulator rows: g = lane / 4 and g + 8 of its warp's 16.
@@ -160,62 +118,39 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
   const int lane_col = 2 * (threadIdx.x & 3);
   const int p_row[2] = {row_pos(row_a), row_pos(row_a + 8)};
   const int lo_row[2] = {first_visible(p_row[0]), first_visible(p_row[1])};
+  const bool group_has_rows = row0 + group_row < args.rows;
   const int group_p_first = row_pos(group_row), group_p_last = row_pos(group_row + 63);
-  // Keys every row of the warpgroup sees: [all_begin, all_end); other tiles are masked.
+  // Keys some row of the warpgroup sees: [seen_begin, seen_end); keys all of them see: [all_begin, all_end).
+  const int seen_begin = first_visible(group_p_first), seen_end = group_p_last + 1;
   const int all_begin = first_visible(group_p_last), all_end = group_p_first + 1;
 
   // Operand descriptors at this warpgroup's rows and first head dim; a 16-dim step moves 32 bytes
   // within a 64-dim block, a 16-key step 16 rows.
   const uint64_t q_desc = swizzled_desc(q_smem + dim0 / 64 * L::kRows * 128 + group_row * 128);
-  const uint32_t dim_block = dim0 / 64 * kKeys * 128;
   auto dim_step = [](int rows, int ks) { return uint64_t((ks / 4 * rows * 128 + ks % 4 * 32) >> 4); };
 
   float o[kDChunks][8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share of the row sum
-  float s[kNBlocks][4];       // S of the current tile, then its unnormalised P
-  uint32_t p[kKeys / 16][4];  // P (bf16) as A fragments of P·V, 16 keys each
-  float alpha[2];             // the factor O's rows take for the current tile
   const int tiles = (key_end - key_begin + kKeys - 1) / kKeys;
-
-  // Waits for the copies of iteration t - 1 (K_t, V_{t-1}). Past the barrier every warpgroup is
-  // done with K_{t-1} (its S was waited for) and V_{t-2} (its P·V too), whose buffers
-  // copy_next(t) refills.
-  auto wait_copies = [&] {
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int kb = key_begin + tile * kKeys;
     cp_async_wait_all_for_wgmma();
-    __syncthreads();
-  };
-  // Issues K_{t+1} and V_t, behind the iteration's wgmma, so that the tensor cores start first.
-  auto copy_next = [&](int t) {
-    const int kb = key_begin + t * kKeys;
-    if (t + 1 < tiles) stage_tile(kb + kKeys, k_buffer(t + 1), a.k_new, a.k_cache);
-    if (t < tiles) stage_tile(kb, v_buffer(t), a.v_new, a.v_cache);
+    __syncthreads();  // this tile is visible to all, and every warpgroup is done with the previous one
+    const bool visible = group_has_rows && kb < seen_end && kb + kKeys > seen_begin;
+    const uint32_t k_tile = kv_smem + (tile & 1) * L::kStageBytes + dim0 / 64 * kKeys * 128;
+    const uint64_t k_desc = swizzled_desc(k_tile), v_desc = swizzled_desc(k_tile + L::kTileBytes);
+    float s[kNBlocks][4];
+    if (visible) {
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < L::kGroupDims / 16; ++ks)
+        wgmma_ss<kKeys>(s, q_desc + dim_step(L::kRows, ks), k_desc + dim_step(kKeys, ks), ks > 0);
+      wgmma_commit();
+    }
+    if (tile + 1 < tiles) stage_keys_tile(kb + kKeys, (tile + 1) & 1);
     cp_async_commit();
-  };
-  // S_t = Q·K_t^T over this warpgroup's head dims, as one wgmma group.
-  auto issue_s = [&](int t) {
-    wgmma_fence();
-    const uint64_t k_desc = swizzled_desc(k_buffer(t) + dim_block);
-#pragma unroll
-    for (int ks = 0; ks < L::kGroupDims / 16; ++ks)
-      wgmma_ss<kKeys>(s, q_desc + dim_step(L::kRows, ks), k_desc + dim_step(kKeys, ks), ks > 0);
-    wgmma_commit();
-  };
-  // O += P·V_t, as one wgmma group; O's rescale and p's packing come before the fence.
-  auto issue_pv = [&](int t) {
-#pragma unroll
-    for (int dc = 0; dc < kDChunks; ++dc) wgmma_pin(o[dc]);
-    wgmma_pin(p);
-    wgmma_fence();
-    const uint64_t v_desc = swizzled_desc(v_buffer(t) + dim_block);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-#pragma unroll
-      for (int dc = 0; dc < kDChunks; ++dc)
-        wgmma_rs_n64(o[dc], p[kk], v_desc + uint64_t((dc * kKeys * 128 + kk * 16 * 128) >> 4));
-    wgmma_commit();
-  };
-  // Tile t's softmax on a finished S_t. A tile no row of this warpgroup sees is masked whole.
-  auto softmax = [&](int t) {
+    wgmma_wait_all();  // on every path, so the compiler sees no wgmma outstanding at the loop's end
+    if (!visible) continue;
     wgmma_pin(s);
     if constexpr (L::kSplit == 2) {  // add the partner's half of the head dims (same thread, same layout)
       float4* exchange = reinterpret_cast<float4*>(smem_ptr + L::kQBytes + 2 * L::kStageBytes);
@@ -230,15 +165,39 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
         s[nb][0] += other.x, s[nb][1] += other.y, s[nb][2] += other.z, s[nb][3] += other.w;
       }
     }
-    const int kb = key_begin + t * kKeys;
-    online_softmax<kNBlocks>(s, kb, lane_col, lo_row, p_row, kb < all_begin || kb + kKeys > all_end,
-                             args.scale_log2, m, l, alpha);
-  };
-  // After P_{t-1}·V_{t-1}: O takes tile t's factor, and p becomes tile t's P.
-  auto rescale_and_pack = [&] {
+
+    // Online softmax in base 2; element e of block nb is row e / 2, key kb + nb * 8 + 2 (lane % 4) + e % 2.
+    if (kb < all_begin || kb + kKeys > all_end) {
 #pragma unroll
-    for (int dc = 0; dc < kDChunks; ++dc) wgmma_pin(o[dc]);
-    wgmma_pin(p);
+      for (int nb = 0; nb < kNBlocks; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kp = kb + nb * 8 + lane_col + (e & 1);
+          if (kp < lo_row[e >> 1] || kp > p_row[e >> 1]) s[nb][e] = -INFINITY;
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int nb = 0; nb < kNBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // exp2((s - max) * scale * log2 e) as one FMA (scale > 0); a row that has seen no key yet keeps P = 0.
+      const float ref = mx == -INFINITY ? 0.0f : mx * args.scale_log2;
+      alpha[r] = exp2_approx(m[r] * args.scale_log2 - ref);
+      m[r] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nb = 0; nb < kNBlocks; ++nb)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nb][e] = exp2_approx(fmaf(s[nb][e], args.scale_log2, -ref));
+          sum += s[nb][e];
+        }
+      l[r] = l[r] * alpha[r] + sum;
+    }
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int dc = 0; dc < kDChunks; ++dc)
@@ -248,6 +207,7 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
           o[dc][i][2] *= alpha[1], o[dc][i][3] *= alpha[1];
         }
     }
+    uint32_t p[kKeys / 16][4];  // P (bf16) as A fragments, 16 keys each
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       p[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
@@ -255,32 +215,19 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       p[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       p[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-  };
-
-  // FlashAttention-3's intra-warpgroup overlap: iteration t issues S_t and then P_{t-1}·V_{t-1},
-  // and runs S_t's softmax while the tensor cores do that P·V. The first S and the last P·V are
-  // peeled off, so that no branch separates a wgmma from its wait.
-  wait_copies();
-  issue_s(0);
-  copy_next(0);
-  wgmma_wait<0>();
-  softmax(0);
-  rescale_and_pack();
-  for (int t = 1; t < tiles; ++t) {
-    wait_copies();
-    issue_s(t);
-    issue_pv(t - 1);
-    copy_next(t);
-    wgmma_wait<1>();  // S_t is in; P_{t-1}·V_{t-1} may still run
-    softmax(t);
-    wgmma_wait<0>();
-    rescale_and_pack();
-  }
-  wait_copies();
-  issue_pv(tiles - 1);
-  wgmma_wait<0>();
 #pragma unroll
-  for (int dc = 0; dc < kDChunks; ++dc) wgmma_pin(o[dc]);
+    for (int dc = 0; dc < kDChunks; ++dc) wgmma_pin(o[dc]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+#pragma unroll
+      for (int dc = 0; dc < kDChunks; ++dc)
+        wgmma_rs_n64(o[dc], p[kk], v_desc + uint64_t((dc * kKeys * 128 + kk * 16 * 128) >> 4));
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int dc = 0; dc < kDChunks; ++dc) wgmma_pin(o[dc]);
+  }
 
   // O / l in bf16 over the warp's own rows and dims of the Q tile, then 16-byte stores.
 #pragma unroll
