@@ -194,6 +194,9 @@ class CudaBackend final : public Backend {
     a.eps = n.eps;
     a.positions = ptr<int32_t>(n.positions);
     a.inv_freq = ptr<float>(n.inv_freq);
+    const int64_t table_floats = 2 * a.T * (a.head_dim / 2);
+    if (rope_table_.numel() < table_floats) rope_table_ = alloc(DType::F32, 1, table_floats);
+    a.rope_table = ptr<float2>(rope_table_);
     launch_head_norms(a, stream_);
   }
 
@@ -345,8 +348,9 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states
-  Tensor cublas_workspace_, staging_, partials_, up_;
+  // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
+  // rope_table_: head_norms' per-token rotations
+  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool sampled_since_check_ = false, capturing_ = false;

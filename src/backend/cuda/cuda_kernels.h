@@ -29,6 +29,7 @@ struct HeadNormLaunch {
   float eps;
   const int32_t* positions;
   const float* inv_freq;  // F32 [head_dim / 2]; zeros rotate by nothing
+  float2* rope_table;     // scratch [T][head_dim / 2]: each token's (cos, sin), computed once for all its heads
 };
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream);
 // Per row: x = (x + rms_norm(o)·post_weight) · scalar[0]; then, when next_out is not null,

@@ -70,6 +70,16 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t cols, const float* weight
 
 constexpr int kHeadNormWarps = 8;
 
+// table[t][i] = (cos, sin) of pair i's rotation at positions[t]: sincosf once per token and pair,
+// not once per head (it dominated the head-norm kernel's instructions).
+__global__ void rope_table_kernel(const int32_t* positions, const float* inv_freq, int64_t T, int64_t half,
+                                  float2* table) {
+  pdl_wait();  // the previous layer's head norms may still read the table
+  pdl_launch_dependents();
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < T * half; n += int64_t(gridDim.x) * blockDim.x)
+    table[n] = rope_cos_sin(inv_freq, n % half, half, float(positions[n / half]));
+}
+
 // Warp w of block b norms head row r = b * kHeadNormWarps + w: q rows, then k rows, then (unless
 // v comes from k) v rows. (Sharing one RoPE rotation among a warp's rows of a token, four rows per
 // warp, was measured no faster on a 2048-token chunk: 70 against 65 us.)
@@ -86,7 +96,7 @@ __global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
     const int64_t row = is_q ? r : r - a.q_rows, heads = (is_q ? a.q_rows : a.k_rows) / a.T;
     bf16* data = (is_q ? a.q : a.k) + row * D;
     load_head_row(data, half, raw);
-    rope_lane(a.inv_freq, half, float(a.positions[row / heads]), rope);
+    rope_lane(a.rope_table + row / heads * half, half, rope);
     const bool v_from_k = !is_q && a.v_in == a.k;
     norm_head_row(raw, half, is_q ? a.q_weight : a.k_weight, a.eps, &rope, Bf16RowSink{data},
                   Bf16RowSink{v_from_k ? a.v + row * D : nullptr});
@@ -104,6 +114,14 @@ __device__ inline void load8(const bf16* row, int64_t cols, int64_t v, bool vect
   if (vector_rows && 8 * v + 8 <= cols) return unpack8(*reinterpret_cast<const uint4*>(row + 8 * v), out);
 #pragma unroll
   for (int j = 0; j < 8; ++j) out[j] = 8 * v + j < cols ? __bfloat162float(row[8 * v + j]) : 0.0f;
+}
+
+// The same values packed as bf16.
+__device__ inline uint4 load8_raw(const bf16* row, int64_t cols, int64_t v, bool vector_rows) {
+  if (vector_rows && 8 * v + 8 <= cols) return *reinterpret_cast<const uint4*>(row + 8 * v);
+  float values[8];
+  load8(row, cols, v, vector_rows, values);
+  return pack8(values);
 }
 
 __device__ inline void store8(bf16* row, int64_t cols, int64_t v, bool vector_rows, const float (&in)[8]) {
@@ -128,16 +146,18 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 }
 
 // One block per row: x = (x + rms_norm(o)·post_weight) · scalar, then next_out = rms_norm(x)·next_weight.
-// Each thread keeps its kResidualVecs 8-value vectors of o and x in registers, read in one go. A decode
-// step has one row, so the kernel is a latency chain: kWeightsFirst reads the norm weights before
-// pdl_wait() (they depend on no earlier kernel). A prefill chunk has thousands of rows and wants
-// the registers for occupancy: the weights are read where they are used. (One vector per thread
-// in 672-thread blocks was measured slower on prefill rows: 53 against 41 us at 2048 x 5376.)
+// Each thread keeps its kResidualVecs 8-value vectors of o and x in registers, read in one go, as
+// packed bf16 (x's new values are bf16 numbers too): half the registers of floats, which decides
+// how many blocks an SM holds on prefill rows. A decode step has one row, so the kernel is a
+// latency chain: kWeightsFirst reads the norm weights before pdl_wait() (they depend on no earlier
+// kernel). A prefill chunk has thousands of rows and wants the registers for occupancy: the
+// weights are read where they are used. (One vector per thread in 672-thread blocks was measured
+// slower on prefill rows: 53 against 41 us at 2048 x 5376.)
 constexpr int kResidualVecs = 2;
 
 template <bool kWeightsFirst>
-__global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
-                                     const float* scalar, float eps, const float* next_weight, bf16* next_out) {
+__device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
+                                         const float* scalar, float eps, const float* next_weight, bf16* next_out) {
   pdl_launch_dependents();
   const bool vector_rows = cols % 8 == 0;
   float post_w[kResidualVecs][8], next_w[kResidualVecs][8];
@@ -151,15 +171,17 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* orow = o + int64_t(blockIdx.x) * cols;
-  float ov[kResidualVecs][8], xv[kResidualVecs][8];
+  uint4 o_raw[kResidualVecs], x_raw[kResidualVecs];
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
-    load8(orow, cols, v, vector_rows, ov[k]);
-    load8(xr, cols, v, vector_rows, xv[k]);
+    o_raw[k] = load8_raw(orow, cols, v, vector_rows);
+    x_raw[k] = load8_raw(xr, cols, v, vector_rows);
+    float ov[8];
+    unpack8(o_raw[k], ov);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ss += ov[k][j] * ov[k][j];
+    for (int j = 0; j < 8; ++j) ss += ov[j] * ov[j];
   }
   const float inv_o = rsqrtf(block_sum(ss) / float(cols) + eps);
   float ss_x = 0.0f;
@@ -167,15 +189,18 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     if constexpr (!kWeightsFirst) load_weight8(post_weight, cols, v, vector_rows, post_w[k]);
+    float ov[8], xv[8];
+    unpack8(o_raw[k], ov);
+    unpack8(x_raw[k], xv);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float w = post_w[k][j];
-      float r = round_bf16(xv[k][j] + round_bf16(ov[k][j] * inv_o * w));
+      float r = round_bf16(xv[j] + round_bf16(ov[j] * inv_o * post_w[k][j]));
       if (scalar) r = round_bf16(r * *scalar);
-      xv[k][j] = 8 * v + j < cols ? r : 0.0f;
-      ss_x += xv[k][j] * xv[k][j];
+      xv[j] = 8 * v + j < cols ? r : 0.0f;
+      ss_x += xv[j] * xv[j];
     }
-    store8(xr, cols, v, vector_rows, xv[k]);
+    x_raw[k] = pack8(xv);  // exact: every value is a bf16 number
+    store8(xr, cols, v, vector_rows, xv);
   }
   if (!next_out) return;  // the same for the whole block
   const float inv_x = rsqrtf(block_sum(ss_x) / float(cols) + eps);
@@ -184,10 +209,25 @@ __global__ void residual_norm_kernel(bf16* x, const bf16* o, int64_t cols, const
   for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
     if constexpr (!kWeightsFirst) load_weight8(next_weight, cols, v, vector_rows, next_w[k]);
+    float xv[8];
+    unpack8(x_raw[k], xv);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ov[k][j] = xv[k][j] * inv_x * next_w[k][j];
-    store8(nr, cols, v, vector_rows, ov[k]);
+    for (int j = 0; j < 8; ++j) xv[j] = xv[j] * inv_x * next_w[k][j];
+    store8(nr, cols, v, vector_rows, xv);
   }
+}
+
+__global__ void residual_norm_decode_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
+                                            const float* scalar, float eps, const float* next_weight, bf16* next_out) {
+  residual_norm_row<true>(x, o, cols, post_weight, scalar, eps, next_weight, next_out);
+}
+
+// At most 56 registers: three 352-thread blocks (a 5376-wide row) per SM instead of two, for a
+// few spilled bytes.
+__global__ __maxnreg__(56) void residual_norm_prefill_kernel(bf16* x, const bf16* o, int64_t cols,
+                                                             const float* post_weight, const float* scalar, float eps,
+                                                             const float* next_weight, bf16* next_out) {
+  residual_norm_row<false>(x, o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 
 // 8 values per thread with 16-byte accesses (the launcher checks the pointers' alignment); the
@@ -282,6 +322,10 @@ void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
   G4_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 512, "head_norms: head_dim must be a multiple of 8, at most 512");
   G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
   G4_CHECK(a.inv_freq, "head_norms: the RoPE frequencies are missing");
+  G4_CHECK(a.rope_table, "head_norms: the RoPE table scratch is missing");
+  const int64_t half = a.head_dim / 2;
+  launch_pdl("rope_table_kernel", rope_table_kernel, blocks_for(a.T * half), kThreads, 0, stream, a.positions,
+             a.inv_freq, a.T, half, a.rope_table);
   const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
   const unsigned blocks = unsigned(ceil_div(rows, kHeadNormWarps));
   if (a.head_dim <= 256)
@@ -295,7 +339,7 @@ void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, co
                           cudaStream_t stream) {
   G4_CHECK(cols <= 1024 * 8 * kResidualVecs, "residual_norm: rows wider than 16384 values are not supported");
   const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
-  launch_pdl("residual_norm_kernel", rows == 1 ? residual_norm_kernel<true> : residual_norm_kernel<false>,
+  launch_pdl("residual_norm_kernel", rows == 1 ? residual_norm_decode_kernel : residual_norm_prefill_kernel,
              unsigned(rows), threads, 0, stream, x, o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 

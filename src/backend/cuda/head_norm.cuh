@@ -37,19 +37,40 @@ struct RopeLane {
   float cos[kAccesses][kHeadNormPairsPerAccess], sin[kAccesses][kHeadNormPairsPerAccess];
 };
 
-// inv_freq F32 [half] (a zero frequency rotates by nothing: proportional partial RoPE).
+// cos and sin of pair i's rotation at `position`, inv_freq F32 [half] (a zero frequency rotates by
+// nothing: proportional partial RoPE). Every kernel gets them from here, so all agree bit for bit.
+__device__ inline float2 rope_cos_sin(const float* inv_freq, int64_t i, int64_t half, float position) {
+  const float f = i < half ? inv_freq[i] : 0.0f;
+  float sn = 0.0f, cs = 1.0f;
+  if (f != 0.0f) sincosf(position * f, &sn, &cs);
+  return make_float2(cs, sn);
+}
+
 template <int kAccesses>
 __device__ inline void rope_lane(const float* inv_freq, int64_t half, float position, RopeLane<kAccesses>& r) {
 #pragma unroll
   for (int j = 0; j < kAccesses; ++j)
 #pragma unroll
     for (int p = 0; p < kHeadNormPairsPerAccess; ++p) {
-      const int64_t i = head_norm_pair(j) + p;
-      const float f = i < half ? inv_freq[i] : 0.0f;
-      float sn = 0.0f, cs = 1.0f;
-      if (f != 0.0f) sincosf(position * f, &sn, &cs);
-      r.sin[j][p] = sn, r.cos[j][p] = cs;
+      const float2 cs = rope_cos_sin(inv_freq, head_norm_pair(j) + p, half, position);
+      r.cos[j][p] = cs.x, r.sin[j][p] = cs.y;
     }
+}
+
+// The same from a row of precomputed rope_cos_sin values [half] (one token's).
+template <int kAccesses>
+__device__ inline void rope_lane(const float2* table_row, int64_t half, RopeLane<kAccesses>& r) {
+#pragma unroll
+  for (int j = 0; j < kAccesses; ++j) {
+    const int64_t i = head_norm_pair(j);
+    float4 lo = make_float4(1.0f, 0.0f, 1.0f, 0.0f), hi = lo;
+    if (i < half) {
+      lo = *reinterpret_cast<const float4*>(table_row + i);
+      hi = *reinterpret_cast<const float4*>(table_row + i + 2);
+    }
+    r.cos[j][0] = lo.x, r.sin[j][0] = lo.y, r.cos[j][1] = lo.z, r.sin[j][1] = lo.w;
+    r.cos[j][2] = hi.x, r.sin[j][2] = hi.y, r.cos[j][3] = hi.z, r.sin[j][3] = hi.w;
+  }
 }
 
 // A lane's raw values of one head row (zeros past the row).
