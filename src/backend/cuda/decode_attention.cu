@@ -22,7 +22,7 @@ namespace {
 
 constexpr int kTileKeys = 32;  // keys staged per step, one per lane
 constexpr int kDimChunks = kMaxAttentionHeadDim / 256;  // 8 output dims per lane per 256-dim chunk
-constexpr int kMinWarps = 4;    // a small GQA group's heads get several warps each (dim_parts)
+constexpr int kMinWarps = 4;    // staging wants more threads than a small GQA group has warps
 constexpr int kMaxSplits = 256;  // the merge holds every split's (m, l) in a warp's registers
 constexpr int kDotAccumulators = 4;  // independent partial sums of a q·k dot product
 // Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
@@ -38,28 +38,16 @@ struct SplitPartials {
   int64_t split_keys;
 };
 
-// A small GQA group's heads each get `parts` warps, which split the head dims: every key's dot
-// product and its share of the output are cut into parts, so a warp's serial chains (a lane's
-// dot over its key, its pass over the tile's values) shorten by that factor. A part is a
-// multiple of 8 dims (16-byte accesses).
-__host__ __device__ inline int dim_parts(int group, int D) {
-  int parts = max(1, kMinWarps / group);
-  while (parts > 1 && (D % parts != 0 || D / parts % 8 != 0)) parts /= 2;
-  return parts;
-}
-
 struct DecodeSmem {
-  int ld, parts, warps;
-  size_t k, v, q, fresh_k, fresh_v, scores, total;
-  __host__ __device__ DecodeSmem(int D, int group)
-      : ld(D + 8), parts(dim_parts(group, D)), warps(group * dim_parts(group, D)) {
+  int ld;
+  size_t k, v, q, fresh_k, fresh_v, total;
+  __host__ __device__ DecodeSmem(int D, int group) : ld(D + 8) {
     k = 0;
     v = k + size_t(kTileKeys) * ld * 2;
     q = v + size_t(kTileKeys) * ld * 2;
     fresh_k = q + size_t(group) * D * 4;
     fresh_v = fresh_k + size_t(D) * 2;
-    scores = fresh_v + size_t(D) * 2;  // each warp's partial dot of each key of a tile
-    total = scores + size_t(warps) * kTileKeys * 4;
+    total = fresh_v + size_t(D) * 2;
   }
 };
 
@@ -180,56 +168,13 @@ __device__ inline float dot_q_k(const float* q, const bf16* krow, int D) {
   return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-// The head dims [lo, hi) a warp works on (part warp / group of its head), and its lane's share of
-// the output: 8 dims per 256 from d0. A part narrower than 256 dims has lanes over, which take
-// every key_groups-th key of a tile instead (key group key_group); their sums are added at the end.
-struct DimRange {
-  int lo, hi;
-  int d0, key_group, key_groups;
-  bool active;  // a lane left over by a width that does not divide the warp
-};
-__device__ inline DimRange warp_dims(int D, int group, int parts) {
-  const int part = (threadIdx.x >> 5) / group, width = D / parts, lane = threadIdx.x & 31;
-  DimRange r{part * width, part * width + width, 0, 0, 1, true};
-  if (width >= 256) {
-    r.d0 = r.lo + lane * 8;
-    return r;
-  }
-  const int lanes_per_key = width / 8;
-  r.key_groups = 32 / lanes_per_key;
-  r.key_group = lane / lanes_per_key;
-  r.d0 = r.lo + lane % lanes_per_key * 8;
-  r.active = r.key_group < r.key_groups;
-  return r;
-}
-
-// Adds the key groups' sums of acc into key group 0's lanes, in a fixed order.
-__device__ inline void sum_key_groups(const DimRange& dims, float (&acc)[kDimChunks][8]) {
-  const int lane = threadIdx.x & 31, stride = (dims.hi - dims.lo) / 8;
-  for (int g = 1; g < dims.key_groups; ++g)
-#pragma unroll
-    for (int c = 0; c < kDimChunks; ++c)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[c][i] += __shfl_sync(0xffffffffu, acc[c][i], lane + g * stride);
-}
-
-// One warp's pass over a staged tile of keys [kb, min(kb + kTileKeys, end)) for its head: lane j
-// scores key j against q (the warp's dims, then the parts added in a fixed order), then the online
-// softmax update of m, l and the lane's acc (see DimRange). Every warp of the block calls it (a
-// barrier inside when parts > 1).
+// One warp's pass over a staged tile of keys [kb, min(kb + kTileKeys, end)): lane j scores key j
+// against q, then the online softmax update of m, l and acc (8 output dims per 256-dim chunk).
 __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const bf16* ks, const bf16* vs,
-                           const float* q, float* scores, int group, DimRange dims, float& m, float& l,
-                           float (&acc)[kDimChunks][8]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, head = warp % group;
+                           const float* q, float& m, float& l, float (&acc)[kDimChunks][8], int D) {
+  const int lane = threadIdx.x & 31;
   const bool valid = kb + lane < end;
-  float s = valid ? dot_q_k(q + dims.lo, ks + lane * lay.ld + dims.lo, dims.hi - dims.lo) : 0.0f;
-  if (lay.parts > 1) {
-    scores[warp * kTileKeys + lane] = s;
-    __syncthreads();
-    s = 0.0f;
-    for (int part = 0; part < lay.parts; ++part) s += scores[(part * group + head) * kTileKeys + lane];
-  }
-  if (!valid) s = -FLT_MAX;
+  const float s = valid ? dot_q_k(q, ks + lane * lay.ld, D) : -FLT_MAX;
   const float m_new = fmaxf(m, warp_max(s));
   const float p = valid ? __expf(s - m_new) : 0.0f;
   const float alpha = __expf(m - m_new);
@@ -241,14 +186,12 @@ __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const
     for (int j = 0; j < 8; ++j) acc[c][j] *= alpha;
   const int keys = int(min(int64_t(kTileKeys), end - kb));
 #pragma unroll 4
-  for (int j0 = 0; j0 < keys; j0 += dims.key_groups) {
-    const int j = j0 + dims.key_group;
-    const float pj = __shfl_sync(0xffffffffu, p, j & 31);
-    if (j >= keys || !dims.active) continue;
+  for (int j = 0; j < keys; ++j) {
+    const float pj = __shfl_sync(0xffffffffu, p, j);
 #pragma unroll
     for (int c = 0; c < kDimChunks; ++c) {
-      const int d = dims.d0 + c * 256;
-      if (d < dims.hi) {
+      const int d = c * 256 + lane * 8;
+      if (d < D) {
         float vf[8];
         unpack8(*reinterpret_cast<const uint4*>(vs + j * lay.ld + d), vf);
 #pragma unroll
@@ -258,9 +201,8 @@ __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const
   }
 }
 
-// Warp `warp` scores keys [begin, end) for query head kvh * group + warp % group over its dims;
-// leaves its running max, sum and unnormalised output (lane's 8 dims per 256 of its part) in m,
-// l, acc.
+// Warp `warp` (< group) scores keys [begin, end) for query head kvh * group + warp; leaves its
+// running max, sum and unnormalised output (lane's 8 dims per 256-dim chunk) in m, l, acc.
 __device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t end, int64_t pos, int kvh,
                              const DecodeSmem& lay, uint8_t* smem, float& m, float& l, float (&acc)[kDimChunks][8]) {
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5;
@@ -269,19 +211,17 @@ __device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t en
   float* qs = reinterpret_cast<float*>(smem + lay.q);
   bf16* fresh_k = reinterpret_cast<bf16*>(smem + lay.fresh_k);
   bf16* fresh_v = reinterpret_cast<bf16*>(smem + lay.fresh_v);
-  float* scores = reinterpret_cast<float*>(smem + lay.scores);
   stage_tile(a, begin, end - 1, pos, kvh, ks, vs, lay.ld);  // in flight while q (and the new K/V) are read
   load_queries(a, pos, kvh, qs);
   if (end == pos + 1) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);
   __syncthreads();  // qs and the new K/V rows visible to every warp
-  const float* q = qs + warp % group * D;
-  const DimRange dims = warp_dims(D, group, lay.parts);
+  const float* q = qs + warp * D;
   for (int64_t kb = begin; kb < end; kb += kTileKeys) {
     cp_async_wait_all();
     place_fresh_row(kb, pos, D, lay.ld, fresh_k, fresh_v, ks, vs);
     __syncthreads();  // the tile visible to every warp
-    score_tile(kb, end, lay, ks, vs, q, scores, group, dims, m, l, acc);
-    __syncthreads();  // the tile (and the partial scores) consumed
+    if (warp < group) score_tile(kb, end, lay, ks, vs, q, m, l, acc, D);
+    __syncthreads();  // the tile consumed
     if (kb + kTileKeys < end) stage_tile(a, kb + kTileKeys, end - 1, pos, kvh, ks, vs, lay.ld);
   }
 }
@@ -303,16 +243,14 @@ __global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
   if (begin >= end) return;  // an empty split: the merge does not read it
   float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
   attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
-  const int64_t row = int64_t(kvh * group + warp % group) * parts.max_splits + split;
-  if (lane == 0 && warp < group) parts.ml[row] = make_float2(m, l);  // the same in every part
+  if (warp >= group) return;
+  const int64_t row = int64_t(kvh * group + warp) * parts.max_splits + split;
+  if (lane == 0) parts.ml[row] = make_float2(m, l);
   float* out = parts.acc + row * D;
-  const DimRange dims = warp_dims(D, group, lay.parts);
-  sum_key_groups(dims, acc);
-  if (dims.key_group != 0) return;
 #pragma unroll
   for (int c = 0; c < kDimChunks; ++c) {
-    const int d = dims.d0 + c * 256;
-    if (d < dims.hi) {
+    const int d = c * 256 + lane * 8;
+    if (d < D) {
       reinterpret_cast<float4*>(out + d)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
       reinterpret_cast<float4*>(out + d)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
     }
@@ -400,7 +338,7 @@ void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_
   const DecodeSmem lay(a.head_dim, group);
   G4_CUDA(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(lay.total)));
   launch_pdl("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
-             32 * lay.warps, lay.total, stream, a, parts);
+             32 * std::max(group, kMinWarps), lay.total, stream, a, parts);
   launch_pdl("decode_merge_kernel", decode_merge_kernel,
              dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
              kMergeColumns * kMergeLanes, 0, stream, a, parts);
