@@ -74,7 +74,7 @@ constexpr int kHeadNormWarps = 8;
 // not once per head (it dominated the head-norm kernel's instructions).
 __global__ void rope_table_kernel(const int32_t* positions, const float* inv_freq, int64_t T, int64_t half,
                                   float2* table) {
-  pdl_wait();  // the previous layer's head norms may still read the table
+  pdl_wait();  // writes nothing before the kernels ahead of it are done (an earlier head norm reads the table)
   pdl_launch_dependents();
   for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < T * half; n += int64_t(gridDim.x) * blockDim.x)
     table[n] = rope_cos_sin(inv_freq, n % half, half, float(positions[n / half]));
