@@ -22,6 +22,7 @@ namespace {
 // accumulates its half of O's columns. Head dims below 512 that are not 64, 128 or 256 run in the
 // next instantiation, zero-padded.
 constexpr int kPrefillThreads = 256;  // two warpgroups
+constexpr float kRescaleLog2 = 8.0f;  // see the online softmax
 
 template <int DP>  // padded head dim: 64, 128, 256 or 512
 struct PrefillTile {
@@ -95,10 +96,22 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
   // Keys [kb, kb + kKeys) into stage `stage`; zeros past key_end (they are masked, and zeros keep
   // P·V free of whatever an unwritten row holds).
   auto stage_keys_tile = [&](int kb, int stage) {
+    const uint32_t k_dst = kv_smem + stage * L::kStageBytes, v_dst = k_dst + L::kTileBytes;
+    if (kb >= pos0 && kb + kKeys <= key_end && D == DP) {
+      // The common case, every key of the tile in the chunk and none padding: consecutive rows of
+      // k_new / v_new, with a fraction of the general path's address arithmetic per copy.
+      const int64_t first = int64_t(kb - pos0) * a.kv_stride + int64_t(kvh) * D;
+      const bf16 *k_rows = a.k_new + first, *v_rows = a.v_new + first;
+      stage_rows<DP, kKeys>([&](int j, int col, uint32_t offset) {
+        const int64_t off = int64_t(j) * a.kv_stride + col;
+        cp_async16(k_dst + offset, k_rows + off, true);
+        cp_async16(v_dst + offset, v_rows + off, true);
+      });
+      return;
+    }
     // The cached keys of a tile lie within one window (ring: capacity >= window) or below the
     // capacity (flat cache), so one subtraction wraps a slot.
     const int kb_slot = kb % int(a.capacity);
-    const uint32_t k_dst = kv_smem + stage * L::kStageBytes, v_dst = k_dst + L::kTileBytes;
     stage_rows<DP, kKeys>([&](int j, int col, uint32_t offset) {
       const int kp = kb + j;
       const bool valid = kp < key_end && col < D;
@@ -184,6 +197,10 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       for (int nb = 0; nb < kNBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // FlashAttention-4's conditional rescaling: while the tile's max exceeds the running max by at
+      // most 2^kRescaleLog2 in P, keep the running max: P stays below 256 (bf16 is as exact there),
+      // alpha is exactly 1, and O skips its rescale, which most tiles past the first few then do.
+      if (m[r] != -INFINITY && (mx - m[r]) * args.scale_log2 <= kRescaleLog2) mx = m[r];
       // exp2((s - max) * scale * log2 e) as one FMA (scale > 0); a row that has seen no key yet keeps P = 0.
       const float ref = mx == -INFINITY ? 0.0f : mx * args.scale_log2;
       alpha[r] = exp2_approx(m[r] * args.scale_log2 - ref);
