@@ -212,20 +212,23 @@ TEST_F(CudaOps, HeadNormsWithSeparateVAndKEqualsV) {
   Both positions = raw(DType::I32, T, 1, pos.data());
   for (int64_t hd : {64, 256, 512})
     for (int64_t rotating : {hd / 2, hd / 8})
-      for (bool k_eq_v : {false, true}) {
+      for (bool k_eq_v : {false, true})
+        for (int64_t q_first : {0, 2, 3}) {  // q of the chunk's last tokens only (a prompt's last layer)
         std::vector<float> inv(size_t(hd / 2), 0.0f);
         for (int64_t i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
         Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
         Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
-        Both q = activation(T * heads, hd, 3.0f), k = activation(T * kv_heads, hd, 2.0f);
+        Both q = activation((T - q_first) * heads, hd, 3.0f), k = activation(T * kv_heads, hd, 2.0f);
         Both v = activation(T * kv_heads, hd, 1.5f);
-        HeadNorms c{q.cpu, q_w.cpu, k.cpu, k_w.cpu, k_eq_v ? k.cpu : v.cpu, v.cpu, positions.cpu, inv_freq.cpu, 1e-6f};
-        HeadNorms g{q.gpu, q_w.gpu, k.gpu, k_w.gpu, k_eq_v ? k.gpu : v.gpu, v.gpu, positions.gpu, inv_freq.gpu, 1e-6f};
+        HeadNorms c{q.cpu, q_w.cpu, k.cpu, k_w.cpu, k_eq_v ? k.cpu : v.cpu, v.cpu, positions.cpu, inv_freq.cpu, 1e-6f,
+                    q_first};
+        HeadNorms g{q.gpu, q_w.gpu, k.gpu, k_w.gpu, k_eq_v ? k.gpu : v.gpu, v.gpu, positions.gpu, inv_freq.gpu, 1e-6f,
+                    q_first};
         cpu_.head_norms(c);
         gpu_->head_norms(g);
         const std::string what = "head_norms hd " + std::to_string(hd) + " rotating " + std::to_string(rotating) +
-                                 (k_eq_v ? " K=V" : "");
-        expect_close(q, what + " q");
+                                 (k_eq_v ? " K=V" : "") + " q from token " + std::to_string(q_first);
+        if (q_first < T) expect_close(q, what + " q");
         expect_close(k, what + " k");
         expect_close(v, what + " v");
       }
@@ -268,6 +271,7 @@ struct AttentionCase {
   int heads, kv_heads, head_dim, window;
   int64_t capacity;
   std::vector<int64_t> chunks;
+  int64_t queries = -1;  // queries of a chunk of several tokens: its last ones (-1: all of them)
 };
 
 TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
@@ -278,6 +282,13 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
       {8, 1, 64, 0, 300, {1, 1, 150, 1, 100, 1}},            // group of 8, many decode splits
       {4, 2, 256, 128, 256, {200, 1, 200, 1}},               // 31B sliding shape, 200-token chunks wrap the ring
       {8, 1, 512, 0, 450, {200, 1, 200, 1}},                 // 31B full shape (group 8), 200-token chunks
+      // A prompt's last layer: queries for the last token only, or none (the chunk fills the cache);
+      // the decode steps after each read what it stored.
+      {4, 2, 16, 8, 16, {5, 1, 16, 1, 3, 9, 1}, 1},
+      {4, 2, 256, 128, 256, {200, 1, 200, 1}, 1},
+      {8, 1, 512, 0, 450, {200, 1, 200, 1}, 1},
+      {4, 2, 256, 128, 256, {200, 1, 200, 1}, 0},
+      {8, 1, 512, 0, 450, {200, 1, 200, 1}, 0},
   };
   for (const auto& c : cases) {
     const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;
@@ -290,9 +301,11 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
       std::vector<int32_t> p(static_cast<size_t>(T));
       for (int64_t i = 0; i < T; ++i) p[size_t(i)] = pos + int32_t(i);
       Both positions = raw(DType::I32, T, 1, p.data());
-      Both q = activation(T, q_cols), k = activation(T, kv_cols), v = activation(T, kv_cols);
-      Both out = activation(T, q_cols);
+      const int64_t queries = T > 1 && c.queries >= 0 ? c.queries : T;
+      Both q = activation(queries, q_cols), k = activation(T, kv_cols), v = activation(T, kv_cols);
+      Both out = activation(queries, q_cols);
       AttentionArgs a;
+      a.q_first = T - queries;
       a.cache = &cpu_cache;
       a.heads = c.heads;
       a.kv_heads = c.kv_heads;
@@ -305,8 +318,9 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
       g.cache = &gpu_cache;
       cpu_.attention(a);
       gpu_->attention(g);
-      expect_close(out, "attention hd " + std::to_string(c.head_dim) + " at " + std::to_string(pos) + " T=" +
-                            std::to_string(T));
+      if (queries > 0)
+        expect_close(out, "attention hd " + std::to_string(c.head_dim) + " at " + std::to_string(pos) + " T=" +
+                              std::to_string(T) + " queries " + std::to_string(queries));
       pos += int32_t(T);
     }
   }

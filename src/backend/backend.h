@@ -26,19 +26,22 @@ struct KvCache {
   int64_t capacity = 0;
 };
 
+// The queries are the chunk's tokens [q_first, T): a chunk may skip those whose output nobody
+// reads (the last layer of a prompt), while every token's K/V is still attended and stored.
 struct AttentionArgs {
-  Tensor q;          // [T, heads*head_dim], normed and rotated
+  Tensor q;          // [T - q_first, heads*head_dim], normed and rotated
   Tensor k_new, v_new;  // [T, kv_heads*head_dim] of this chunk, normed (and K rotated)
   KvCache* cache;    // keys/values of positions before this chunk
   Tensor positions;  // I32 [T, 1], contiguous: positions[i] = positions[0] + i
   int heads = 0, kv_heads = 0, head_dim = 0;
   int window = 0;    // sliding window (pos_q - pos_k < window); 0 = full causal
   float scale = 1.0f;
-  Tensor out;        // [T, heads*head_dim]
+  Tensor out;        // [T - q_first, heads*head_dim]
+  int64_t q_first = 0;
 };
 
-// The attention block's per-head norms, in place on [T*heads, head_dim] views (row r of a tensor
-// belongs to token r / (rows / T)): q = rope(rms_norm(q)·q_weight) and k = rope(rms_norm(k)·k_weight),
+// The attention block's per-head norms, in place on [tokens*heads, head_dim] views (row r of a
+// tensor belongs to token r / heads; q holds tokens [q_first, T), k and v all T): q = rope(rms_norm(q)·q_weight) and k = rope(rms_norm(k)·k_weight),
 // rotate-half RoPE with inv_freq F32 [head_dim/2, 1] (zeros = identity, which is how proportional
 // partial RoPE is expressed) at positions[token]; v = rms_norm(v_in) without weight, where v_in is
 // the projected V (in place: v_in = v) or, on K=V layers, the projected K itself (read before k is
@@ -47,6 +50,7 @@ struct HeadNorms {
   Tensor q, q_weight, k, k_weight, v_in, v;
   Tensor positions, inv_freq;
   float eps = 0.0f;
+  int64_t q_first = 0;
 };
 
 class Backend {

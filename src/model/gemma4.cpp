@@ -1,6 +1,7 @@
 #include "model/gemma4.h"
 
 #include <cmath>
+#include <span>
 
 #include "util/error.h"
 
@@ -32,21 +33,23 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
   const LayerConfig& l = config_.layers[size_t(layer)];
   const LayerWeights& w = weights_.layers[size_t(layer)];
   const float eps = float(config_.rms_norm_eps);
-  const int64_t H = config_.hidden_size, hd = l.head_dim;
+  const int64_t H = config_.hidden_size, hd = l.head_dim, first = T - out_rows;
   const int64_t q_cols = config_.num_heads * hd, kv_cols = l.kv_heads * hd;
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
-  Tensor q = head(buf.q, T, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
+  // Queries only for the out_rows tokens whose output is read; keys and values for all T.
+  Tensor q = head(buf.q, out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
 
-  Tensor q_heads = q.reshaped(T * config_.num_heads, hd);
+  Tensor q_heads = q.reshaped(out_rows * config_.num_heads, hd);
   Tensor k_heads = k.reshaped(T * l.kv_heads, hd), v_heads = v.reshaped(T * l.kv_heads, hd);
-  HeadNorms norms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads, positions, w.rope_inv_freq, eps};
-  if (l.k_eq_v) {  // V = v_norm(k_proj(x)), before k_norm/RoPE
-    const Tensor ws[] = {w.q_proj, w.k_proj}, ys[] = {q, k};
-    be.matmuls(h, ws, ys);
-    norms.v_in = k_heads;
-  } else {
+  HeadNorms norms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads, positions, w.rope_inv_freq, eps, first};
+  if (l.k_eq_v) norms.v_in = k_heads;  // V = v_norm(k_proj(x)), before k_norm/RoPE
+  if (first == 0) {  // one input for all three: one launch for a decode step
     const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, ys[] = {q, k, v};
-    be.matmuls(h, ws, ys);
+    be.matmuls(h, std::span(ws, l.k_eq_v ? 2 : 3), std::span(ys, l.k_eq_v ? 2 : 3));
+  } else {
+    if (out_rows > 0) be.matmul(h.rows_view(first, out_rows), w.q_proj, q);
+    const Tensor ws[] = {w.k_proj, w.v_proj}, ys[] = {k, v};
+    be.matmuls(h, std::span(ws, l.k_eq_v ? 1 : 2), std::span(ys, l.k_eq_v ? 1 : 2));
   }
 
   AttentionArgs args;
@@ -60,13 +63,13 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
   args.head_dim = l.head_dim;
   args.window = l.sliding ? config_.sliding_window : 0;
   args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
-  args.out = head(buf.attn, T, q_cols);
+  args.out = head(buf.attn, out_rows, q_cols);
+  args.q_first = first;
   be.normed_attention(norms, args);
   if (out_rows == 0) return;
 
-  const int64_t first = T - out_rows;
   Tensor o = rows(buf.proj, first, out_rows, H);
-  be.matmul(args.out.rows_view(first, out_rows), w.o_proj, o);
+  be.matmul(args.out, w.o_proj, o);
   be.residual_norm(x.rows_view(first, out_rows), o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm,
                    h.rows_view(first, out_rows));
 }
@@ -97,8 +100,8 @@ void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCach
   // buf.normed; only the first layer's input norm is an op of its own.
   if (config_.num_layers() > 0)
     be.rms_norm(x, weights_.layers[0].attn_norm, float(config_.rms_norm_eps), head(buf.normed, T, config_.hidden_size));
-  // The last layer still projects and stores every position's K/V, but computes the rest (o_proj,
-  // MLP) only for the rows whose hidden states the caller reads.
+  // The last layer still projects and stores every position's K/V, but computes the rest (queries,
+  // o_proj, MLP) only for the rows whose hidden states the caller reads.
   for (int i = 0; i < config_.num_layers(); ++i) {
     const int64_t n = i + 1 == config_.num_layers() ? out_rows : T;
     attention_block(be, buf, i, caches[size_t(i)], positions, T, n);

@@ -36,7 +36,7 @@ class Gemma4 {
 
  private:
   // Both blocks read their normed input from buf.normed and leave the next block's there.
-  // Attention runs over all T rows; o_proj and the residual only over the last out_rows.
+  // Keys and values of all T rows; queries, o_proj and the residual only for the last out_rows.
   void attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
                        int64_t T, int64_t out_rows) const;
   // The MLP block over rows [first, first + n).

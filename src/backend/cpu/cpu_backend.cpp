@@ -131,6 +131,7 @@ static void rope_row(float* v, int64_t half, double p, const float* inv_freq) {
 void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
                                const Tensor& inv_freq) {
   check_f32(x, "rms_norm_rope input");
+  if (x.rows == 0) return;
   const std::vector<float> w = widen_norm_weight(weight, x.cols);
   const int64_t heads = x.rows / positions.rows;
   const int32_t* pos = positions.as<int32_t>();
@@ -145,7 +146,7 @@ void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
 
 void CpuBackend::head_norms(const HeadNorms& a) {
   rms_norm(a.v_in, Tensor{}, a.eps, a.v);  // first: on K=V layers v_in is k before its norm
-  rms_norm_rope(a.q, a.q_weight, a.eps, a.positions, a.inv_freq);
+  rms_norm_rope(a.q, a.q_weight, a.eps, a.positions.rows_view(a.q_first, a.positions.rows - a.q_first), a.inv_freq);
   rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
 }
 
@@ -155,18 +156,20 @@ void CpuBackend::attention(const AttentionArgs& a) {
   const int group = a.heads / a.kv_heads;
   G4_CHECK(a.window == 0 || cap >= a.window, "attention: ring cache smaller than the sliding window");
   G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
+  G4_CHECK(a.q_first >= 0 && a.q_first <= T && a.q.rows == T - a.q_first && a.out.rows == a.q.rows,
+           "attention: q and out must hold the chunk's tokens [q_first, T)");
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
   auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
     return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + (kp % cap) * kv_cols;
   };
-  pool_.parallel_for(T * a.heads, [&](int64_t b, int64_t e) {
+  pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(hd));
     for (int64_t job = b; job < e; ++job) {
-      const int64_t t = job / a.heads, h = job % a.heads, kvh = h / group;
-      const int64_t p = pos0 + t;
+      const int64_t row = job / a.heads, h = job % a.heads, kvh = h / group;
+      const int64_t p = pos0 + a.q_first + row;
       const int64_t first = a.window ? std::max<int64_t>(0, p - a.window + 1) : 0;
-      const float* q = a.q.as<float>() + t * a.q.cols + h * hd;
+      const float* q = a.q.as<float>() + row * a.q.cols + h * hd;
       scores.assign(size_t(p - first + 1), 0.0f);
       float mx = -INFINITY;
       for (int64_t kp = first; kp <= p; ++kp) {
@@ -182,7 +185,7 @@ void CpuBackend::attention(const AttentionArgs& a) {
         const float* v = key_row(kp, a.v_new, a.cache->v) + kvh * hd;
         for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += w * v[i];
       }
-      std::memcpy(a.out.as<float>() + t * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
+      std::memcpy(a.out.as<float>() + row * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
     }
   });
   // Store this chunk's K/V only after every query has read the older ring entries.

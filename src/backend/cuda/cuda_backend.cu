@@ -190,6 +190,7 @@ class CudaBackend final : public Backend {
     a.k_rows = n.k.rows;
     a.v_rows = n.v.rows;
     a.T = n.positions.rows;
+    a.q_first = n.q_first;
     a.head_dim = n.q.cols;
     a.eps = n.eps;
     a.positions = ptr<int32_t>(n.positions);
@@ -209,7 +210,8 @@ class CudaBackend final : public Backend {
   // One decode token: the head norms are folded into the attention launch, which reads the raw
   // projections (V from v_in: K itself on K=V layers).
   void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
-    const bool fold = args.positions.rows == 1 && norms.q.data == args.q.data && norms.k.data == args.k_new.data &&
+    const bool fold = args.positions.rows == 1 && args.q_first == 0 && norms.q_first == 0 &&
+                      norms.q.data == args.q.data && norms.k.data == args.k_new.data &&
                       norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
     if (!fold) return Backend::normed_attention(norms, args);
     check_head_norms(norms);
@@ -330,6 +332,7 @@ class CudaBackend final : public Backend {
     a.out = ptr<bf16>(args.out);
     a.positions = ptr<int32_t>(args.positions);
     a.T = args.positions.rows;
+    a.q_first = args.q_first;
     a.capacity = args.cache->capacity;
     a.heads = args.heads;
     a.kv_heads = args.kv_heads;
@@ -341,6 +344,9 @@ class CudaBackend final : public Backend {
     a.out_stride = args.out.cols;
     G4_CHECK(args.cache->k.cols == a.kv_stride && args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
              "cuda attention: K/V rows must hold kv_heads * head_dim values");
+    G4_CHECK(a.q_first >= 0 && a.q_first <= a.T && args.q.rows == a.T - a.q_first && args.out.rows == args.q.rows,
+             "cuda attention: q and out must hold the chunk's tokens [q_first, T)");
+    G4_CHECK(a.T > 1 || a.q_first == 0, "cuda attention: a decode step has its one query");
     const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
     if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
     return a;

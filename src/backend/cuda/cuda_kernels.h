@@ -26,6 +26,7 @@ struct HeadNormLaunch {
   const bf16* v_in;
   const float *q_weight, *k_weight;  // F32 [head_dim] or nullptr
   int64_t q_rows, k_rows, v_rows, T, head_dim;
+  int64_t q_first;  // q holds the heads of tokens [q_first, T)
   float eps;
   const int32_t* positions;
   const float* inv_freq;  // F32 [head_dim / 2]; zeros rotate by nothing
@@ -71,6 +72,7 @@ struct AttentionLaunch {
   int heads, kv_heads, head_dim, window;
   float scale;
   int64_t q_stride, kv_stride, out_stride;  // row strides in elements
+  int64_t q_first = 0;  // the queries (q and out rows) are tokens [q_first, T)
   // Decode only: when norm_inputs, q, k_new and v_new are the raw projections (v_new is K itself on
   // K=V layers) and are normed here as Backend::head_norms would (q/k weights, RoPE inv_freq).
   bool norm_inputs = false;

@@ -93,10 +93,11 @@ __global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
   RopeLane<kAccesses> rope;
   if (r < a.q_rows + a.k_rows) {  // q and k rows: norm, weight, RoPE
     const bool is_q = r < a.q_rows;
-    const int64_t row = is_q ? r : r - a.q_rows, heads = (is_q ? a.q_rows : a.k_rows) / a.T;
+    const int64_t row = is_q ? r : r - a.q_rows;
+    const int64_t token = is_q ? a.q_first + row / (a.q_rows / (a.T - a.q_first)) : row / (a.k_rows / a.T);
     bf16* data = (is_q ? a.q : a.k) + row * D;
     load_head_row(data, half, raw);
-    rope_lane(a.rope_table + row / heads * half, half, rope);
+    rope_lane(a.rope_table + token * half, half, rope);
     const bool v_from_k = !is_q && a.v_in == a.k;
     norm_head_row(raw, half, is_q ? a.q_weight : a.k_weight, a.eps, &rope, Bf16RowSink{data},
                   Bf16RowSink{v_from_k ? a.v + row * D : nullptr});
@@ -320,7 +321,9 @@ void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* wei
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
   G4_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 512, "head_norms: head_dim must be a multiple of 8, at most 512");
-  G4_CHECK(a.T > 0 && a.q_rows % a.T == 0 && a.k_rows % a.T == 0, "head_norms: rows must be whole heads of every token");
+  G4_CHECK(a.T > 0 && a.q_first >= 0 && a.q_first <= a.T && a.k_rows % a.T == 0 &&
+               (a.q_first < a.T ? a.q_rows % (a.T - a.q_first) == 0 : a.q_rows == 0),
+           "head_norms: rows must be whole heads of every token");
   G4_CHECK(a.inv_freq, "head_norms: the RoPE frequencies are missing");
   G4_CHECK(a.rope_table, "head_norms: the RoPE table scratch is missing");
   const int64_t half = a.head_dim / 2;
