@@ -19,7 +19,7 @@ inline void cuda_check(cudaError_t status, const char* call) {
 // After a kernel launch: reports a bad launch configuration with the kernel's name.
 #define G4_CUDA_LAUNCHED(kernel) ::g4::cuda_check(cudaGetLastError(), "launching " #kernel)
 
-__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // 8 bf16 values moved as one 16-byte access.
 union Bf16x8 {

@@ -61,30 +61,6 @@ __device__ inline void stage_rows(CopyChunk copy) {
   }
 }
 
-// Whether the attention kernel may store the chunk's K/V itself, each block its own queries' rows,
-// while other blocks still read the cache: when no slot it overwrites holds a key that a query of
-// the chunk sees. True for a flat cache; for a ring, when the chunk has nothing cached before it
-// or is at most capacity - window + 1 long; and only when every token is a query (the blocks'
-// queries then cover the chunk). Otherwise store_kv_kernel stores them afterwards.
-__device__ inline bool store_kv_in_attention(const AttentionLaunch& a, int64_t pos0) {
-  return a.q_first == 0 && (a.window == 0 || pos0 == 0 || a.T <= a.capacity - a.window + 1);
-}
-
-// Rows [t_begin, t_end) of the chunk's K/V for kv head kvh into their cache slots (only the last
-// `capacity` rows of the chunk), 16 bytes per thread and step.
-__device__ inline void store_kv_rows(const AttentionLaunch& a, int64_t pos0, int kvh, int64_t t_begin, int64_t t_end) {
-  t_begin = max(t_begin, a.T - a.capacity);
-  const int vecs = a.head_dim / 8;
-  for (int64_t i = threadIdx.x; i < (t_end - t_begin) * vecs; i += blockDim.x) {
-    const int64_t t = t_begin + i / vecs, slot = (pos0 + t) % a.capacity;
-    const int64_t col = int64_t(kvh) * a.head_dim + i % vecs * 8;
-    *reinterpret_cast<uint4*>(a.k_cache + slot * a.kv_stride + col) =
-        *reinterpret_cast<const uint4*>(a.k_new + t * a.kv_stride + col);
-    *reinterpret_cast<uint4*>(a.v_cache + slot * a.kv_stride + col) =
-        *reinterpret_cast<const uint4*>(a.v_new + t * a.kv_stride + col);
-  }
-}
-
 __device__ inline void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -295,15 +271,11 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       *reinterpret_cast<uint4*>(a.out + int64_t(r / G) * a.out_stride + int64_t(kvh * G + r % G) * D + col) =
           *reinterpret_cast<const uint4*>(smem_ptr + swizzled_offset(L::kRows, rr, col));
   }
-  // The block's queries (a partition of the chunk: a query is in the block holding its first row).
-  if (store_kv_in_attention(a, pos0))
-    store_kv_rows(a, pos0, kvh, ceil_div(row0, G), min(a.T, ceil_div(row0 + L::kRows, G)));
 }
 
 // Stores the chunk's K/V rows (the last `capacity` of them) at their slots, 16 bytes at a time
-// (rows hold kv_heads * head_dim values, a multiple of 16), unless the attention kernel did.
+// (rows hold kv_heads * head_dim values, a multiple of 16).
 __global__ void store_kv_kernel(AttentionLaunch a) {
-  if (store_kv_in_attention(a, a.positions[0])) return;
   const int64_t vecs = int64_t(a.kv_heads) * a.head_dim / 8, stride = a.kv_stride / 8;
   const int64_t first = max(int64_t(0), a.T - a.capacity), pos0 = a.positions[0];
   const uint4 *k = reinterpret_cast<const uint4*>(a.k_new), *v = reinterpret_cast<const uint4*>(a.v_new);
