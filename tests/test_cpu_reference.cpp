@@ -83,6 +83,70 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpuReference,
 
 // Backend::matmuls (the q/k/v projections of one input) equals one matmul per weight, and a
 // missing output is an error, not an out-of-range write.
+// Attention of the chunk's last queries only (AttentionArgs::q_first): the same rows as with every
+// query, the same K/V stored; q or out of another length is an error.
+TEST(CpuBackendOps, AttentionOfTheChunksLastQueries) {
+  CpuBackend be(2);
+  const int64_t T = 6, heads = 2, hd = 4, cap = 8;
+  std::vector<float> qv(static_cast<size_t>(T * heads * hd)), kv(static_cast<size_t>(T * hd)),
+      vv(static_cast<size_t>(T * hd));
+  for (size_t i = 0; i < qv.size(); ++i) qv[i] = std::sin(0.37f * float(i));
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::cos(0.23f * float(i)), vv[i] = std::sin(0.11f * float(i) + 1.0f);
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) pos[size_t(i)] = int32_t(i);
+  auto tensor = [&](DType dtype, int64_t rows, int64_t cols, const void* data) {
+    Tensor t = be.alloc(dtype, rows, cols);
+    be.upload(data, t);
+    return t;
+  };
+  const Tensor q = tensor(DType::F32, T, heads * hd, qv.data()), k = tensor(DType::F32, T, hd, kv.data());
+  const Tensor v = tensor(DType::F32, T, hd, vv.data()), positions = tensor(DType::I32, T, 1, pos.data());
+  // The chunk's queries [q_first, T) over a sliding window of 4; out and the cache to compare.
+  auto run = [&](int64_t q_first, std::vector<float>& out, std::vector<float>& cache_k) {
+    KvCache cache{be.alloc(DType::F32, cap, hd), be.alloc(DType::F32, cap, hd), cap};
+    AttentionArgs a;
+    a.q = q.rows_view(q_first, T - q_first);
+    a.k_new = k;
+    a.v_new = v;
+    a.cache = &cache;
+    a.positions = positions;
+    a.heads = int(heads);
+    a.kv_heads = 1;
+    a.head_dim = int(hd);
+    a.window = 4;
+    a.out = be.alloc(DType::F32, T - q_first, heads * hd);
+    a.q_first = q_first;
+    be.attention(a);
+    out.resize(size_t(a.out.numel()));
+    if (!out.empty()) be.download(a.out, out.data());
+    cache_k.resize(static_cast<size_t>(cap * hd));
+    be.download(cache.k, cache_k.data());
+  };
+  std::vector<float> all, all_cache, last, last_cache, none, none_cache;
+  run(0, all, all_cache);
+  run(T - 2, last, last_cache);
+  run(T, none, none_cache);
+  EXPECT_EQ(last, std::vector<float>(all.end() - 2 * heads * hd, all.end()));
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(last_cache, all_cache);
+  EXPECT_EQ(none_cache, all_cache);
+
+  KvCache cache{be.alloc(DType::F32, cap, hd), be.alloc(DType::F32, cap, hd), cap};
+  AttentionArgs bad;
+  bad.q = q;  // all T rows, but q_first says the last 2
+  bad.k_new = k;
+  bad.v_new = v;
+  bad.cache = &cache;
+  bad.positions = positions;
+  bad.heads = int(heads);
+  bad.kv_heads = 1;
+  bad.head_dim = int(hd);
+  bad.window = 4;
+  bad.out = be.alloc(DType::F32, T, heads * hd);
+  bad.q_first = T - 2;
+  EXPECT_THROW(be.attention(bad), Error);
+}
+
 TEST(CpuBackendOps, MatmulsAreOneMatmulPerWeight) {
   CpuBackend be(2);
   const std::vector<float> xv = {1, 2, 3, 4, -1, 0.5f, 2, -3};  // x [2, 4]
