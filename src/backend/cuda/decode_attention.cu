@@ -258,25 +258,43 @@ __global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
 }
 
 // Block (head, dims [128 y, 128 y + 128)): out = sum_s w_s * acc_s over the non-empty splits with
-// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m).
+// w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m). The position, the splits' (m, l) and the first
+// splits' acc columns are all loaded at once, before the position says how many splits are used
+// (the rest are masked by selects, as a stale value may be anything): one memory latency instead
+// of three in a row.
 __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch a,
                                                                                   SplitPartials parts) {
   pdl_launch_dependents();
   __shared__ float weights[kMaxSplits];
   __shared__ float4 sums[kMergeLanes][kMergeColumns];
   const int D = a.head_dim, head = blockIdx.x, column = threadIdx.x % kMergeColumns, lane_group = threadIdx.x / kMergeColumns;
+  const int d = blockIdx.y * kMergeDims + 4 * column;
+  const float2* ml = parts.ml + int64_t(head) * parts.max_splits;
+  const float* acc = parts.acc + int64_t(head) * parts.max_splits * D + d;
+  auto load_acc = [&](int s) {
+    return s < parts.max_splits && d < D ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D))
+                                         : make_float4(0, 0, 0, 0);
+  };
   pdl_wait();
   const int64_t pos = a.positions[0];
+  float2 ml_lane[kMaxSplits / 32];  // warp 0: lane holds splits lane + 32j
+  if (threadIdx.x < 32)
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int s = threadIdx.x + 32 * j;
+      ml_lane[j] = s < parts.max_splits ? __ldcg(ml + s) : make_float2(-FLT_MAX, 0.0f);
+    }
+  float4 v[kMergeLoads];
+#pragma unroll
+  for (int u = 0; u < kMergeLoads; ++u) v[u] = load_acc(lane_group + u * kMergeLanes);
   const int used = used_splits(pos, a.window, parts.split_keys, parts.max_splits);
-  const float2* ml = parts.ml + int64_t(head) * parts.max_splits;
-  if (threadIdx.x < 32) {  // one pass over the splits' (m, l): lane holds splits lane + 32j
+  if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float ms[kMaxSplits / 32], ls[kMaxSplits / 32], m = -FLT_MAX;
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j) {
-      const int s = lane + 32 * j;
-      const float2 v = s < used ? __ldcg(ml + s) : make_float2(-FLT_MAX, 0.0f);
-      ms[j] = v.x, ls[j] = v.y;
+      const bool in = lane + 32 * j < used;
+      ms[j] = in ? ml_lane[j].x : -FLT_MAX, ls[j] = in ? ml_lane[j].y : 0.0f;
       m = fmaxf(m, ms[j]);
     }
     m = warp_max(m);
@@ -289,24 +307,18 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
       if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;
   }
   __syncthreads();
-  const int d = blockIdx.y * kMergeDims + 4 * column;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (d < D) {
-    const float* acc = parts.acc + int64_t(head) * parts.max_splits * D + d;
-    for (int s0 = lane_group; s0 < used; s0 += kMergeLanes * kMergeLoads) {
-      float4 v[kMergeLoads];
+  for (int s0 = lane_group; s0 < used; s0 += kMergeLanes * kMergeLoads) {
+    if (s0 != lane_group)  // later rounds (more than kMergeLanes * kMergeLoads splits)
 #pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u) {
-        const int s = s0 + u * kMergeLanes;
-        v[u] = s < used ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D)) : make_float4(0, 0, 0, 0);
-      }
+      for (int u = 0; u < kMergeLoads; ++u) v[u] = load_acc(s0 + u * kMergeLanes);
 #pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u) {
-        const int s = s0 + u * kMergeLanes;
-        const float w = s < used ? weights[s] : 0.0f;
-        sum.x = fmaf(w, v[u].x, sum.x), sum.y = fmaf(w, v[u].y, sum.y);
-        sum.z = fmaf(w, v[u].z, sum.z), sum.w = fmaf(w, v[u].w, sum.w);
-      }
+    for (int u = 0; u < kMergeLoads; ++u) {
+      const int s = s0 + u * kMergeLanes;
+      if (s >= used) continue;
+      const float w = weights[s];
+      sum.x = fmaf(w, v[u].x, sum.x), sum.y = fmaf(w, v[u].y, sum.y);
+      sum.z = fmaf(w, v[u].z, sum.z), sum.w = fmaf(w, v[u].w, sum.w);
     }
   }
   sums[lane_group][column] = sum;
