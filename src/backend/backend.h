@@ -41,11 +41,11 @@ struct AttentionArgs {
 };
 
 // The attention block's per-head norms, in place on [tokens*heads, head_dim] views (row r of a
-// tensor belongs to token r / heads; q holds tokens [q_first, T), k and v all T): q = rope(rms_norm(q)·q_weight) and k = rope(rms_norm(k)·k_weight),
-// rotate-half RoPE with inv_freq F32 [head_dim/2, 1] (zeros = identity, which is how proportional
-// partial RoPE is expressed) at positions[token]; v = rms_norm(v_in) without weight, where v_in is
-// the projected V (in place: v_in = v) or, on K=V layers, the projected K itself (read before k is
-// normed).
+// tensor belongs to token r / heads; q holds tokens [q_first, T), k and v all T):
+// q = rope(rms_norm(q)·q_weight) and k = rope(rms_norm(k)·k_weight), rotate-half RoPE with inv_freq
+// F32 [head_dim/2, 1] (zeros = identity, which is how proportional partial RoPE is expressed) at
+// positions[token]; v = rms_norm(v_in) without weight, where v_in is the projected V (in place:
+// v_in = v) or, on K=V layers, the projected K itself (read before k is normed).
 struct HeadNorms {
   Tensor q, q_weight, k, k_weight, v_in, v;
   Tensor positions, inv_freq;
