@@ -101,11 +101,10 @@ TEST(CpuBackendOps, AttentionOfTheChunksLastQueries) {
   };
   const Tensor q = tensor(DType::F32, T, heads * hd, qv.data()), k = tensor(DType::F32, T, hd, kv.data());
   const Tensor v = tensor(DType::F32, T, hd, vv.data()), positions = tensor(DType::I32, T, 1, pos.data());
-  // The chunk's queries [q_first, T) over a sliding window of 4; out and the cache to compare.
-  auto run = [&](int64_t q_first, std::vector<float>& out, std::vector<float>& cache_k) {
-    KvCache cache{be.alloc(DType::F32, cap, hd), be.alloc(DType::F32, cap, hd), cap};
+  // Attention of queries `queries` (the chunk's tokens [q_first, T)) over a sliding window of 4.
+  auto args_for = [&](int64_t q_first, const Tensor& queries, KvCache& cache) {
     AttentionArgs a;
-    a.q = q.rows_view(q_first, T - q_first);
+    a.q = queries;
     a.k_new = k;
     a.v_new = v;
     a.cache = &cache;
@@ -114,8 +113,15 @@ TEST(CpuBackendOps, AttentionOfTheChunksLastQueries) {
     a.kv_heads = 1;
     a.head_dim = int(hd);
     a.window = 4;
-    a.out = be.alloc(DType::F32, T - q_first, heads * hd);
+    a.out = be.alloc(DType::F32, queries.rows, heads * hd);
     a.q_first = q_first;
+    return a;
+  };
+  auto new_cache = [&] { return KvCache{be.alloc(DType::F32, cap, hd), be.alloc(DType::F32, cap, hd), cap}; };
+  // out and the cache's keys, to compare.
+  auto run = [&](int64_t q_first, std::vector<float>& out, std::vector<float>& cache_k) {
+    KvCache cache = new_cache();
+    const AttentionArgs a = args_for(q_first, q.rows_view(q_first, T - q_first), cache);
     be.attention(a);
     out.resize(size_t(a.out.numel()));
     if (!out.empty()) be.download(a.out, out.data());
@@ -131,20 +137,8 @@ TEST(CpuBackendOps, AttentionOfTheChunksLastQueries) {
   EXPECT_EQ(last_cache, all_cache);
   EXPECT_EQ(none_cache, all_cache);
 
-  KvCache cache{be.alloc(DType::F32, cap, hd), be.alloc(DType::F32, cap, hd), cap};
-  AttentionArgs bad;
-  bad.q = q;  // all T rows, but q_first says the last 2
-  bad.k_new = k;
-  bad.v_new = v;
-  bad.cache = &cache;
-  bad.positions = positions;
-  bad.heads = int(heads);
-  bad.kv_heads = 1;
-  bad.head_dim = int(hd);
-  bad.window = 4;
-  bad.out = be.alloc(DType::F32, T, heads * hd);
-  bad.q_first = T - 2;
-  EXPECT_THROW(be.attention(bad), Error);
+  KvCache cache = new_cache();
+  EXPECT_THROW(be.attention(args_for(T - 2, q, cache)), Error);  // all T rows, but q_first says the last 2
 }
 
 TEST(CpuBackendOps, MatmulsAreOneMatmulPerWeight) {
