@@ -10,9 +10,10 @@ quote per block, blocks separated by a line with a single '%'). Licence: BSD (Un
 California, fortune-mod), see /usr/share/doc/fortunes/copyright; the script copies that file to
 OUT_DIR/CORPUS_LICENSE.
 
-OUT_DIR receives a Hugging Face checkpoint (config.json, model.safetensors in bfloat16,
-tokenizer.json) and golden.json: greedy continuations computed by transformers from the saved
-weights, which tests/test_demo_model.cpp checks g4 against, plus the validation loss.
+OUT_DIR receives a Hugging Face checkpoint (config.json, generation_config.json, model.safetensors
+in bfloat16, tokenizer.json; committed as tests/fixtures/demo/hf, and `g4 export` of it is
+models/demo.gguf) and golden.json: greedy continuations computed by transformers from the saved
+files, which tests/test_demo_model.cpp checks g4 against, plus the validation loss.
 
 The tokenizer is a BPE with byte fallback in Gemma's style ("▁" for spaces, <0xNN> byte tokens at
 Gemma's ids 238..493) and keeps Gemma 4's special and chat tokens at Gemma 4's ids (<pad> 0,
@@ -41,9 +42,11 @@ CHAT_PREFIX = "<|turn>user\n{}<turn|>\n<|turn>model\n<|channel>thought\n<channel
 def read_fortunes(corpus_dir):
     items = []
     for name in sorted(os.listdir(corpus_dir)):
-        if name.isupper():
+        path = os.path.join(corpus_dir, name)
+        # fortune's index files (.dat), its .u8 links and the licence are not quotes
+        if name.isupper() or name.endswith((".dat", ".u8")) or os.path.islink(path) or not os.path.isfile(path):
             continue
-        text = open(os.path.join(corpus_dir, name), encoding="utf-8", errors="replace").read()
+        text = open(path, encoding="utf-8", errors="replace").read()
         topic = name.replace("-", " ")
         for block in text.split("\n%\n"):
             block = block.strip("\n")
@@ -201,7 +204,10 @@ def main():
     model.generation_config.top_p = 0.9
     model.save_pretrained(out_dir, safe_serialization=True)
     open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8").write(tok_json)
-    model = model.to(torch.float32).eval()
+    # The goldens come from the saved files, loaded as a user loads them: from_pretrained keeps the
+    # RoPE inverse frequencies in float32 (a model.to(float32) of the bf16 model would keep them
+    # rounded to bf16, which no runtime does).
+    model = Gemma4ForCausalLM.from_pretrained(out_dir, dtype=torch.float32).to(device).eval()
     val_loss = evaluate(model, val, device)
     prompts = {
         "chat": "<bos>" + CHAT_PREFIX.format("Tell me a fortune about computers."),

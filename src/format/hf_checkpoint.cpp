@@ -60,9 +60,6 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
       canonical_[canon] = {files_.back().get(), name};
     }
   }
-  // Without a "dtype" in config.json, the embedding's storage type is the checkpoint's dtype.
-  if (config_.rope_dtype == DType::F32)
-    if (const HostTensor* embed = find("embed_tokens.weight")) config_.rope_dtype = embed->dtype;
 }
 
 const HostTensor* HfCheckpoint::find(const std::string& name) const {

@@ -8,7 +8,6 @@
 
 #include "util/error.h"
 #include "util/files.h"
-#include "util/half.h"
 
 namespace g4 {
 
@@ -38,16 +37,11 @@ int64_t ModelConfig::max_prefill_chunk(int64_t max_seq_len) const {
   return std::max<int64_t>(1, std::min<int64_t>(max_seq_len - 1, 2 * int64_t(sliding_window)));
 }
 
-std::vector<float> ModelConfig::rope_inv_freq(const LayerConfig& layer) const {
-  const int pairs = layer.head_dim / 2;
-  const int rotating = int(layer.rope_partial * layer.head_dim) / 2;
+std::vector<float> LayerConfig::rope_inv_freq() const {
+  const int pairs = head_dim / 2;
+  const int rotating = int(rope_partial * head_dim) / 2;
   std::vector<float> inv(size_t(pairs), 0.0f);
-  for (int i = 0; i < rotating; ++i) {
-    const float f = float(std::pow(layer.rope_theta, -2.0 * i / layer.head_dim));
-    inv[size_t(i)] = rope_dtype == DType::BF16  ? bf16_to_f32(f32_to_bf16(f))
-                     : rope_dtype == DType::F16 ? f16_to_f32(f32_to_f16(f))
-                                                : f;
-  }
+  for (int i = 0; i < rotating; ++i) inv[size_t(i)] = float(std::pow(rope_theta, -2.0 * i / head_dim));
   return inv;
 }
 
@@ -164,10 +158,6 @@ ModelConfig parse_hf_config(const json& root) {
   c.bos_id = optional<int>(t, "bos_token_id", 2);
   const json& eos = t.contains("eos_token_id") ? t["eos_token_id"] : root.value("eos_token_id", json(1));
   c.eos_ids = eos.is_array() ? eos.get<std::vector<int>>() : std::vector<int>{eos.is_number() ? eos.get<int>() : 1};
-
-  const std::string dtype = optional<std::string>(t, "dtype", optional<std::string>(root, "torch_dtype", ""));
-  if (dtype == "bfloat16") c.rope_dtype = DType::BF16;
-  if (dtype == "float16") c.rope_dtype = DType::F16;
 
   const int n = required<int>(t, "num_hidden_layers");
   G4_CHECK(n > 0, "config.json: 'num_hidden_layers' must be positive");

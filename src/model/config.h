@@ -18,6 +18,10 @@ struct LayerConfig {
   bool k_eq_v = false;          // no v_proj: V is k_proj's output before k_norm/RoPE
   double rope_theta = 10000.0;
   double rope_partial = 1.0;    // fraction of head_dim that rotates ("proportional" RoPE)
+
+  // RoPE inverse frequencies: theta^(-2i/head_dim) for the rotating pairs, 0 after. Always float32,
+  // whatever the checkpoint's dtype (docs/DESIGN.md, "RoPE precision").
+  std::vector<float> rope_inv_freq() const;
 };
 
 struct ModelConfig {
@@ -33,10 +37,6 @@ struct ModelConfig {
   int bos_id = 2;
   std::vector<int> eos_ids{1};
   std::vector<LayerConfig> layers;
-  // The checkpoint's own dtype. transformers casts the RoPE inv_freq buffers with the model
-  // (model.to(dtype)), so a bf16 checkpoint rotates with bf16-rounded frequencies; we match it.
-  DType rope_dtype = DType::F32;
-
   int num_layers() const { return int(layers.size()); }
   int max_head_dim() const;
   int64_t max_q_cols() const;   // max over layers of heads*head_dim
@@ -45,8 +45,6 @@ struct ModelConfig {
   int64_t default_max_seq_len() const;
   // SPEC §2: min(max_seq_len - 1, 2 * sliding_window), at least 1 (the sliding ring holds 2 windows).
   int64_t max_prefill_chunk(int64_t max_seq_len) const;
-  // RoPE inverse frequencies of a layer: theta^(-2i/head_dim) for the rotating pairs, 0 after.
-  std::vector<float> rope_inv_freq(const LayerConfig& layer) const;
 };
 
 // Parses config.json text (either layout). Throws g4::Error naming the key on missing values or

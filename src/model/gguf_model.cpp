@@ -78,8 +78,8 @@ T shared_value(const ModelConfig& c, bool sliding, Get get, const std::string& w
   return value.value_or(T{});
 }
 
-int rotating_pairs(const ModelConfig& c, const LayerConfig& l) {
-  const auto inv = c.rope_inv_freq(l);
+int rotating_pairs(const LayerConfig& l) {
+  const auto inv = l.rope_inv_freq();
   return int(std::count_if(inv.begin(), inv.end(), [](float f) { return f != 0.0f; }));
 }
 
@@ -136,20 +136,11 @@ double rope_partial_from_factors(const GgufFile& file, int head_dim) {
     G4_CHECK(factors[i] >= kFixedPairFactor, std::string("GGUF tensor '") + kRopeFreqsTensor + "' value " +
                                                  std::to_string(factors[i]) + " at " + std::to_string(i) +
                                                  " is not supported (g4 reads 1 = rotating, >= 1e20 = fixed)");
-  // ModelConfig::rope_inv_freq rotates int(partial * head_dim) / 2 pairs; round up so that the
+  // LayerConfig::rope_inv_freq rotates int(partial * head_dim) / 2 pairs; round up so that the
   // product cannot land just below 2 * rotating.
   double partial = 2.0 * rotating / head_dim;
   if (int(partial * head_dim) < 2 * rotating) partial = std::nextafter(partial, 2.0);
   return partial;
-}
-
-// Files without the key (llama.cpp's) compute RoPE frequencies in f32.
-DType rope_dtype(const GgufMetadata& m) {
-  if (!m.find(gguf_key::kRopeDtype)) return DType::F32;
-  const std::string& name = m.get_string(gguf_key::kRopeDtype);
-  for (DType t : {DType::F32, DType::BF16, DType::F16})
-    if (name == dtype_name(t)) return t;
-  throw Error(std::string("GGUF metadata '") + gguf_key::kRopeDtype + "' is '" + name + "' (expected F32, BF16 or F16)");
 }
 
 void check_sizes(const ModelConfig& c) {
@@ -195,7 +186,7 @@ std::vector<float> rope_freq_factors(const ModelConfig& c) {
   const int head_dim = shared_value<int>(c, false, [](const LayerConfig& l) { return l.head_dim; }, "head size");
   if (head_dim == 0) return {};
   const int rotating =
-      shared_value<int>(c, false, [&](const LayerConfig& l) { return rotating_pairs(c, l); }, "RoPE fraction");
+      shared_value<int>(c, false, [&](const LayerConfig& l) { return rotating_pairs(l); }, "RoPE fraction");
   std::vector<float> factors(size_t(head_dim / 2), kWrittenFixedPairFactor);
   std::fill(factors.begin(), factors.begin() + rotating, 1.0f);
   return factors;
@@ -210,7 +201,7 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
   const double theta_swa = swa_value([](const LayerConfig& l) { return l.rope_theta; }, "RoPE base");
   rope_freq_factors(c);  // checks that the full layers share one RoPE fraction
   for (const LayerConfig& l : c.layers)
-    G4_CHECK(!l.sliding || rotating_pairs(c, l) == l.head_dim / 2,
+    G4_CHECK(!l.sliding || rotating_pairs(l) == l.head_dim / 2,
              "llama.cpp's gemma4 GGUF layout rotates the whole head on sliding layers; this config does not");
 
   std::vector<int32_t> kv_heads;
@@ -245,7 +236,6 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
   m.set("tokenizer.ggml.bos_token_id", u32(c.bos_id, "bos_token_id"));
   if (!c.eos_ids.empty()) m.set("tokenizer.ggml.eos_token_id", u32(c.eos_ids.front(), "eos_token_id"));
   m.set(gguf_key::kEosTokenIds, GgufValue::array_of(std::vector<int32_t>(c.eos_ids.begin(), c.eos_ids.end())));
-  m.set(gguf_key::kRopeDtype, dtype_name(c.rope_dtype));
   m.set(gguf_key::kUseSampling, flags.use_sampling);
   m.set(gguf_key::kMaxSeqLen, u32(flags.max_seq_len, "max_seq_len"));
   m.set(gguf_key::kMaxPrefillChunk, u32(flags.max_prefill_chunk, "max_prefill_chunk"));
@@ -280,8 +270,6 @@ ModelConfig gemma4_config(const GgufFile& file) {
   } else if (m.find("tokenizer.ggml.eos_token_id")) {
     c.eos_ids = {to_int32(m.get_int("tokenizer.ggml.eos_token_id"), "tokenizer.ggml.eos_token_id")};
   }
-
-  c.rope_dtype = rope_dtype(m);
 
   const auto kv_heads = per_layer_ints(m, key("attention.head_count_kv"), n);
   const std::vector<bool> sliding = m.get_bool_array(key("attention.sliding_window_pattern"));

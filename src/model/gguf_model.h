@@ -30,7 +30,6 @@ inline constexpr const char* kMaxSeqLen = "g4.max_seq_len";
 inline constexpr const char* kMaxPrefillChunk = "g4.max_prefill_chunk";
 inline constexpr const char* kMinPrefillChunk = "g4.min_prefill_chunk";
 inline constexpr const char* kEosTokenIds = "g4.eos_token_ids";
-inline constexpr const char* kRopeDtype = "g4.rope_dtype";  // "F32", "BF16" or "F16" (ModelConfig::rope_dtype)
 inline constexpr const char* kTokenizerJson = "tokenizer.huggingface.json";
 }  // namespace gguf_key
 

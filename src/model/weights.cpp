@@ -104,7 +104,7 @@ ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Back
     lw.down_proj = get(p + "mlp.down_proj.weight");
     lw.post_ffn_norm = get(p + "post_feedforward_layernorm.weight");
     lw.layer_scalar = get(p + "layer_scalar");
-    lw.rope_inv_freq = upload_inv_freq(c.rope_inv_freq(l), backend);
+    lw.rope_inv_freq = upload_inv_freq(l.rope_inv_freq(), backend);
     w.layers.push_back(std::move(lw));
   }
   return w;

@@ -116,11 +116,12 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
   });
 }
 
-// Rotate-half RoPE of one head v[2*half] at position p.
-static void rope_row(float* v, int64_t half, double p, const float* inv_freq) {
+// Rotate-half RoPE of one head v[2*half] at position p. The angle is the float32 product, as
+// transformers, llama.cpp and the CUDA backend compute it (docs/DESIGN.md, "RoPE precision").
+static void rope_row(float* v, int64_t half, float p, const float* inv_freq) {
   for (int64_t i = 0; i < half; ++i) {
     if (inv_freq[i] == 0.0f) continue;  // identity rotation (proportional partial RoPE)
-    const double angle = p * double(inv_freq[i]);
+    const double angle = p * inv_freq[i];
     const float c = float(std::cos(angle)), s = float(std::sin(angle));
     const float a = v[i], b = v[i + half];
     v[i] = a * c - b * s;
@@ -139,7 +140,7 @@ void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
     for (int64_t r = b; r < e; ++r) {
       float* v = x.as<float>() + r * x.cols;
       rms_norm_row(v, x.cols, w, eps, v);
-      rope_row(v, x.cols / 2, pos[r / heads], inv_freq.as<float>());
+      rope_row(v, x.cols / 2, float(pos[r / heads]), inv_freq.as<float>());
     }
   });
 }

@@ -63,7 +63,7 @@ ModelWeights random_weights_on_device(const ModelConfig& c, Backend& backend, ui
     lw.down_proj = fill.matrix(H, I);
     lw.post_ffn_norm = fill.norm(H);
     lw.layer_scalar = fill.vector(1, 1.0f, 0.0f);
-    const std::vector<float> inv = c.rope_inv_freq(l);
+    const std::vector<float> inv = l.rope_inv_freq();
     lw.rope_inv_freq = backend.alloc(DType::F32, int64_t(inv.size()), 1);
     backend.upload(inv.data(), lw.rope_inv_freq);
     w.layers.push_back(std::move(lw));
