@@ -15,15 +15,14 @@
 namespace g4 {
 namespace {
 
-// Exports the fixture once per test binary run (sampling and logits programs).
+// Exports the fixture once per build (sampling and logits programs), shared by the test processes.
 std::string exported(const std::string& fixture, bool sample) {
-  const std::string path = std::string(G4_CACHE_DIR) + "/engine-" + fixture + (sample ? "-sample" : "-logits") + ".gguf";
-  if (!std::filesystem::exists(path)) {
-    ExportOptions o;
-    o.use_sampling = sample;
-    export_gguf(HfCheckpoint(test::fixture_dir(fixture)), path, o);
-  }
-  return path;
+  return test::shared_artifact("engine-" + fixture + (sample ? "-sample" : "-logits") + ".gguf",
+                               [&](const std::string& path) {
+                                 ExportOptions o;
+                                 o.use_sampling = sample;
+                                 export_gguf(HfCheckpoint(test::fixture_dir(fixture)), path, o);
+                               });
 }
 
 std::unique_ptr<Engine> open_engine(const std::string& path, int64_t chunk = 0) {

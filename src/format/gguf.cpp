@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "util/error.h"
+#include "util/files.h"
 #include "util/mapped_file.h"
 
 namespace g4 {
@@ -407,7 +408,7 @@ HostTensor GgufFile::tensor(const GgufTensorInfo& info) const {
 }
 
 GgufWriter::GgufWriter(const std::string& path, const GgufMetadata& metadata, std::vector<GgufTensorPlan> plan)
-    : path_(path), tmp_path_(path + ".tmp"), plan_(std::move(plan)) {
+    : path_(path), tmp_path_(unique_temporary_name(path)), plan_(std::move(plan)) {
   if (const GgufValue* a = metadata.find("general.alignment")) {
     const uint32_t* alignment = std::get_if<uint32_t>(&a->storage());
     G4_CHECK(alignment && is_power_of_two(*alignment), "general.alignment must be a U32 power of two");

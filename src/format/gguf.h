@@ -161,8 +161,9 @@ struct GgufTensorPlan {
 // Writes `path` by streaming: the constructor writes the header, the metadata and the tensor
 // table (alignment from the metadata's `general.alignment`, default 32); append() then takes each
 // tensor's data in plan order, in pieces of any size, and pads between tensors; finish() flushes
-// and renames. Until finish() succeeds the data lives in `path + ".tmp"`, which the destructor
-// removes, so a failed export never leaves a partial file under `path`.
+// and renames. Until finish() succeeds the data lives in a temporary file beside `path`, unique to
+// this writer (unique_temporary_name), which the destructor removes, so a failed export never
+// leaves a partial file under `path` and two writers of one path never share a file.
 class GgufWriter {
  public:
   GgufWriter(const std::string& path, const GgufMetadata& metadata, std::vector<GgufTensorPlan> plan);

@@ -43,8 +43,8 @@ DType parse_weight_dtype(const std::string& name);
 // llama.cpp's converter does; *note then says so.
 DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested, std::string* note);
 
-// Writes `checkpoint` to `output` (via output + ".tmp", renamed at the end; nothing is left at
-// either path on failure). Embeds <checkpoint dir>/tokenizer.json when present. Calls on_tensor
+// Writes `checkpoint` to `output` (via a unique temporary name beside it, renamed at the end;
+// nothing is left at either path on failure). Embeds <checkpoint dir>/tokenizer.json when present. Calls on_tensor
 // after each tensor is written.
 ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& output, const ExportOptions& options,
                          const std::function<void(const ExportedTensor&)>& on_tensor = {});

@@ -1,5 +1,8 @@
 #include "util/files.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,6 +34,11 @@ nlohmann::json read_json_file(const std::string& path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw Error("malformed JSON in '" + path + "': " + e.what());
   }
+}
+
+std::string unique_temporary_name(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
 }
 
 }  // namespace g4

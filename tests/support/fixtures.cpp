@@ -1,5 +1,9 @@
 #include "support/fixtures.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +13,8 @@
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+
+#include "util/files.h"
 
 namespace g4::test {
 
@@ -49,11 +55,47 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+namespace {
+
+// Removes the process's temporary directories when it exits.
+struct TemporaryDirectories {
+  std::vector<std::filesystem::path> paths;
+  ~TemporaryDirectories() {
+    std::error_code ignored;
+    for (const auto& p : paths) std::filesystem::remove_all(p, ignored);
+  }
+};
+
+}  // namespace
+
 std::string temp_dir(const std::string& name) {
-  auto dir = std::filesystem::path(G4_CACHE_DIR) / "tmp" / name;
+  static TemporaryDirectories created;
+  static int counter = 0;
+  auto dir = std::filesystem::path(G4_CACHE_DIR) / "tmp" /
+             (name + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  created.paths.push_back(dir);
   return dir.string();
+}
+
+std::string shared_artifact(const std::string& name, const std::function<void(const std::string& path)>& make) {
+  const std::filesystem::path path = std::filesystem::path(G4_CACHE_DIR) / name;
+  std::filesystem::create_directories(path.parent_path());
+  const int fd = open((path.string() + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+  if (fd < 0 || flock(fd, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + path.string());
+  try {
+    if (!std::filesystem::exists(path)) {
+      const std::string tmp = unique_temporary_name(path.string());
+      make(tmp);
+      std::filesystem::rename(tmp, path);
+    }
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  close(fd);
+  return path.string();
 }
 
 int run_command(const std::string& command, std::string* output) {
