@@ -7,14 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <span>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/quantize.h"
@@ -35,19 +32,17 @@ namespace {
 
 // Op by op, the CUDA backend against the CPU backend.
 constexpr double kRelativeL2 = 1e-2;
-// SPEC §6 asks relative L2 <= 1e-2 for bf16 activations, but transformers itself, run in bf16 on
-// these random-weight fixtures, lands at 0.08-0.23 (tests/fixtures/hf-gemma4/
-// transformers_bf16_error.json, from tools/hf_bf16_error.py on the H200): bf16 storage between ops
-// sets the error, amplified layer by layer. The bound is therefore transformers' own bf16 error
-// with 25 % headroom; a kernel bug shows up far above it.
+// The bf16 rule on random-weight fixtures (docs/DESIGN.md, "Oracles"): transformers itself, run in
+// bf16 on them, lands at relative L2 0.07-0.21 (each fixture's reference.json, measured by
+// tools/make_fixtures.py on the H200): bf16 storage between ops sets the error, amplified layer by
+// layer. The bound is transformers' own bf16 error with 25 % headroom; a kernel bug shows far above.
 constexpr double kHeadroomOverTransformersBf16 = 1.25;
-double transformers_bf16_error(const std::string& fixture) {
-  const auto j = nlohmann::json::parse(
-      std::ifstream(std::string(G4_FIXTURES_DIR) + "/hf-gemma4/transformers_bf16_error.json"));
-  return j.at(std::filesystem::path(fixture).filename().string()).at("bfloat16_relative_l2").get<double>();
-}
+// On long sequences even transformers' bf16 misses a few clear greedy tokens: ours may trail its
+// agreement by this much. Short fixtures must agree at every clear position.
+constexpr double kGreedyAgreementSlack = 0.005;
+constexpr int64_t kLongSequence = 1000;
 // Greedy tokens must agree wherever the reference's top-2 logit margin exceeds this.
-constexpr double kGreedyMargin = 1.0;
+constexpr double kGreedyMargin = test::kClearMargin;
 
 std::unique_ptr<Backend> cuda_backend_or_null() {
 #ifdef G4_HAVE_CUDA
@@ -56,20 +51,9 @@ std::unique_ptr<Backend> cuda_backend_or_null() {
   return nullptr;
 }
 
-#define REQUIRE_GPU(backend)                                                              \
-  do {                                                                                    \
-    if (!(backend)) GTEST_SKIP() << "no CUDA GPU (or built without CUDA): CUDA tests skipped"; \
-  } while (0)
+#define REQUIRE_GPU(backend) G4_SKIP_OR_FAIL_WITHOUT_GPU(backend)
 
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(err / std::max(norm, 1e-30));
-}
+using test::relative_l2;
 
 std::vector<float> random_values(size_t n, float spread, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -436,15 +420,10 @@ TEST_F(CudaOps, TooLargeAllocationIsAClearError) {
 
 // ---------------------------------------------------------------- fixtures
 
-// The real-head-dims fixture lives outside the repository's tests (git-ignored, GPU machine only).
-const char* kRealHeadDims = "../../../.gpu/fixtures/hf-gemma4/real-head-dims";
-
 class CudaFixture : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     REQUIRE_GPU(gpu_);
-    if (!std::filesystem::exists(test::fixture_dir(GetParam()) + "/config.json"))
-      GTEST_SKIP() << "fixture " << GetParam() << " not present";
     ref_ = test::load_reference(GetParam());
     model_ = load_model(ref_.dir, *gpu_);
   }
@@ -453,27 +432,26 @@ class CudaFixture : public ::testing::TestWithParam<std::string> {
     o.max_seq_len = ref_.positions + 1;
     return Session(model, be, o);
   }
-  // Relative L2 within transformers' own bf16 error (plus headroom), and the reference's greedy token wherever its
-  // top-2 margin exceeds kGreedyMargin.
-  void expect_matches_reference(const std::vector<float>& got, const std::string& how) {
-    ASSERT_EQ(got.size(), ref_.logits.size()) << how;
+  // The bf16 rule: relative L2 within transformers' own bf16 error (plus headroom) over the stored
+  // rows, and the reference's greedy token at its clear positions (every one on short fixtures; on
+  // long ones at least transformers' bf16 agreement minus kGreedyAgreementSlack).
+  void expect_matches_reference(const std::vector<float>& every_position, const std::string& how) {
+    ASSERT_EQ(every_position.size(), size_t(ref_.positions * ref_.vocab)) << how;
+    const std::vector<float> got = test::stored_rows(every_position, ref_);
     const double err = relative_l2(got, ref_.logits);
-    std::printf("  %s: relative L2 %.3f, max |dlogit| %.3f\n", how.c_str(), err, test::max_abs_diff(got, ref_.logits));
-    EXPECT_LE(err, kHeadroomOverTransformersBf16 * transformers_bf16_error(GetParam())) << how;
-    const double bound = kGreedyMargin;
-    int checked = 0;
-    for (int64_t p = 0; p < ref_.positions; ++p) {
-      const float* want = ref_.logits.data() + p * ref_.vocab;
-      const float* have = got.data() + p * ref_.vocab;
-      const int64_t best = std::max_element(want, want + ref_.vocab) - want;
-      float second = -INFINITY;
-      for (int64_t i = 0; i < ref_.vocab; ++i)
-        if (i != best) second = std::max(second, want[i]);
-      if (want[best] - second <= bound) continue;
-      ++checked;
-      EXPECT_EQ(std::max_element(have, have + ref_.vocab) - have, best) << how << " position " << p;
+    const test::GreedyAgreement greedy = test::greedy_agreement(every_position, ref_);
+    std::printf("  %s, %s: relative L2 %.3f (transformers bf16 %.3f), max |dlogit| %.3f, greedy %d of %d clear\n",
+                GetParam().c_str(), how.c_str(), err, ref_.transformers_bf16.relative_l2,
+                test::max_abs_diff(got, ref_.logits), greedy.agreed, greedy.clear);
+    EXPECT_LE(err, kHeadroomOverTransformersBf16 * ref_.transformers_bf16.relative_l2) << how;
+    ASSERT_GE(greedy.clear, 1) << how << ": no clear position to check the greedy token at";
+    if (ref_.positions >= kLongSequence) {
+      EXPECT_GE(greedy.clear, 100) << how;
+      EXPECT_GE(greedy.fraction(), ref_.transformers_bf16.clear_greedy_agreement - kGreedyAgreementSlack)
+          << how << ": first differing clear position " << greedy.first_disagreement;
+    } else {
+      EXPECT_EQ(greedy.agreed, greedy.clear) << how << ": first differing clear position " << greedy.first_disagreement;
     }
-    RecordProperty(how + "_greedy_positions_checked", checked);
   }
 
   std::unique_ptr<Backend> gpu_ = cuda_backend_or_null();
@@ -538,6 +516,11 @@ std::vector<float> hidden_after(Backend& be, const Gemma4& full, int n, std::spa
   return out;
 }
 
+// bf16 rounding of the embedding, then growth per layer on these random-weight fixtures (measured
+// on the H200 over every fixture, docs/PERF.md "Layer by layer"; a wrong kernel lands near 1).
+constexpr double kHiddenErrorAfterEmbedding = 2 * kRelativeL2;
+constexpr double kHiddenErrorGrowthPerLayer = 1.8;
+
 TEST_P(CudaFixture, HiddenStatesAgreeWithTheCpuLayerByLayer) {
   CpuBackend cpu(2);
   auto cpu_model = load_model(ref_.dir, cpu);
@@ -545,8 +528,9 @@ TEST_P(CudaFixture, HiddenStatesAgreeWithTheCpuLayerByLayer) {
   const std::span<const int32_t> tokens(ref_.tokens.data(), size_t(T));
   for (int n = 0; n <= model_->config().num_layers(); ++n) {
     const double err = relative_l2(hidden_after(*gpu_, *model_, n, tokens), hidden_after(cpu, *cpu_model, n, tokens));
-    std::printf("  hidden after %d layers: relative L2 %.2e\n", n, err);
-    if (n <= 1) EXPECT_LE(err, 2 * kRelativeL2) << "after " << n << " layers";
+    const double bound = kHiddenErrorAfterEmbedding * std::pow(kHiddenErrorGrowthPerLayer, n);
+    std::printf("  %s, hidden after %d layers: relative L2 %.2e (bound %.2e)\n", GetParam().c_str(), n, err, bound);
+    EXPECT_LE(err, bound) << "after " << n << " layers";
   }
 }
 
@@ -616,7 +600,6 @@ TEST_P(CudaFixture, GraphDecodeEqualsPlainDecode) {
 }
 
 std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
-  if (info.param == kRealHeadDims) return "real_head_dims";
   std::string name = info.param;
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
@@ -624,18 +607,15 @@ std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info)
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
                          ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout",
-                                           kRealHeadDims),
+                                           "long-31b-heads", "long-published-layout"),
                          fixture_test_name);
 
-// SPEC §6's bf16 bound itself (relative L2 <= 1e-2) on a trained model: the demo model's logits
-// at every position of real text (its golden chat prompt and transformers' greedy continuation),
-// CUDA bf16 against the CPU's float32, which matches transformers' float64 within 1e-3 on every
-// fixture. The random-weight fixtures above amplify any rounding (transformers' own bf16 misses
-// 1e-2 on them too); a trained model does not.
-// SPEC §6's bf16 oracle on a trained model: transformers' float64 logits of the demo's weights
-// (tests/fixtures/demo/transformers, tools/demo_reference_logits.py) at every position, by
-// one-shot prefill and token by token; the greedy token must match wherever the reference's top-2
-// margin is clear.
+// The bf16 bound itself (relative L2 <= 1e-2) on a trained model: transformers' float64 logits of
+// the demo model (tests/fixtures/demo/transformers, computed from its Hugging Face checkpoint by
+// tools/demo_reference_logits.py) at every position of real text, by one-shot prefill, token by
+// token and in chunks; the greedy token must match at every clear position, and most positions of
+// a trained model are clear. Random-weight fixtures amplify rounding (transformers' own bf16
+// misses 1e-2 on them); a trained model does not.
 TEST(CudaDemoModel, LogitsMatchTransformersWithinTheBf16Bound) {
   auto gpu = cuda_backend_or_null();
   REQUIRE_GPU(gpu);
@@ -645,6 +625,8 @@ TEST(CudaDemoModel, LogitsMatchTransformersWithinTheBf16Bound) {
   o.max_seq_len = ref.positions + 1;
   Session s(*model, *gpu, o);
   const std::vector<float> prefill = s.logits_all(ref.tokens);
+  s.reset();
+  const std::vector<float> chunked = s.logits_all(ref.tokens, 7);
   std::vector<float> decode;
   s.reset();
   for (int32_t t : ref.tokens) {
@@ -653,20 +635,15 @@ TEST(CudaDemoModel, LogitsMatchTransformersWithinTheBf16Bound) {
     decode.insert(decode.end(), row.begin(), row.end());
   }
   using Named = std::pair<const char*, const std::vector<float>*>;
-  for (const auto& [what, got] : {Named{"one-shot prefill", &prefill}, Named{"token by token", &decode}}) {
-    const double err = relative_l2(*got, ref.logits);
-    std::printf("  demo model vs transformers float64, %s, %lld positions: relative L2 %.2e\n", what,
-                static_cast<long long>(ref.positions), err);
+  for (const auto& [what, got] :
+       {Named{"one-shot prefill", &prefill}, Named{"chunks of 7", &chunked}, Named{"token by token", &decode}}) {
+    const double err = relative_l2(test::stored_rows(*got, ref), ref.logits);
+    const test::GreedyAgreement greedy = test::greedy_agreement(*got, ref);
+    std::printf("  demo model vs transformers float64, %s, %lld positions: relative L2 %.2e, greedy %d of %d clear\n",
+                what, static_cast<long long>(ref.positions), err, greedy.agreed, greedy.clear);
     EXPECT_LE(err, kRelativeL2) << what;
-    for (int64_t p = 0; p < ref.positions; ++p) {
-      const auto row = [&](const std::vector<float>& v) { return v.begin() + p * ref.vocab; };
-      std::vector<float> want(row(ref.logits), row(ref.logits) + ref.vocab);
-      const int64_t got_top = std::max_element(row(*got), row(*got) + ref.vocab) - row(*got);
-      const int64_t want_top = std::max_element(want.begin(), want.end()) - want.begin();
-      std::partial_sort(want.begin(), want.begin() + 2, want.end(), std::greater<float>());
-      if (double(want[0]) - double(want[1]) > kGreedyMargin)
-        EXPECT_EQ(got_top, want_top) << what << ": greedy token at position " << p;
-    }
+    EXPECT_GE(greedy.clear, ref.positions / 4) << what << ": too few clear positions for a trained model";
+    EXPECT_EQ(greedy.agreed, greedy.clear) << what << ": first differing clear position " << greedy.first_disagreement;
   }
 }
 

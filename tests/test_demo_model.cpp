@@ -7,12 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "format/hf_checkpoint.h"
+#include "model/gguf_export.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/session.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
+#include "util/files.h"
 
 namespace g4 {
 namespace {
@@ -29,8 +32,8 @@ std::unique_ptr<Engine> demo_engine() {
   return std::make_unique<Engine>(o);
 }
 
-// SPEC §6's float32 oracle on a trained model: transformers' float64 logits of the demo's weights
-// (tests/fixtures/demo/transformers, tools/demo_reference_logits.py) at every position.
+// The float32 oracle on a trained model: transformers' float64 logits of the demo's Hugging Face
+// checkpoint (tests/fixtures/demo/transformers, tools/demo_reference_logits.py) at every position.
 TEST(DemoModel, LogitsMatchTransformersFloat64AtEveryPosition) {
   const test::Reference ref = test::load_demo_reference();
   CpuBackend cpu(2);
@@ -38,7 +41,18 @@ TEST(DemoModel, LogitsMatchTransformersFloat64AtEveryPosition) {
   SessionOptions o;
   o.max_seq_len = ref.positions + 1;
   Session s(*model, cpu, o);
-  EXPECT_LE(test::max_abs_diff(s.logits_all(ref.tokens), ref.logits), 1e-3);
+  EXPECT_LE(test::max_abs_diff(test::stored_rows(s.logits_all(ref.tokens), ref), ref.logits), 1e-3);
+}
+
+// models/demo.gguf is exactly g4's export of the checkpoint the training script wrote
+// (tests/fixtures/demo/hf, the oracle's source), so the oracle above tests the exporter too.
+TEST(DemoModel, IsTheExportOfItsCheckpoint) {
+  const std::string path = test::temp_dir("demo_export") + "/demo.gguf";
+  ExportOptions options;
+  options.use_sampling = true;
+  options.weights = DType::BF16;
+  export_gguf(HfCheckpoint(std::string(G4_FIXTURES_DIR) + "/demo/hf"), path, options);
+  EXPECT_TRUE(read_file(path) == read_file(kDemo)) << "re-export tests/fixtures/demo/hf: tools/gpu_install_demo.sh";
 }
 
 TEST(DemoModel, IsASamplingProgramWithItsTokenizer) {

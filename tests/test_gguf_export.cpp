@@ -154,15 +154,6 @@ std::string f32_checkpoint(const std::string& fixture, const TensorSource& sourc
   return dir;
 }
 
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double error = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    error += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(error / norm);
-}
-
 // Q8_0: every matrix value within d/2 of the original (d = the block's max |x| / 127) plus the f16
 // rounding of d; the file computes exactly what its dequantised weights do; and the logits stay
 // near transformers' reference.
@@ -196,7 +187,7 @@ TEST_P(GgufExport, Q8_0ExportIsWithinTheFormatBound) {
   // times coarser, measured: relative L2 0.10 / 0.34 / 0.10, max |dlogit| 0.83 / 2.6 / 0.63 at
   // logits up to ~4.4. A bound of 0.5 holds those, and a wrong scale or layout (uncorrelated
   // logits, relative L2 ~1.4) fails it.
-  const double error = relative_l2(logits, ref.logits);
+  const double error = test::relative_l2(logits, ref.logits);
   std::printf("%s q8_0: relative L2 %.4f, max |dlogit| %.4f\n", GetParam().c_str(), error,
               test::max_abs_diff(logits, ref.logits));
   EXPECT_LE(error, 0.5);

@@ -15,6 +15,7 @@
 #include "sampling/philox.h"
 #include "sampling/sampling_math.h"
 #include "sampling/sampling_params.h"
+#include "support/fixtures.h"
 #include "support/sampling_reference.h"
 #include "util/error.h"
 
@@ -254,28 +255,8 @@ TEST(SamplingParams, ValidationFollowsTheSpecTable) {
 
 // ---- g4 sample ----
 
-struct CommandResult {
-  int status;
-  std::string output;
-};
-
-CommandResult run_g4(const std::string& arguments) {
-  const std::string command = std::string(G4_BINARY) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
-}
-
-std::string write_logits_file(const std::vector<float>& logits, const std::string& name) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / name;
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(logits.data()),
-                                             std::streamsize(logits.size() * sizeof(float)));
-  return path.string();
-}
+using test::CommandResult;
+using test::run_g4;
 
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::istringstream lines(text);
@@ -288,11 +269,11 @@ TEST(SampleCommand, PrintsTheSeedSchedulesTokens) {
   std::mt19937_64 rng(3);
   const SamplingParams p = make_params(0.8f, 20, 0.9f, 0.01f);
   const std::vector<float> logits = random_logits(rng, 100, p, 2.0f);
-  const std::string file = write_logits_file(logits, "g4_test_sample_logits.f32");
+  const std::string file = test::write_floats(logits, "g4_test_sample_logits.f32");
   const CommandResult result = run_g4("sample --logits " + file +
                                       " --vocab 100 --temperature 0.8 --top-k 20 --top_p 0.9 --min_p 0.01"
                                       " --seed 1000 --draws 500");
-  ASSERT_EQ(result.status, 0) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::vector<int64_t> ids = parse_ids(result.output);
   ASSERT_EQ(ids.size(), 500u);
   SamplingParams expected = p;
@@ -303,7 +284,7 @@ TEST(SampleCommand, PrintsTheSeedSchedulesTokens) {
 }
 
 TEST(SampleCommand, RejectsBadInput) {
-  const std::string file = write_logits_file(std::vector<float>(10, 0.0f), "g4_test_sample_bad.f32");
+  const std::string file = test::write_floats(std::vector<float>(10, 0.0f), "g4_test_sample_bad.f32");
   const std::pair<std::string, std::string> cases[] = {
       {"--top_p 1.5", "top_p must be in (0, 1]"},
       {"--top_p 0", "top_p must be in (0, 1]"},
@@ -317,29 +298,31 @@ TEST(SampleCommand, RejectsBadInput) {
   };
   for (const auto& [flags, message] : cases) {
     const CommandResult result = run_g4("sample --logits " + file + " " + flags);
-    EXPECT_NE(result.status, 0) << flags;
+    EXPECT_NE(result.exit_code, 0) << flags;
     EXPECT_NE(result.output.find("error: "), std::string::npos) << flags << ": " << result.output;
     EXPECT_NE(result.output.find(message), std::string::npos) << flags << ": " << result.output;
   }
   const CommandResult missing = run_g4("sample --logits /nonexistent/logits.f32");
-  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("cannot open logits file"), std::string::npos) << missing.output;
 }
 
 TEST(SampleCommand, RandomSeedIsPrinted) {
-  const std::string file = write_logits_file({0.0f, 1.0f, 2.0f}, "g4_test_sample_seed.f32");
+  const std::string file = test::write_floats({0.0f, 1.0f, 2.0f}, "g4_test_sample_seed.f32");
   const CommandResult result = run_g4("sample --logits " + file + " --seed -1 --draws 3");
-  ASSERT_EQ(result.status, 0) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("Sampling base seed: "), std::string::npos) << result.output;
 }
 
-TEST(SampleCommand, CudaBackendWithoutCudaFailsClearly) {
+// --backend cuda where it cannot run: a build without CUDA says so; a CUDA build with every GPU
+// hidden (CUDA_VISIBLE_DEVICES empty, so this runs on GPU machines too) says no GPU is available.
+TEST(SampleCommand, CudaBackendWithoutAGpuFailsClearly) {
+  const std::string file = test::write_floats({0.0f, 1.0f}, "g4_test_sample_cuda.f32");
+  const CommandResult result = run_g4("sample --logits " + file + " --backend cuda", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_NE(result.exit_code, 0);
 #ifdef G4_HAVE_CUDA
-  GTEST_SKIP() << "built with CUDA: tests/test_sampling_cuda.cpp covers --backend cuda";
+  EXPECT_NE(result.output.find("no CUDA GPU is available"), std::string::npos) << result.output;
 #else
-  const std::string file = write_logits_file({0.0f, 1.0f}, "g4_test_sample_cuda.f32");
-  const CommandResult result = run_g4("sample --logits " + file + " --backend cuda");
-  EXPECT_NE(result.status, 0);
   EXPECT_NE(result.output.find("built without CUDA"), std::string::npos) << result.output;
 #endif
 }

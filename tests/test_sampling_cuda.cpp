@@ -1,6 +1,6 @@
 // The CUDA sampler against the CPU sampler: the same token for the same logits, parameters and
 // seed; the same distributions; NaN status; CUDA-graph replays that advance the seed.
-// Skipped (with the reason) when CUDA is not compiled in or no GPU is present.
+// Skipped (with the reason) when CUDA is not compiled in or no GPU is present; G4_REQUIRE_GPU=1 fails instead.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +13,7 @@
 
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
+#include "support/fixtures.h"
 #include "support/sampling_reference.h"
 #include "util/error.h"
 
@@ -25,40 +26,15 @@
 namespace g4 {
 namespace {
 
-std::string run_g4(const std::string& arguments, int* status) {
-  FILE* pipe = popen((std::string(G4_BINARY) + " " + arguments + " 2>&1").c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
-  *status = WEXITSTATUS(pclose(pipe));
-  return output;
-}
-
-std::string write_logits_file(const std::vector<float>& logits, const std::string& name) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / name;
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(logits.data()),
-                                             std::streamsize(logits.size() * sizeof(float)));
-  return path.string();
-}
-
 #ifndef G4_HAVE_CUDA
 
-TEST(CudaSampler, Skipped) { GTEST_SKIP() << "g4 was built without CUDA"; }
+TEST(CudaSampler, NeedsACudaBuild) { G4_SKIP_OR_FAIL_WITHOUT_GPU(false); }
 
 #else
 
 bool gpu_present() {
   int devices = 0;
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-}
-
-TEST(CudaSamplerCli, MissingGpuIsAClearError) {
-  if (gpu_present()) GTEST_SKIP() << "a GPU is present";
-  int status = 0;
-  const std::string output =
-      run_g4("sample --logits " + write_logits_file({0.0f, 1.0f}, "g4_cuda_nogpu.f32") + " --backend cuda", &status);
-  EXPECT_NE(status, 0);
-  EXPECT_NE(output.find("no CUDA GPU is available"), std::string::npos) << output;
 }
 
 void check(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
@@ -86,7 +62,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 class CudaSamplerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!gpu_present()) GTEST_SKIP() << "no CUDA GPU is present";
+    G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu_present());
     sampler_ = std::make_unique<CudaSampler>(kMaxVocab);
   }
   std::unique_ptr<CudaSampler> sampler_;
@@ -296,14 +272,13 @@ TEST_F(CudaSamplerTest, GraphReplaysAdvanceTheSeed) {
 
 TEST_F(CudaSamplerTest, CommandLineBackendsAgree) {
   std::mt19937_64 rng(11);
-  const std::string file = write_logits_file(random_row(rng, 5000), "g4_cuda_cli.f32");
+  const std::string file = test::write_floats(random_row(rng, 5000), "g4_cuda_cli.f32");
   const std::string flags = " --temperature 0.9 --top_k 100 --top_p 0.9 --min_p 0.01 --seed 123 --draws 300";
-  int cpu_status = 0, cuda_status = 0;
-  const std::string cpu = run_g4("sample --logits " + file + flags + " --backend cpu", &cpu_status);
-  const std::string cuda = run_g4("sample --logits " + file + flags + " --backend cuda", &cuda_status);
-  ASSERT_EQ(cpu_status, 0) << cpu;
-  ASSERT_EQ(cuda_status, 0) << cuda;
-  EXPECT_EQ(cpu, cuda);
+  const test::CommandResult cpu = test::run_g4("sample --logits " + file + flags + " --backend cpu");
+  const test::CommandResult cuda = test::run_g4("sample --logits " + file + flags + " --backend cuda");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.output;
+  EXPECT_EQ(cpu.output, cuda.output);
 }
 
 #endif

@@ -41,7 +41,11 @@ std::vector<float> LayerConfig::rope_inv_freq() const {
   const int pairs = head_dim / 2;
   const int rotating = int(rope_partial * head_dim) / 2;
   std::vector<float> inv(size_t(pairs), 0.0f);
-  for (int i = 0; i < rotating; ++i) inv[size_t(i)] = float(std::pow(rope_theta, -2.0 * i / head_dim));
+  // transformers' float32 formula, 1 / theta^(2i/d) with each step rounded to float32: a third of
+  // the pairs differ by one ulp from the correctly rounded theta^(-2i/d), which moves a position-4 000
+  // angle by ~1e-4 rad (docs/DESIGN.md, "RoPE precision").
+  for (int i = 0; i < rotating; ++i)
+    inv[size_t(i)] = 1.0f / std::pow(float(rope_theta), float(2 * i) / float(head_dim));
   return inv;
 }
 
