@@ -154,6 +154,26 @@ std::string f32_checkpoint(const std::string& fixture, const TensorSource& sourc
   return dir;
 }
 
+// Files written before RoPE went float32 for every dtype carry `g4.rope_dtype` ("BF16" for bf16
+// checkpoints); they load, the key is ignored and the logits are those of the file without it.
+TEST_P(GgufExport, TheOldRopeDtypeKeyIsIgnored) {
+  const auto ref = test::load_reference(GetParam());
+  const std::string path = export_fixture(GetParam(), DType::BF16, "rope_dtype");
+  const GgufFile file(path);
+  GgufMetadata metadata = file.metadata();
+  metadata.set("g4.rope_dtype", std::string("BF16"));
+  std::vector<GgufTensorPlan> plans;
+  for (const GgufTensorInfo& t : file.tensors()) plans.push_back({t.name, t.shape(), t.dtype});
+  const std::string old = test::temp_dir("gguf_old_rope_dtype") + "/old.gguf";
+  GgufWriter writer(old, metadata, plans);
+  for (const GgufTensorInfo& t : file.tensors()) {
+    const HostTensor h = file.tensor(t);
+    writer.append(h.data, h.bytes);
+  }
+  writer.finish();
+  EXPECT_EQ(gguf_logits(old, ref), gguf_logits(path, ref));
+}
+
 // Q8_0: every matrix value within d/2 of the original (d = the block's max |x| / 127) plus the f16
 // rounding of d; the file computes exactly what its dequantised weights do; and the logits stay
 // near transformers' reference.
