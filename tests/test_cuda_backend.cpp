@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <span>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
 #include <vector>
 
+
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/quantize.h"
@@ -516,10 +519,11 @@ std::vector<float> hidden_after(Backend& be, const Gemma4& full, int n, std::spa
   return out;
 }
 
-// bf16 rounding of the embedding, then growth per layer on these random-weight fixtures (measured
-// on the H200 over every fixture, docs/PERF.md "Layer by layer"; a wrong kernel lands near 1).
-constexpr double kHiddenErrorAfterEmbedding = 2 * kRelativeL2;
-constexpr double kHiddenErrorGrowthPerLayer = 1.8;
+// Relative L2 of the CUDA hidden states against the CPU's after n layers: 1.5 x the largest
+// measured at that depth over the five fixtures (H200, 2026-12-01: 1.7e-3, 1.6e-2, 4.9e-2, 0.104,
+// 0.154, 0.059, 0.092; random weights amplify bf16 rounding layer by layer). A wrong kernel
+// lands near 1.
+constexpr double kHiddenErrorBound[] = {2.5e-3, 2.5e-2, 7.4e-2, 0.156, 0.231, 0.089, 0.139};
 
 TEST_P(CudaFixture, HiddenStatesAgreeWithTheCpuLayerByLayer) {
   CpuBackend cpu(2);
@@ -528,7 +532,8 @@ TEST_P(CudaFixture, HiddenStatesAgreeWithTheCpuLayerByLayer) {
   const std::span<const int32_t> tokens(ref_.tokens.data(), size_t(T));
   for (int n = 0; n <= model_->config().num_layers(); ++n) {
     const double err = relative_l2(hidden_after(*gpu_, *model_, n, tokens), hidden_after(cpu, *cpu_model, n, tokens));
-    const double bound = kHiddenErrorAfterEmbedding * std::pow(kHiddenErrorGrowthPerLayer, n);
+    ASSERT_LT(size_t(n), std::size(kHiddenErrorBound)) << "no measured bound for this depth";
+    const double bound = kHiddenErrorBound[n];
     std::printf("  %s, hidden after %d layers: relative L2 %.2e (bound %.2e)\n", GetParam().c_str(), n, err, bound);
     EXPECT_LE(err, bound) << "after " << n << " layers";
   }
@@ -553,14 +558,10 @@ double top2_margin(Session& s) {
   return double(l[0]) - double(l[1]);
 }
 
-// Greedy generations agree with the CPU backend's; they may part only at a step whose top-2
-// margin is within the bf16 error (after that the sequences legitimately differ).
-TEST_P(CudaFixture, GreedyGenerationEqualsTheCpuBackend) {
-  CpuBackend cpu(2);
-  auto cpu_model = load_model(ref_.dir, cpu);
-  const std::span<const int32_t> prompt(ref_.tokens.data(), 12);
-  const int n = int(ref_.positions) - 12;
-  Session cs = new_session(cpu, *cpu_model), gs = new_session(*gpu_, *model_);
+// Greedy generations of n tokens on the CPU (cs) and the GPU (gs) agree; they may part only at a
+// step whose CPU top-2 margin is within kGreedyMargin (after that the sequences legitimately
+// differ). Returns the number of identical steps.
+int expect_same_greedy_generation(Session& cs, Session& gs, std::span<const int32_t> prompt, int n) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   cs.prefill(prompt);
@@ -575,6 +576,14 @@ TEST_P(CudaFixture, GreedyGenerationEqualsTheCpuBackend) {
     if (agreed + 1 < n) cs.decode(int32_t(want)), gs.decode(int32_t(got));
   }
   std::printf("  greedy tokens identical to the CPU for %d of %d steps\n", agreed, n);
+  return agreed;
+}
+
+TEST_P(CudaFixture, GreedyGenerationEqualsTheCpuBackend) {
+  CpuBackend cpu(2);
+  auto cpu_model = load_model(ref_.dir, cpu);
+  Session cs = new_session(cpu, *cpu_model), gs = new_session(*gpu_, *model_);
+  expect_same_greedy_generation(cs, gs, std::span<const int32_t>(ref_.tokens.data(), 12), int(ref_.positions) - 12);
 }
 
 TEST_P(CudaFixture, GraphDecodeEqualsPlainDecode) {
@@ -645,6 +654,24 @@ TEST(CudaDemoModel, LogitsMatchTransformersWithinTheBf16Bound) {
     EXPECT_GE(greedy.clear, ref.positions / 4) << what << ": too few clear positions for a trained model";
     EXPECT_EQ(greedy.agreed, greedy.clear) << what << ": first differing clear position " << greedy.first_disagreement;
   }
+}
+
+// The demo's greedy chat reply on the CPU (float32) and the GPU (bf16): the same tokens until a
+// step whose top-2 margin is within the bf16 error, where they may legitimately part (measured
+// 2026-12-01: the first 6 tokens agree). This, not tools/gpu_check.sh's token-for-token print, is
+// the CPU/CUDA agreement check.
+TEST(CudaDemoModel, GreedyGenerationEqualsTheCpuUntilAnUnclearMargin) {
+  auto gpu = cuda_backend_or_null();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu(2);
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  auto cpu_model = load_model(demo, cpu), gpu_model = load_model(demo, *gpu);
+  const auto golden = nlohmann::json::parse(std::ifstream(std::string(G4_FIXTURES_DIR) + "/demo/golden.json"));
+  const std::vector<int32_t> prompt = golden["continuations"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  SessionOptions o;
+  o.max_seq_len = 256;
+  Session cs(*cpu_model, cpu, o), gs(*gpu_model, *gpu, o);
+  EXPECT_GE(expect_same_greedy_generation(cs, gs, prompt, 128), 1);
 }
 
 TEST(CudaSession, TooLargeMaxSeqLenIsAClearOutOfMemoryError) {

