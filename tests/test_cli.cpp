@@ -32,7 +32,7 @@ TEST(Cli, UnknownCommandListsTheCommands) {
   const test::CommandResult r = test::run_g4("chatt --prompt hi");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("unknown command 'chatt'"), std::string::npos) << r.output;
-  for (const char* command : {"run", "logits", "export", "tokenize"})
+  for (const char* command : {"run", "chat", "logits", "export", "tokenize"})
     EXPECT_NE(r.output.find(std::string("\n  ") + command + " "), std::string::npos) << command << "\n" << r.output;
 }
 

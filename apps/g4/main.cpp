@@ -36,10 +36,12 @@ int main(int argc, char** argv) {
   CLI::App app{"g4: Gemma 4 runtime that samples the next token on the device"};
   app.require_subcommand(1);
   app.footer("Start here: g4 run --prompt \"Tell me a fortune about computers.\"  (runs the built-in demo model)\n"
+             "Or talk to it: g4 chat\n"
              "Each command has its own --help, e.g. g4 run --help.");
   app.set_help_all_flag("--help-all", "Show help for every command");
   app.set_version_flag("--version", std::string("g4 ") + g4::cli::kVersion + " (backends: " + kBackends + ")");
   g4::cli::add_run_command(app);
+  g4::cli::add_chat_command(app);
   g4::cli::add_logits_command(app);
   g4::cli::add_bench_command(app);
   g4::cli::add_export_command(app);
