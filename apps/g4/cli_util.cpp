@@ -1,8 +1,11 @@
 #include "cli_util.h"
 
 #include <charconv>
+#include <iostream>
+#include <iterator>
 
 #include "util/error.h"
+#include "util/files.h"
 
 namespace g4::cli {
 
@@ -22,6 +25,13 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
     at = comma + 1;
   }
   return ids;
+}
+
+std::string read_input(const std::string& path) {
+  if (path != "-") return read_file(path);
+  std::string text{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+  G4_CHECK(!std::cin.bad(), "cannot read standard input");
+  return text;
 }
 
 }  // namespace g4::cli

@@ -213,7 +213,8 @@ void run_bench(const BenchOptions& o) {
   const ModelConfig& c = model->config();
 
   SessionOptions so;
-  so.max_seq_len = std::min(c.max_position_embeddings, o.prompt_len + o.gen + 8);
+  // A short run still needs a context of at least the sliding window.
+  so.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, o.prompt_len + o.gen + 8));
   Session s(*model, be, so);
   std::mt19937 rng(unsigned(o.seed));
   std::vector<int32_t> prompt(size_t(o.prompt_len));

@@ -6,30 +6,52 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "model/loader.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
-#include "util/files.h"
 
 namespace g4::cli {
 namespace {
 
+// Where the tokenizer comes from: a tokenizer.json, or a model's own (the demo model's when
+// neither is given).
+struct TokenizerSource {
+  std::string tokenizer_path, model_path;
+};
+
 struct TokenizeOptions {
-  std::string tokenizer_path;
+  TokenizerSource source;
   std::string text;
   std::string text_file;
   bool special = false;
 };
 
 struct DetokenizeOptions {
-  std::string tokenizer_path;
+  TokenizerSource source;
   std::string ids;
 };
+
+void add_source_flags(CLI::App& cmd, TokenizerSource& source) {
+  CLI::Option* tokenizer =
+      cmd.add_option("--tokenizer_path,--tokenizer-path", source.tokenizer_path, "Hugging Face tokenizer.json");
+  CLI::Option* model = cmd.add_option("-m,--model_path,--model-path", source.model_path,
+                                      "Use this model's tokenizer (.gguf or checkpoint directory; default: the demo model)");
+  tokenizer->excludes(model);
+}
+
+Tokenizer open(const TokenizerSource& source) {
+  if (!source.tokenizer_path.empty()) return Tokenizer::from_file(source.tokenizer_path);
+  const std::string model = source.model_path.empty() ? default_model_path() : source.model_path;
+  const std::optional<std::string> json = model_tokenizer_json(model);
+  G4_CHECK(json, "the model '" + model + "' has no tokenizer; pass --tokenizer_path");
+  return Tokenizer::from_json(*json);
+}
 
 void write_stdout(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
 
 void run_tokenize(const TokenizeOptions& options) {
-  const Tokenizer tokenizer = Tokenizer::from_file(options.tokenizer_path);
-  const std::string text = options.text_file.empty() ? options.text : read_file(options.text_file);
+  const Tokenizer tokenizer = open(options.source);
+  const std::string text = options.text_file.empty() ? options.text : read_input(options.text_file);
   std::string json = "[";
   for (const int32_t id : tokenizer.encode(text, options.special)) {
     if (json.size() > 1) json += ',';
@@ -39,7 +61,7 @@ void run_tokenize(const TokenizeOptions& options) {
 }
 
 void run_detokenize(const DetokenizeOptions& options) {
-  const Tokenizer tokenizer = Tokenizer::from_file(options.tokenizer_path);
+  const Tokenizer tokenizer = open(options.source);
   // Exactly the decoded text, no newline added: the output is meant to be compared byte for byte.
   write_stdout(tokenizer.decode(parse_id_list(options.ids)));
 }
@@ -49,12 +71,10 @@ void run_detokenize(const DetokenizeOptions& options) {
 void add_tokenize_commands(CLI::App& app) {
   auto tokenize_options = std::make_shared<TokenizeOptions>();
   CLI::App* tokenize = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
-  tokenize->add_option("--tokenizer_path,--tokenizer-path", tokenize_options->tokenizer_path,
-                       "Hugging Face tokenizer.json")
-      ->required();
+  add_source_flags(*tokenize, tokenize_options->source);
   CLI::Option* text = tokenize->add_option("--text", tokenize_options->text, "Text to tokenize");
-  CLI::Option* text_file =
-      tokenize->add_option("--text_file,--text-file", tokenize_options->text_file, "File whose bytes to tokenize");
+  CLI::Option* text_file = tokenize->add_option("--text_file,--text-file", tokenize_options->text_file,
+                                                "File whose bytes to tokenize (- = standard input)");
   text->excludes(text_file);
   tokenize->add_flag("--special", tokenize_options->special,
                      "Let special-token text (<bos>, <|turn>, ...) match special tokens");
@@ -65,9 +85,7 @@ void add_tokenize_commands(CLI::App& app) {
 
   auto detokenize_options = std::make_shared<DetokenizeOptions>();
   CLI::App* detokenize = app.add_subcommand("detokenize", "Print the text of comma-separated token ids");
-  detokenize->add_option("--tokenizer_path,--tokenizer-path", detokenize_options->tokenizer_path,
-                         "Hugging Face tokenizer.json")
-      ->required();
+  add_source_flags(*detokenize, detokenize_options->source);
   detokenize->add_option("--ids", detokenize_options->ids, "Token ids, e.g. 2,9259,1902")->required();
   detokenize->callback([detokenize_options] { run_detokenize(*detokenize_options); });
 }

@@ -6,10 +6,13 @@ namespace g4::cli {
 
 // Exit code of a command that failed with a g4::Error (message already printed).
 inline constexpr int kFailure = 1;
+// What g4 --version prints (with the backends built in).
+inline constexpr const char* kVersion = "0.1.0";
 
 void add_logits_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_run_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 // The embedded demo model (models/demo.gguf), used when no --model_path is given.
 std::string default_model_path();
 void add_export_command(CLI::App& app);

@@ -38,6 +38,13 @@ LoadedProgram load_program(const std::string& path, Backend& backend) {
   return out;
 }
 
+std::optional<std::string> model_tokenizer_json(const std::string& path) {
+  G4_CHECK(std::filesystem::exists(path), "model path '" + path + "' does not exist");
+  if (std::filesystem::is_directory(path))
+    return read_file_if_exists((std::filesystem::path(path) / "tokenizer.json").string());
+  return GgufModel(path).tokenizer_json();
+}
+
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {
   return std::move(load_program(path, backend).model);
 }

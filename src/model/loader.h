@@ -23,4 +23,8 @@ struct LoadedProgram {
 };
 LoadedProgram load_program(const std::string& path, Backend& backend);
 
+// The tokenizer.json text of the model at `path` (embedded in a .gguf, or the checkpoint
+// directory's tokenizer.json) without loading its weights; nullopt when it has none.
+std::optional<std::string> model_tokenizer_json(const std::string& path);
+
 }  // namespace g4

@@ -3,13 +3,25 @@
 #include <algorithm>
 
 #include "backend/backend_factory.h"
+#include "backend/cpu/cpu_backend.h"
 #include "sampling/cpu_sampler.h"
 #include "util/error.h"
 
 namespace g4 {
 
+namespace {
+
+std::unique_ptr<Backend> backend_for(const EngineOptions& options) {
+  G4_CHECK(options.threads >= 0, "threads must be >= 0 (0 = one per hardware thread), got " +
+                                     std::to_string(options.threads));
+  if (options.backend == "cpu" && options.threads > 0) return std::make_unique<CpuBackend>(options.threads);
+  return make_backend(options.backend);
+}
+
+}  // namespace
+
 Engine::Engine(const EngineOptions& options)
-    : backend_(make_backend(options.backend)), loaded_(load_program(options.model_path, *backend_)) {
+    : backend_(backend_for(options)), loaded_(load_program(options.model_path, *backend_)) {
   SessionOptions so;
   so.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
   so.max_prefill_chunk = options.max_prefill_chunk > 0

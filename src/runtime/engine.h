@@ -21,6 +21,7 @@ struct EngineOptions {
   std::string backend = "cpu";
   int64_t max_seq_len = 0;        // 0 = the program's g4.max_seq_len
   int64_t max_prefill_chunk = 0;  // 0 = the program's g4.max_prefill_chunk
+  int threads = 0;                // CPU backend worker threads; 0 = one per hardware thread
 };
 
 struct ForwardResult {

@@ -38,7 +38,8 @@ GenerationResult generate(Engine& engine, const GenerationRequest& request,
   const int64_t max_seq = engine.session().max_seq_len();
 
   auto t0 = std::chrono::steady_clock::now();
-  int32_t token = step(engine, request.prompt, 0, request.params, 0);
+  const int32_t first_pos = request.continue_session ? int32_t(engine.session().position()) : 0;
+  int32_t token = step(engine, request.prompt, first_pos, request.params, 0);
   result.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   std::unique_ptr<DecodeGraph> graph;
@@ -50,6 +51,10 @@ GenerationResult generate(Engine& engine, const GenerationRequest& request,
     result.tokens.push_back(token);
     if (on_token) on_token(token);
     if (j >= request.max_new_tokens) break;
+    if (request.stop && request.stop->load()) {
+      result.stopped = true;
+      break;
+    }
     const int64_t pos = engine.session().position();
     if (pos >= max_seq) {
       result.context_full = true;

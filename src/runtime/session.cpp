@@ -15,6 +15,24 @@ static int64_t default_chunk(const ModelConfig& c, int64_t max_seq_len, int64_t 
   return requested;
 }
 
+namespace {
+
+bool has_sliding_layers(const ModelConfig& c) {
+  return std::any_of(c.layers.begin(), c.layers.end(), [](const auto& l) { return l.sliding; });
+}
+
+std::string min_max_seq_len_reason(const ModelConfig& c) {
+  return has_sliding_layers(c) && c.sliding_window >= 2 ? " (the sliding window)" : "";
+}
+
+}  // namespace
+
+// The sliding layers' ring must hold a whole window (the attention reads the window back from
+// it), so a context shorter than the window cannot be served.
+int64_t min_max_seq_len(const ModelConfig& c) {
+  return has_sliding_layers(c) ? std::max<int64_t>(2, c.sliding_window) : 2;
+}
+
 Session::Session(const Gemma4& model, Backend& backend, SessionOptions options)
     : model_(model),
       backend_(backend),
@@ -22,10 +40,12 @@ Session::Session(const Gemma4& model, Backend& backend, SessionOptions options)
       max_chunk_(default_chunk(model.config(), max_seq_len_, options.max_prefill_chunk)),
       buffers_(model.config(), backend, max_chunk_) {
   const ModelConfig& c = model.config();
-  G4_CHECK(max_seq_len_ >= 2, "max_seq_len must be at least 2");
+  G4_CHECK(max_seq_len_ >= min_max_seq_len(c), "max_seq_len " + std::to_string(max_seq_len_) +
+                                                   " is below what the model needs: at least " +
+                                                   std::to_string(min_max_seq_len(c)) + min_max_seq_len_reason(c));
   G4_CHECK(max_seq_len_ <= c.max_position_embeddings,
-           "max_seq_len " + std::to_string(max_seq_len_) + " exceeds the model's max_position_embeddings " +
-               std::to_string(c.max_position_embeddings));
+           "max_seq_len " + std::to_string(max_seq_len_) + " exceeds the model's context length " +
+               std::to_string(c.max_position_embeddings) + " (max_position_embeddings)");
   const DType a = backend.activation_dtype();
   for (const auto& l : c.layers) {
     KvCache cache;

@@ -16,6 +16,9 @@ struct SessionOptions {
   int64_t max_prefill_chunk = 0;  // 0 = ModelConfig::max_prefill_chunk(max_seq_len) (SPEC §2)
 };
 
+// The smallest context a session of this model accepts (2, or the sliding window if larger).
+int64_t min_max_seq_len(const ModelConfig& c);
+
 class Session {
  public:
   Session(const Gemma4& model, Backend& backend, SessionOptions options = {});

@@ -17,6 +17,9 @@ void append_turn(std::string& out, std::string_view role, std::string_view conte
   out.append("<|turn>").append(role).append("\n").append(strip(content)).append("<turn|>\n");
 }
 
+// The model's turn opened with thinking off (an empty thought channel).
+constexpr std::string_view kGenerationPrompt = "<|turn>model\n<|channel>thought\n<channel|>";
+
 }  // namespace
 
 std::string format_gemma4_chat(std::span<const ChatMessage> messages) {
@@ -24,7 +27,14 @@ std::string format_gemma4_chat(std::span<const ChatMessage> messages) {
   for (const ChatMessage& message : messages) {
     append_turn(out, message.role == "assistant" ? std::string_view("model") : message.role, message.content);
   }
-  out += "<|turn>model\n<|channel>thought\n<channel|>";
+  out += kGenerationPrompt;
+  return out;
+}
+
+std::string format_gemma4_user_turn(std::string_view text) {
+  std::string out;
+  append_turn(out, "user", text);
+  out += kGenerationPrompt;
   return out;
 }
 

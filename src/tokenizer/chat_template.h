@@ -23,6 +23,12 @@ std::string format_gemma4_chat(std::span<const ChatMessage> messages);
 // One user turn: "<bos><|turn>user\n{prompt stripped}<turn|>\n<|turn>model\n<|channel>thought\n<channel|>".
 std::string format_gemma4_prompt(std::string_view user_prompt);
 
+// What a conversation appends for its next user turn: "<|turn>user\n{text stripped}<turn|>\n"
+// and the model's turn opened as above (no "<bos>": the conversation already starts with it).
+std::string format_gemma4_user_turn(std::string_view text);
+// What closes the model's reply in the history, so the next turn follows it as the template would.
+inline constexpr std::string_view kGemma4TurnEnd = "<turn|>\n";
+
 // The ids `g4 run` feeds the model for a prompt: the Gemma 4 template applied (unless raw)
 // and encoded with special tokens parsed; bos_id is put first unless the ids already start
 // with it (the template's "<bos>" is 2, Gemma's --bos_id default), so BOS is never doubled.

@@ -14,6 +14,9 @@
 namespace g4 {
 
 std::string read_file(const std::string& path) {
+  // An ifstream opens a directory and reads it as empty; say what it is instead.
+  std::error_code ec;
+  G4_CHECK(!std::filesystem::is_directory(path, ec), "cannot read '" + path + "': it is a directory");
   std::ifstream in(path, std::ios::binary);
   G4_CHECK(in.good(), "cannot read '" + path + "'");
   std::ostringstream text;

@@ -7,7 +7,7 @@
 
 namespace g4 {
 
-// The file's bytes; throws g4::Error "cannot read '<path>'".
+// The file's bytes; throws g4::Error "cannot read '<path>'" (also for a directory).
 std::string read_file(const std::string& path);
 // As read_file, but nullopt when the file does not exist.
 std::optional<std::string> read_file_if_exists(const std::string& path);

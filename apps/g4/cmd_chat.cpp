@@ -1,0 +1,216 @@
+// g4 chat: a multi-turn conversation in the terminal (or through a pipe). The KV cache is kept
+// between turns, so each turn prefills only what the cache does not hold yet.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "generation_flags.h"
+#include "runtime/generator.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+struct ChatOptions {
+  GenerationFlags gen;
+  std::string system;
+};
+
+// Ctrl-C while a reply streams ends that reply; at the prompt it ends the program as usual.
+std::atomic<bool> g_stop_reply{false};
+std::atomic<bool> g_replying{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler needs a lock-free flag");
+
+extern "C" void on_sigint(int) {
+  if (g_replying.load()) {
+    g_stop_reply.store(true);
+    return;
+  }
+  const char newline = '\n';
+  (void)!write(STDOUT_FILENO, &newline, 1);
+  signal(SIGINT, SIG_DFL);
+  raise(SIGINT);
+}
+
+// Installs on_sigint for the session's lifetime and puts the previous handler back.
+class SigintGuard {
+ public:
+  SigintGuard() {
+    struct sigaction action {};
+    action.sa_handler = on_sigint;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // a Ctrl-C must not break the read of the next line
+    sigaction(SIGINT, &action, &previous_);
+  }
+  ~SigintGuard() { sigaction(SIGINT, &previous_, nullptr); }
+  SigintGuard(const SigintGuard&) = delete;
+  SigintGuard& operator=(const SigintGuard&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
+
+std::string trim(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t\r\n") + 1 - first);
+}
+
+// The conversation as token ids. The engine's cache always holds a prefix of history: the
+// tokens of every earlier turn except, at most, a reply's last token (generation stops before
+// feeding the token that hit max_new_tokens or a Ctrl-C), which the next turn feeds first.
+class Conversation {
+ public:
+  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling)
+      : engine_(engine),
+        tokenizer_(tokenizer),
+        options_(options),
+        sampling_(sampling),
+        stop_ids_(stop_ids(options.gen, engine)),
+        turn_end_(tokenizer.encode(std::string(kGemma4TurnEnd), /*parse_special=*/true)) {}
+
+  void reset() {
+    history_.clear();
+    engine_.session().reset();
+  }
+
+  void reply(const std::string& user_text) {
+    std::vector<int32_t> turn;
+    if (history_.empty()) {
+      turn.push_back(options_.gen.bos_id);
+      if (!options_.system.empty()) append(turn, "<|turn>system\n" + trim(options_.system) + std::string(kGemma4TurnEnd));
+    }
+    append(turn, format_gemma4_user_turn(user_text));
+
+    const int64_t cached = engine_.session().position();
+    GenerationRequest request;
+    request.prompt.assign(history_.begin() + cached, history_.end());
+    request.prompt.insert(request.prompt.end(), turn.begin(), turn.end());
+    request.params = sampling_.params;
+    request.params.seed += drawn_;  // every token of the conversation gets its own seed
+    request.max_new_tokens = options_.gen.max_new_tokens;
+    request.stop_ids = stop_ids_;
+    request.graph = options_.gen.cuda_graph;
+    request.continue_session = true;
+    request.stop = &g_stop_reply;
+    // Fails before running anything (and so leaves the conversation as it was) when the
+    // context cannot take the turn.
+    engine_.session().check_input(request.prompt);
+
+    StreamDecoder text(tokenizer_, /*skip_special=*/true);
+    g_stop_reply.store(false);
+    g_replying.store(true);
+    GenerationResult result;
+    try {
+      result = generate(engine_, request, [&](int32_t id) {
+        std::fputs(text.push(id).c_str(), stdout);
+        std::fflush(stdout);
+      });
+    } catch (...) {
+      g_replying.store(false);
+      // history is unchanged; a cache that ran ahead of it is dropped and rebuilt next turn.
+      if (engine_.session().position() != cached) engine_.session().reset();
+      throw;
+    }
+    g_replying.store(false);
+    std::printf("%s\n", text.flush().c_str());
+    std::fflush(stdout);
+
+    // The reply as the model produced it, closed as the template closes a model turn.
+    history_.insert(history_.end(), turn.begin(), turn.end());
+    history_.insert(history_.end(), result.tokens.begin(), result.tokens.end());
+    history_.insert(history_.end(), turn_end_.begin(), turn_end_.end());
+    drawn_ += result.tokens.size() + 1;
+
+    const double tps = result.decode_seconds > 0 && result.tokens.size() > 1
+                           ? double(result.tokens.size() - 1) / result.decode_seconds
+                           : 0;
+    std::fprintf(stderr, "[prefilled %zu tokens (cache %lld) in %.3f s; %zu tokens, %.1f tok/s%s; context %lld/%lld]\n",
+                 request.prompt.size(), static_cast<long long>(cached), result.prefill_seconds, result.tokens.size(),
+                 tps, result.stopped ? "; stopped"
+                      : result.context_full ? "; context full, /reset to start again"
+                      : result.stop_token < 0 && options_.gen.max_new_tokens > 0 ? "; --max_new_tokens reached"
+                                                                                  : "",
+                 static_cast<long long>(history_.size()), static_cast<long long>(engine_.session().max_seq_len()));
+  }
+
+ private:
+  void append(std::vector<int32_t>& ids, const std::string& text) const {
+    const std::vector<int32_t> more = tokenizer_.encode(text, /*parse_special=*/true);
+    ids.insert(ids.end(), more.begin(), more.end());
+  }
+
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  const ChatOptions& options_;
+  const EffectiveSampling sampling_;
+  const std::vector<int32_t> stop_ids_, turn_end_;
+  std::vector<int32_t> history_;
+  uint64_t drawn_ = 0;
+};
+
+void chat(const ChatOptions& o) {
+  check_generation_flags(o.gen);
+  std::unique_ptr<Engine> engine = open_engine(o.gen);
+  const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
+  G4_CHECK(tokenizer, "chat needs a tokenizer: the model has none embedded; pass --tokenizer_path");
+  const EffectiveSampling sampling = effective_sampling(o.gen, engine->generation_defaults());
+  const bool interactive = isatty(STDIN_FILENO);
+  std::fprintf(stderr, "g4 chat (%s)%s\n", describe_sampling(sampling).c_str(),
+               interactive ? ". /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops a reply." : "");
+
+  Conversation conversation(*engine, *tokenizer, o, sampling);
+  SigintGuard sigint;
+  for (std::string line;;) {
+    if (interactive) {
+      std::fputs("> ", stdout);
+      std::fflush(stdout);
+    }
+    if (!std::getline(std::cin, line)) break;
+    line = trim(line);
+    if (line.empty()) continue;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      conversation.reset();
+      std::fprintf(stderr, "[conversation reset]\n");
+      continue;
+    }
+    if (line[0] == '/') {
+      std::fprintf(stderr, "unknown chat command '%s': /reset starts over, /exit quits\n", line.c_str());
+      continue;
+    }
+    try {
+      conversation.reply(line);
+    } catch (const Error& e) {
+      // The turn did not run; the conversation goes on (e.g. after a full context, /reset).
+      std::fprintf(stderr, "error: %s\n", e.what());
+    }
+  }
+  if (interactive) std::fputs("\n", stdout);
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app) {
+  auto o = std::make_shared<ChatOptions>();
+  o->gen.max_new_tokens = 1024;  // a reply, not a benchmark: let the model finish its turn
+  CLI::App* cmd = app.add_subcommand("chat", "Talk to a model turn by turn (reads lines from standard input)");
+  add_generation_flags(*cmd, o->gen);
+  cmd->add_option("--system", o->system, "A system turn put before the first user turn");
+  cmd->footer("In the chat: /reset starts a new conversation, /exit (or end of input) quits, Ctrl-C stops the reply "
+              "being written.");
+  cmd->callback([o] { chat(*o); });
+}
+
+}  // namespace g4::cli

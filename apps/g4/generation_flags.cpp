@@ -1,0 +1,159 @@
+#include "generation_flags.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+#include "commands.h"
+#include "tokenizer/chat_template.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+// "-1" asks for a random base seed; anything else must be a uint64.
+std::optional<uint64_t> parse_seed(const std::string& text) {
+  if (text == "-1") return std::nullopt;
+  uint64_t seed = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, seed);  // no sign, no overflow
+  G4_CHECK(!text.empty() && error == std::errc() && stop == end,
+           "--seed must be -1 (random) or an integer in [0, 2^64), got '" + text + "'");
+  return seed;
+}
+
+SamplingParams flag_sampling(const GenerationFlags& f) {
+  SamplingParams p;
+  p.temperature = f.temperature;
+  p.top_k = f.top_k;
+  p.top_p = f.top_p;
+  p.min_p = f.min_p;
+  return p;
+}
+
+// Shortest text that reads back as the same float (0.95, not 0.949999988).
+std::string number(float value) {
+  char text[32];
+  const auto [end, ec] = std::to_chars(text, text + sizeof(text), value);
+  return ec == std::errc() ? std::string(text, end) : std::to_string(value);
+}
+
+}  // namespace
+
+void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
+  cmd.add_option("-m,--model_path,--model-path", f.model_path,
+                 "Model file (.gguf from g4 export) or Hugging Face checkpoint directory (default: the demo model)");
+  cmd.add_option("--tokenizer_path,--tokenizer-path", f.tokenizer_path, "tokenizer.json (default: the model's own)");
+  f.temperature_flag = cmd.add_option("--temperature", f.temperature,
+                                      "0 = greedy (-1 also means greedy); up to 2 (default: the model's, else 0.8)");
+  f.top_k_flag = cmd.add_option("--top_k,--top-k", f.top_k, "Keep the k most likely tokens (0 = off; default: the model's, else 0)");
+  f.top_p_flag = cmd.add_option("--top_p,--top-p", f.top_p, "Nucleus sampling mass in (0, 1] (1 = off; default: the model's, else 1)");
+  f.min_p_flag = cmd.add_option("--min_p,--min-p", f.min_p, "Drop tokens below min_p * max probability (0 = off; default: the model's, else 0)");
+  cmd.add_option("-s,--seed", f.seed, "Base seed; token j uses seed + j (-1 = random, printed)")->capture_default_str();
+  cmd.add_option("-n,--max_new_tokens,--max-new-tokens", f.max_new_tokens, "Tokens to generate at most")->capture_default_str();
+  cmd.add_option("--max_seq_len,--max-seq-len", f.max_seq_len,
+                 "Context size, from the model's sliding window up to its context length (default: the model file's)");
+  cmd.add_option("--bos_id,--bos-id", f.bos_id, "Beginning-of-sequence id put before the prompt")->capture_default_str();
+  cmd.add_option("--eos_id,--eos-id", f.eos_id, "End-of-sequence id (generation also stops on <turn|>)")->capture_default_str();
+  cmd.add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd.add_flag("--cuda_graph,--cuda-graph", f.cuda_graph, "Replay a captured CUDA graph per decode step (--backend cuda)");
+  cmd.add_option("-t,--threads", f.threads, "CPU backend worker threads (default: one per hardware thread)");
+}
+
+void check_generation_flags(const GenerationFlags& f) {
+  validate_sampling_params(flag_sampling(f));
+  parse_seed(f.seed);
+  G4_CHECK(f.max_new_tokens >= 0, "--max_new_tokens must be >= 0, got " + std::to_string(f.max_new_tokens));
+  G4_CHECK(f.max_seq_len >= 0, "--max_seq_len must be a context size (0 = the model file's), got " +
+                                   std::to_string(f.max_seq_len));
+  G4_CHECK(f.bos_id >= 0, "--bos_id must be a token id (>= 0), got " + std::to_string(f.bos_id));
+  G4_CHECK(f.eos_id >= 0, "--eos_id must be a token id (>= 0), got " + std::to_string(f.eos_id));
+  G4_CHECK(f.threads >= 0, "--threads must be >= 0 (0 = one per hardware thread), got " + std::to_string(f.threads));
+  G4_CHECK(!f.cuda_graph || f.backend == "cuda", "--cuda_graph needs --backend cuda (CUDA graphs replay GPU work)");
+  G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
+}
+
+std::unique_ptr<Engine> open_engine(const GenerationFlags& f) {
+  EngineOptions eo;
+  eo.model_path = f.model_path.empty() ? default_model_path() : f.model_path;
+  eo.backend = f.backend;
+  eo.max_seq_len = f.max_seq_len;
+  eo.threads = f.threads;
+  auto engine = std::make_unique<Engine>(eo);
+  check_token_flags(f, *engine);
+  return engine;
+}
+
+void check_token_flags(const GenerationFlags& f, const Engine& engine) {
+  const int64_t vocab = engine.config().vocab_size;
+  G4_CHECK(f.bos_id < vocab, "--bos_id " + std::to_string(f.bos_id) + " is outside the model's vocabulary [0, " +
+                                 std::to_string(vocab) + ")");
+  G4_CHECK(f.eos_id < vocab, "--eos_id " + std::to_string(f.eos_id) + " is outside the model's vocabulary [0, " +
+                                 std::to_string(vocab) + ")");
+}
+
+EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d) {
+  EffectiveSampling s;
+  s.params = flag_sampling(f);
+  auto pick = [](const CLI::Option* flag, const auto& model_value, auto& value, std::string& from) {
+    if (flag->count()) {
+      from = "flag";
+    } else if (model_value) {
+      value = *model_value;
+      from = "model";
+    } else {
+      from = "default";
+    }
+  };
+  pick(f.temperature_flag, d.temperature, s.params.temperature, s.temperature_from);
+  pick(f.top_k_flag, d.top_k, s.params.top_k, s.top_k_from);
+  pick(f.top_p_flag, d.top_p, s.params.top_p, s.top_p_from);
+  pick(f.min_p_flag, d.min_p, s.params.min_p, s.min_p_from);
+  validate_sampling_params(s.params);  // the model's values too
+  const std::optional<uint64_t> seed = parse_seed(f.seed);
+  s.random_seed = !seed;
+  if (seed) {
+    s.params.seed = *seed;
+  } else if (!is_greedy(s.params)) {
+    std::random_device rd;
+    s.params.seed = (uint64_t(rd()) << 32) ^ rd();
+    std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(s.params.seed));
+  }
+  return s;
+}
+
+std::string describe_sampling(const EffectiveSampling& s) {
+  const SamplingParams& p = s.params;
+  if (is_greedy(p)) return "sampling: greedy (temperature " + number(p.temperature) + ", " + s.temperature_from + ")";
+  std::ostringstream out;
+  out << "sampling: temperature " << number(p.temperature) << " (" << s.temperature_from << "), top_k " << p.top_k
+      << " (" << s.top_k_from << "), top_p " << number(p.top_p) << " (" << s.top_p_from << "), min_p "
+      << number(p.min_p) << " (" << s.min_p_from << "), seed " << p.seed << (s.random_seed ? " (random)" : "");
+  return out.str();
+}
+
+std::optional<Tokenizer> open_tokenizer(const GenerationFlags& f, const Engine& engine) {
+  if (!f.tokenizer_path.empty()) return Tokenizer::from_file(f.tokenizer_path);
+  if (engine.tokenizer_json()) return Tokenizer::from_json(*engine.tokenizer_json());
+  return std::nullopt;
+}
+
+std::vector<int32_t> stop_ids(const GenerationFlags& f, const Engine& engine) {
+  std::vector<int32_t> ids = {f.eos_id};
+  ids.insert(ids.end(), kGemma4StopTokenIds.begin(), kGemma4StopTokenIds.end());
+  for (int id : engine.config().eos_ids) ids.push_back(id);
+  return ids;
+}
+
+double peak_host_mib() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;
+}
+
+}  // namespace g4::cli

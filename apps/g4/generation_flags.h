@@ -1,0 +1,61 @@
+// The flags g4 run and g4 chat share (model, backend, sampling, stop ids, context), defined once,
+// with the checks that run before anything is loaded and the steps from flags to a running engine.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "sampling/sampling_params.h"
+#include "tokenizer/tokenizer.h"
+
+namespace g4::cli {
+
+struct GenerationFlags {
+  std::string model_path, tokenizer_path, seed = "-1", backend = "cpu";
+  float temperature = 0.8f, top_p = 1.0f, min_p = 0.0f;
+  int32_t top_k = 0;
+  int64_t max_new_tokens = 128, max_seq_len = 0;
+  int32_t bos_id = 2, eos_id = 1;
+  int threads = 0;
+  bool cuda_graph = false;
+  // Set by add_generation_flags: a sampling flag the user did not give takes the model's value.
+  CLI::Option *temperature_flag = nullptr, *top_k_flag = nullptr, *top_p_flag = nullptr, *min_p_flag = nullptr;
+};
+
+// Adds the shared flags to `cmd`; `flags` must outlive the parse (its defaults are shown in --help).
+void add_generation_flags(CLI::App& cmd, GenerationFlags& flags);
+
+// Everything that can be judged without the model, so that a bad flag fails before loading.
+void check_generation_flags(const GenerationFlags& flags);
+
+// Loads the model (the demo model when no --model_path) on the chosen backend.
+std::unique_ptr<Engine> open_engine(const GenerationFlags& flags);
+// Checks bos/eos ids against the loaded model's vocabulary.
+void check_token_flags(const GenerationFlags& flags, const Engine& engine);
+
+// The sampling settings in effect and where each came from ("flag", "model" or "default").
+struct EffectiveSampling {
+  SamplingParams params;  // params.seed is the base seed
+  std::string temperature_from, top_k_from, top_p_from, min_p_from;
+  bool random_seed = false;  // --seed -1: drawn at start
+};
+// Flags the user gave win; the others take the model's generation config, else g4's defaults.
+// Draws the base seed for --seed -1 and prints it, unless decoding is greedy (no seed is used).
+EffectiveSampling effective_sampling(const GenerationFlags& flags, const GenerationDefaults& model_defaults);
+// One line for a report: "sampling: temperature 0.8 (default), top_k 64 (model), ..., seed 42".
+std::string describe_sampling(const EffectiveSampling& sampling);
+
+// --tokenizer_path, else the model's own; nullopt when neither exists.
+std::optional<Tokenizer> open_tokenizer(const GenerationFlags& flags, const Engine& engine);
+
+// The ids that end a reply: --eos_id, Gemma 4's <turn|> and <|tool_response>, the model's own.
+std::vector<int32_t> stop_ids(const GenerationFlags& flags, const Engine& engine);
+
+// Peak resident host memory of this process so far, in MiB.
+double peak_host_mib();
+
+}  // namespace g4::cli

@@ -1,0 +1,105 @@
+// The g4 binary as a new user meets it: --version, a mistyped command, g4 logits with its
+// defaults, and g4 tokenize / detokenize with a model's own tokenizer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "model/gguf_model.h"
+#include "support/fixtures.h"
+
+namespace g4 {
+namespace {
+
+const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+
+// Only what a command writes on stdout.
+test::CommandResult stdout_of(const std::string& arguments) {
+  test::CommandResult r;
+  r.exit_code = test::run_command("( " + std::string(G4_BINARY) + " " + arguments + " 2>/dev/null )", &r.output);
+  return r;
+}
+
+TEST(Cli, Version) {
+  const test::CommandResult r = test::run_g4("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("g4 ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("backends: cpu"), std::string::npos) << r.output;
+}
+
+TEST(Cli, UnknownCommandListsTheCommands) {
+  const test::CommandResult r = test::run_g4("chatt --prompt hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown command 'chatt'"), std::string::npos) << r.output;
+  for (const char* command : {"run", "chat", "logits", "export", "tokenize"})
+    EXPECT_NE(r.output.find(std::string("\n  ") + command + " "), std::string::npos) << command << "\n" << r.output;
+}
+
+TEST(Cli, LogitsDefaultContextFitsTheModel) {
+  // Three tokens: the default context used to be 4, below the demo model's sliding window (64).
+  const std::string out = test::temp_dir("logits_default") + "/logits.f32";
+  test::CommandResult r = test::run_g4("logits --model_path " + kDemo + " --tokens 2,5,7 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(std::filesystem::file_size(out), 3u * 4096u * sizeof(float));
+  r = test::run_g4("logits --model_path " + test::fixture_dir("tiny-31b-style") + " --tokens 2,5,7 --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Cli, LogitsContextOutsideTheModelsLimits) {
+  const std::string out = test::temp_dir("logits_limits") + "/logits.f32";
+  const std::string base = "logits -m " + kDemo + " --tokens 2,5,7 --out " + out;
+  test::CommandResult r = test::run_g4(base + " --max_seq_len 10");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("max_seq_len 10 is below what the model needs: at least 64 (the sliding window)"),
+            std::string::npos)
+      << r.output;
+  r = test::run_g4(base + " --max_seq_len 5000");  // was silently clamped to 1024
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("max_seq_len 5000 exceeds the model's context length 1024"), std::string::npos) << r.output;
+  r = test::run_g4(base + " --max_seq_len -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--max_seq_len must be"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out)) << "nothing written after a rejected flag";
+}
+
+TEST(Cli, TokenizeWithTheModelsTokenizer) {
+  // The same tokenizer three ways: the model file's, a tokenizer.json holding it, the default.
+  const std::string json_path = test::temp_dir("tokenize_model") + "/tokenizer.json";
+  {
+    const GgufModel demo(kDemo);
+    ASSERT_TRUE(demo.tokenizer_json().has_value());
+    std::ofstream(json_path, std::ios::binary) << *demo.tokenizer_json();
+  }
+  const test::CommandResult from_json = stdout_of("tokenize --tokenizer_path " + json_path + " --text 'A fortune.'");
+  const test::CommandResult from_model = stdout_of("tokenize --model_path " + kDemo + " --text 'A fortune.'");
+  const test::CommandResult from_default = stdout_of("tokenize --text 'A fortune.'");
+  ASSERT_EQ(from_model.exit_code, 0);
+  EXPECT_EQ(from_model.output.front(), '[') << from_model.output;
+  EXPECT_EQ(from_json.output, from_model.output);
+  EXPECT_EQ(from_default.output, from_model.output);
+  std::string stdin_ids;
+  ASSERT_EQ(test::run_command("( printf 'A fortune.' | " + std::string(G4_BINARY) + " tokenize -m " + kDemo +
+                                  " --text_file - 2>/dev/null )",
+                              &stdin_ids),
+            0);
+  EXPECT_EQ(stdin_ids, from_model.output) << "--text_file - reads standard input";
+
+  std::string ids = from_model.output.substr(1, from_model.output.find(']') - 1);
+  const test::CommandResult text = stdout_of("detokenize -m " + kDemo + " --ids " + ids);
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_EQ(text.output, "A fortune.");
+  const test::CommandResult both =
+      test::run_g4("tokenize --tokenizer_path " + json_path + " --model_path " + kDemo + " --text x");
+  EXPECT_NE(both.exit_code, 0) << "one tokenizer source at a time";
+}
+
+TEST(Cli, TokenizeAModelWithoutATokenizer) {
+  const test::CommandResult r =
+      test::run_g4("tokenize --model_path " + test::fixture_dir("tiny-31b-style") + " --text hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("has no tokenizer"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace g4
