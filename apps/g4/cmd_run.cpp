@@ -109,7 +109,7 @@ void run(const RunOptions& o) {
   params.seed = resolve_seed(o.seed);
 
   EngineOptions eo;
-  eo.model_path = o.model_path.empty() ? default_model_path() : o.model_path;
+  use_model_or_demo(eo, o.model_path);
   eo.backend = o.backend;
   eo.max_seq_len = o.max_seq_len;
   Engine engine(eo);
@@ -148,12 +148,6 @@ void run(const RunOptions& o) {
 }
 
 }  // namespace
-
-std::string default_model_path() {
-  const std::filesystem::path demo = std::filesystem::path(G4_SOURCE_DIR) / "models" / "demo.gguf";
-  G4_CHECK(std::filesystem::exists(demo), "no --model_path given and the demo model '" + demo.string() + "' is missing");
-  return demo.string();
-}
 
 void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();

@@ -1,6 +1,8 @@
 // Opens a model for running: a Hugging Face checkpoint directory or a GGUF model file.
 #pragma once
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/backend.h"
@@ -22,5 +24,12 @@ struct LoadedProgram {
   GenerationDefaults generation;              // the checkpoint's sampling defaults
 };
 LoadedProgram load_program(const std::string& path, Backend& backend);
+
+// A GGUF model file's bytes in memory for the life of the program (e.g. linked into the executable).
+struct ModelImage {
+  std::span<const uint8_t> bytes;
+  std::string name;  // names the model in messages
+};
+LoadedProgram load_program(const ModelImage& image, Backend& backend);
 
 }  // namespace g4

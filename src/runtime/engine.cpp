@@ -9,7 +9,9 @@
 namespace g4 {
 
 Engine::Engine(const EngineOptions& options)
-    : backend_(make_backend(options.backend)), loaded_(load_program(options.model_path, *backend_)) {
+    : backend_(make_backend(options.backend)),
+      loaded_(options.model_image ? load_program(*options.model_image, *backend_)
+                                  : load_program(options.model_path, *backend_)) {
   SessionOptions so;
   so.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
   so.max_prefill_chunk = options.max_prefill_chunk > 0
