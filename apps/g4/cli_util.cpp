@@ -7,7 +7,20 @@
 #include "util/error.h"
 #include "util/files.h"
 
+// Bounds of models/demo.gguf, placed in the executable by the assembler file CMake generates.
+extern "C" const uint8_t g4_demo_gguf_begin[];
+extern "C" const uint8_t g4_demo_gguf_end[];
+
 namespace g4::cli {
+
+ModelImage demo_model() {
+  return {{g4_demo_gguf_begin, size_t(g4_demo_gguf_end - g4_demo_gguf_begin)}, "the embedded demo model"};
+}
+
+void use_model_or_demo(EngineOptions& options, const std::string& model_path) {
+  options.model_path = model_path;
+  if (model_path.empty()) options.model_image = demo_model();
+}
 
 std::vector<int32_t> parse_id_list(const std::string& text) {
   std::vector<int32_t> ids;

@@ -97,12 +97,6 @@ void run(const RunOptions& o) {
 
 }  // namespace
 
-std::string default_model_path() {
-  const std::filesystem::path demo = std::filesystem::path(G4_SOURCE_DIR) / "models" / "demo.gguf";
-  G4_CHECK(std::filesystem::exists(demo), "no --model_path given and the demo model '" + demo.string() + "' is missing");
-  return demo.string();
-}
-
 void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt");

@@ -41,9 +41,9 @@ void add_source_flags(CLI::App& cmd, TokenizerSource& source) {
 
 Tokenizer open(const TokenizerSource& source) {
   if (!source.tokenizer_path.empty()) return Tokenizer::from_file(source.tokenizer_path);
-  const std::string model = source.model_path.empty() ? default_model_path() : source.model_path;
-  const std::optional<std::string> json = model_tokenizer_json(model);
-  G4_CHECK(json, "the model '" + model + "' has no tokenizer; pass --tokenizer_path");
+  const std::optional<std::string> json =
+      source.model_path.empty() ? model_tokenizer_json(demo_model()) : model_tokenizer_json(source.model_path);
+  G4_CHECK(json, "the model '" + source.model_path + "' has no tokenizer; pass --tokenizer_path");
   return Tokenizer::from_json(*json);
 }
 

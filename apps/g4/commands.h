@@ -13,8 +13,6 @@ void add_logits_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
-// The embedded demo model (models/demo.gguf), used when no --model_path is given.
-std::string default_model_path();
 void add_export_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_sample_command(CLI::App& app);

@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "tokenizer/chat_template.h"
 #include "util/error.h"
@@ -80,7 +81,7 @@ void check_generation_flags(const GenerationFlags& f) {
 
 std::unique_ptr<Engine> open_engine(const GenerationFlags& f) {
   EngineOptions eo;
-  eo.model_path = f.model_path.empty() ? default_model_path() : f.model_path;
+  use_model_or_demo(eo, f.model_path);
   eo.backend = f.backend;
   eo.max_seq_len = f.max_seq_len;
   eo.threads = f.threads;

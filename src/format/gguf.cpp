@@ -309,18 +309,21 @@ std::vector<int64_t> GgufTensorInfo::shape() const {
   return s;
 }
 
-GgufFile::GgufFile(const std::string& path) : name_(path) {
-  auto file = MappedFile::open(path);
-  data_ = file->data();
-  size_ = file->size();
-  owner_ = file;
-  parse();
-}
+namespace {
+std::span<const uint8_t> bytes_of(const MappedFile& file) { return {file.data(), file.size()}; }
+}  // namespace
 
-GgufFile::GgufFile(std::shared_ptr<const std::vector<uint8_t>> bytes, const std::string& name) : name_(name) {
-  data_ = bytes->data();
-  size_ = bytes->size();
-  owner_ = std::move(bytes);
+// Every source of bytes (a mapped file, a vector, memory the caller owns) is parsed by one path.
+GgufFile::GgufFile(const std::string& path) : GgufFile(MappedFile::open(path), path) {}
+
+GgufFile::GgufFile(std::shared_ptr<const MappedFile> file, const std::string& name)
+    : GgufFile(bytes_of(*file), file, name) {}
+
+GgufFile::GgufFile(std::shared_ptr<const std::vector<uint8_t>> bytes, const std::string& name)
+    : GgufFile(std::span<const uint8_t>(*bytes), bytes, name) {}
+
+GgufFile::GgufFile(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner, const std::string& name)
+    : name_(name), owner_(std::move(owner)), data_(bytes.data()), size_(bytes.size()) {
   parse();
 }
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -24,6 +25,8 @@
 #include "model/tensor_source.h"
 
 namespace g4 {
+
+class MappedFile;
 
 // The numbering is GGUF's.
 enum class GgufType : uint32_t { U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 };
@@ -126,6 +129,9 @@ class GgufFile {
   explicit GgufFile(const std::string& path);
   // Parses bytes held in memory (`name` is used in messages).
   GgufFile(std::shared_ptr<const std::vector<uint8_t>> bytes, const std::string& name);
+  // Parses bytes in memory that `owner` keeps alive; a null owner means the bytes live as long as
+  // the program (e.g. a model linked into the executable). Tensors point into the bytes, no copy.
+  GgufFile(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner, const std::string& name);
 
   const std::string& name() const { return name_; }
   uint32_t version() const { return version_; }
@@ -138,6 +144,7 @@ class GgufFile {
   HostTensor tensor(const GgufTensorInfo& info) const;
 
  private:
+  GgufFile(std::shared_ptr<const MappedFile> file, const std::string& name);
   void parse();
 
   std::string name_;

@@ -317,7 +317,9 @@ std::string gguf_tensor_name(const std::string& canonical) {
 
 std::string canonical_tensor_name(const std::string& gguf_name) { return lookup(gguf_name, false).value_or(""); }
 
-GgufModel::GgufModel(const std::string& path) : file_(path) {
+GgufModel::GgufModel(const std::string& path) : GgufModel(GgufFile(path)) {}
+
+GgufModel::GgufModel(GgufFile file) : file_(std::move(file)) {
   config_ = gemma4_config(file_);
   program_ = program_flags(file_.metadata(), config_);
   if (file_.metadata().find(gguf_key::kTokenizerJson))

@@ -71,6 +71,7 @@ std::string canonical_tensor_name(const std::string& gguf_name);
 class GgufModel : public TensorSource {
  public:
   explicit GgufModel(const std::string& path);  // throws g4::Error naming the file and the problem
+  explicit GgufModel(GgufFile file);             // a file already opened (e.g. from memory)
 
   const GgufFile& file() const { return file_; }
   const ModelConfig& config() const { return config_; }

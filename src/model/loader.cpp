@@ -16,6 +16,15 @@ std::unique_ptr<Gemma4> load_from(const ModelConfig& config, const TensorSource&
   return std::make_unique<Gemma4>(config, std::move(weights));
 }
 
+LoadedProgram load_gguf(const GgufModel& file, Backend& backend) {
+  LoadedProgram out;
+  out.model = load_from(file.config(), file, backend);
+  out.program = file.program();
+  out.tokenizer_json = file.tokenizer_json();
+  out.generation = read_generation_defaults(file.file().metadata());
+  return out;
+}
+
 }  // namespace
 
 // A directory is a Hugging Face checkpoint; any other path must be a GGUF model file.
@@ -30,12 +39,11 @@ LoadedProgram load_program(const std::string& path, Backend& backend) {
     out.generation = read_generation_config(path);
     return out;
   }
-  GgufModel file(path);
-  out.model = load_from(file.config(), file, backend);
-  out.program = file.program();
-  out.tokenizer_json = file.tokenizer_json();
-  out.generation = read_generation_defaults(file.file().metadata());
-  return out;
+  return load_gguf(GgufModel(path), backend);
+}
+
+LoadedProgram load_program(const ModelImage& image, Backend& backend) {
+  return load_gguf(GgufModel(GgufFile(image.bytes, nullptr, image.name)), backend);
 }
 
 std::optional<std::string> model_tokenizer_json(const std::string& path) {
@@ -43,6 +51,10 @@ std::optional<std::string> model_tokenizer_json(const std::string& path) {
   if (std::filesystem::is_directory(path))
     return read_file_if_exists((std::filesystem::path(path) / "tokenizer.json").string());
   return GgufModel(path).tokenizer_json();
+}
+
+std::optional<std::string> model_tokenizer_json(const ModelImage& image) {
+  return GgufModel(GgufFile(image.bytes, nullptr, image.name)).tokenizer_json();
 }
 
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {

@@ -1,6 +1,8 @@
 // Opens a model for running: a Hugging Face checkpoint directory or a GGUF model file.
 #pragma once
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/backend.h"
@@ -26,5 +28,13 @@ LoadedProgram load_program(const std::string& path, Backend& backend);
 // The tokenizer.json text of the model at `path` (embedded in a .gguf, or the checkpoint
 // directory's tokenizer.json) without loading its weights; nullopt when it has none.
 std::optional<std::string> model_tokenizer_json(const std::string& path);
+
+// A GGUF model file's bytes in memory for the life of the program (e.g. linked into the executable).
+struct ModelImage {
+  std::span<const uint8_t> bytes;
+  std::string name;  // names the model in messages
+};
+LoadedProgram load_program(const ModelImage& image, Backend& backend);
+std::optional<std::string> model_tokenizer_json(const ModelImage& image);
 
 }  // namespace g4

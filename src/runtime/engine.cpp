@@ -21,7 +21,9 @@ std::unique_ptr<Backend> backend_for(const EngineOptions& options) {
 }  // namespace
 
 Engine::Engine(const EngineOptions& options)
-    : backend_(backend_for(options)), loaded_(load_program(options.model_path, *backend_)) {
+    : backend_(backend_for(options)),
+      loaded_(options.model_image ? load_program(*options.model_image, *backend_)
+                                  : load_program(options.model_path, *backend_)) {
   SessionOptions so;
   so.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
   so.max_prefill_chunk = options.max_prefill_chunk > 0

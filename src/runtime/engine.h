@@ -18,6 +18,7 @@ namespace g4 {
 
 struct EngineOptions {
   std::string model_path;
+  std::optional<ModelImage> model_image;  // loaded instead of model_path when set
   std::string backend = "cpu";
   int64_t max_seq_len = 0;        // 0 = the program's g4.max_seq_len
   int64_t max_prefill_chunk = 0;  // 0 = the program's g4.max_prefill_chunk

@@ -11,6 +11,7 @@
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"
+#include "util/half.h"
 
 namespace g4 {
 
@@ -89,7 +90,18 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, cons
   });
 }
 
-static float dot(const float* a, const float* b, int64_t n) {
+// The hot loops below are built twice on x86-64, for x86-64-v3 (AVX2, FMA) and for the baseline,
+// and the dynamic loader picks one for the CPU it runs on (GCC/clang target_clones, an ifunc):
+// the portable binary keeps the speed of an AVX2 build. A build that already targets AVX2
+// (G4_NATIVE_ARCH) and other architectures compile them once.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX2__)
+#define G4_HOT_LOOP __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define G4_HOT_LOOP
+#endif
+
+// Inlined into each G4_HOT_LOOP clone, so it is compiled for that clone's target.
+static inline float dot(const float* a, const float* b, int64_t n) {
   // Eight independent partial sums keep the loop vectorised and the rounding error small.
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -101,19 +113,30 @@ static float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// widen_row for the hot loops: BF16 rows (the usual weight type) are widened inline, so each
+// G4_HOT_LOOP clone vectorises the conversion for its own target; other types use decode_row.
+static inline void widen_weight_row(const Tensor& w, int64_t row, float* out) {
+  if (w.dtype != DType::BF16) return widen_row(w, row, out);
+  const auto* in = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_size());
+  for (int64_t i = 0; i < w.cols; ++i) out[i] = bf16_to_f32(in[i]);
+}
+
+// y[:, n] = x w[n]^T for the weight rows n in [b, e).
+G4_HOT_LOOP static void matmul_rows(const Tensor& x, const Tensor& w, const Tensor& y, int64_t b, int64_t e) {
+  const int64_t T = x.rows, K = x.cols, N = w.rows;
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = b; n < e; ++n) {
+    widen_weight_row(w, n, row.data());
+    for (int64_t t = 0; t < T; ++t) y.as<float>()[t * N + n] = dot(x.as<float>() + t * K, row.data(), K);
+  }
+}
+
 void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
   check_f32(x, "matmul input");
   G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
            "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
-  const int64_t T = x.rows, K = x.cols, N = w.rows;
-  pool_.parallel_for(N, [&](int64_t b, int64_t e) {
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t n = b; n < e; ++n) {
-      widen_row(w, n, row.data());
-      for (int64_t t = 0; t < T; ++t) y.as<float>()[t * N + n] = dot(x.as<float>() + t * K, row.data(), K);
-    }
-  });
+  pool_.parallel_for(w.rows, [&](int64_t b, int64_t e) { matmul_rows(x, w, y, b, e); });
 }
 
 // Rotate-half RoPE of one head v[2*half] at position p. The angle is the float32 product, as
@@ -151,49 +174,72 @@ void CpuBackend::head_norms(const HeadNorms& a) {
   rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
 }
 
+// Attention of the (query row, head) jobs [b, e) over the cache and the chunk's fresh K/V.
+G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
+  const int64_t hd = a.head_dim, cap = a.cache->capacity;
+  const int64_t pos0 = a.positions.as<int32_t>()[0];
+  const int group = a.heads / a.kv_heads;
+  const int64_t kv_cols = int64_t(a.kv_heads) * hd;
+  auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
+    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + (kp % cap) * kv_cols;
+  };
+  std::vector<float> scores;
+  std::vector<float> acc(static_cast<size_t>(hd));
+  for (int64_t job = b; job < e; ++job) {
+    const int64_t row = job / a.heads, h = job % a.heads, kvh = h / group;
+    const int64_t p = pos0 + a.q_first + row;
+    const int64_t first = a.window ? std::max<int64_t>(0, p - a.window + 1) : 0;
+    const float* q = a.q.as<float>() + row * a.q.cols + h * hd;
+    scores.assign(size_t(p - first + 1), 0.0f);
+    float mx = -INFINITY;
+    for (int64_t kp = first; kp <= p; ++kp) {
+      float s = a.scale * dot(q, key_row(kp, a.k_new, a.cache->k) + kvh * hd, hd);
+      scores[size_t(kp - first)] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (float& s : scores) sum += (s = std::exp(s - mx));
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t kp = first; kp <= p; ++kp) {
+      const float w = float(scores[size_t(kp - first)] / sum);
+      const float* v = key_row(kp, a.v_new, a.cache->v) + kvh * hd;
+      for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += w * v[i];
+    }
+    std::memcpy(a.out.as<float>() + row * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
+  }
+}
+
 void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity;
   const int64_t pos0 = a.positions.as<int32_t>()[0];
-  const int group = a.heads / a.kv_heads;
   G4_CHECK(a.window == 0 || cap >= a.window, "attention: ring cache smaller than the sliding window");
   G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
   G4_CHECK(a.q_first >= 0 && a.q_first <= T && a.q.rows == T - a.q_first && a.out.rows == a.q.rows,
            "attention: q and out must hold the chunk's tokens [q_first, T)");
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
-  auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
-    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + (kp % cap) * kv_cols;
-  };
-  pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) {
-    std::vector<float> scores;
-    std::vector<float> acc(static_cast<size_t>(hd));
-    for (int64_t job = b; job < e; ++job) {
-      const int64_t row = job / a.heads, h = job % a.heads, kvh = h / group;
-      const int64_t p = pos0 + a.q_first + row;
-      const int64_t first = a.window ? std::max<int64_t>(0, p - a.window + 1) : 0;
-      const float* q = a.q.as<float>() + row * a.q.cols + h * hd;
-      scores.assign(size_t(p - first + 1), 0.0f);
-      float mx = -INFINITY;
-      for (int64_t kp = first; kp <= p; ++kp) {
-        float s = a.scale * dot(q, key_row(kp, a.k_new, a.cache->k) + kvh * hd, hd);
-        scores[size_t(kp - first)] = s;
-        mx = std::max(mx, s);
-      }
-      double sum = 0;
-      for (float& s : scores) sum += (s = std::exp(s - mx));
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t kp = first; kp <= p; ++kp) {
-        const float w = float(scores[size_t(kp - first)] / sum);
-        const float* v = key_row(kp, a.v_new, a.cache->v) + kvh * hd;
-        for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += w * v[i];
-      }
-      std::memcpy(a.out.as<float>() + row * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
-    }
-  });
+  pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { attention_jobs(a, b, e); });
   // Store this chunk's K/V only after every query has read the older ring entries.
   for (int64_t t = std::max<int64_t>(0, T - cap); t < T; ++t) {
     const int64_t slot = (pos0 + t) % cap;
     std::memcpy(a.cache->k.as<float>() + slot * kv_cols, a.k_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
     std::memcpy(a.cache->v.as<float>() + slot * kv_cols, a.v_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
+  }
+}
+
+// out[:, n] = gelu_tanh(x w_gate[n]^T) * (x w_up[n]^T) for the weight rows n in [b, e).
+G4_HOT_LOOP static void gated_gelu_rows(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out,
+                                        int64_t b, int64_t e) {
+  const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
+  const float k = float(std::sqrt(2.0 / M_PI));
+  std::vector<float> gate_row(static_cast<size_t>(K)), up_row(static_cast<size_t>(K));
+  for (int64_t n = b; n < e; ++n) {
+    widen_weight_row(w_gate, n, gate_row.data());
+    widen_weight_row(w_up, n, up_row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      const float g = dot(x.as<float>() + t * K, gate_row.data(), K);
+      const float u = dot(x.as<float>() + t * K, up_row.data(), K);
+      out.as<float>()[t * N + n] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
+    }
   }
 }
 
@@ -203,20 +249,7 @@ void CpuBackend::gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor&
                out.rows == x.rows,
            "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w_gate [" +
                std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
-  const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
-  const float k = float(std::sqrt(2.0 / M_PI));
-  pool_.parallel_for(N, [&](int64_t b, int64_t e) {
-    std::vector<float> gate_row(static_cast<size_t>(K)), up_row(static_cast<size_t>(K));
-    for (int64_t n = b; n < e; ++n) {
-      widen_row(w_gate, n, gate_row.data());
-      widen_row(w_up, n, up_row.data());
-      for (int64_t t = 0; t < T; ++t) {
-        const float g = dot(x.as<float>() + t * K, gate_row.data(), K);
-        const float u = dot(x.as<float>() + t * K, up_row.data(), K);
-        out.as<float>()[t * N + n] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
-      }
-    }
-  });
+  pool_.parallel_for(w_gate.rows, [&](int64_t b, int64_t e) { gated_gelu_rows(x, w_gate, w_up, out, b, e); });
 }
 
 void CpuBackend::residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar,
