@@ -290,6 +290,7 @@ ModelConfig gemma4_config(const GgufFile& file) {
     c.layers.push_back(l);
   }
   check_sizes(c);
+  validate_config(c, "GGUF gemma4 metadata");
   return c;
 }
 

@@ -1,0 +1,124 @@
+// Regression tests for memory-safety defects found by fuzzing the file inputs under
+// AddressSanitizer + UndefinedBehaviorSanitizer (tools/sanitize.sh): each input here once wrote out
+// of bounds, allocated without limit, read misaligned data, blocked forever, or converted an
+// out-of-range float to int. Without a sanitizer some of them pass silently; tools/sanitize.sh
+// runs them with one.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "format/gguf.h"
+#include "format/hf_checkpoint.h"
+#include "format/quantize.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "model/gguf_export.h"
+#include "model/gguf_model.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/half.h"
+#include "util/mapped_file.h"
+
+namespace g4 {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json fixture_config() {
+  return json::parse(std::ifstream(test::fixture_dir("tiny-31b-style") + "/config.json"));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// --- config.json numbers --------------------------------------------------------------------------
+
+// partial_rotary_factor 1.5 once made LayerConfig::rope_inv_freq write past its array (heap
+// overflow under ASan); 1e9 made int(partial * head_dim) undefined.
+TEST(InputSafety, PartialRotaryFactorOutsideZeroToOneIsRejected) {
+  for (const json& partial : {json(1.5), json(-0.5), json(0.0), json(1e9), json(std::nan("")),
+                              json(std::numeric_limits<double>::infinity())}) {
+    json c = fixture_config();
+    c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = partial;
+    const std::string message = error_of([&] { parse_hf_config(c); });
+    EXPECT_NE(message.find("partial_rotary_factor"), std::string::npos) << partial << ": " << message;
+  }
+  json c = fixture_config();
+  c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW(parse_hf_config(c));
+}
+
+// A LayerConfig built by hand (not through parse_hf_config) stays inside its array too.
+TEST(InputSafety, RopeInverseFrequenciesStayInsideTheArray) {
+  for (double partial : {1.5, 1e9, -3.0, std::nan("")}) {
+    LayerConfig l;
+    l.head_dim = 16;
+    l.rope_partial = partial;
+    const std::vector<float> inv = l.rope_inv_freq();
+    ASSERT_EQ(inv.size(), 8u) << partial;
+  }
+}
+
+TEST(InputSafety, ConfigNumbersAreRangeChecked) {
+  const std::vector<std::pair<std::string, json>> cases = {
+      {"num_hidden_layers", 5000},           {"num_hidden_layers", 1e9},
+      {"num_hidden_layers", int64_t(1) << 40}, {"vocab_size", int64_t(1) << 40},
+      {"vocab_size", 1e30},                  {"hidden_size", -64},
+      {"hidden_size", 64.5},                 {"intermediate_size", std::numeric_limits<uint64_t>::max()},
+      {"num_attention_heads", 0},            {"head_dim", 1e9},
+      {"head_dim", "16"},                    {"sliding_window", 0},
+      {"sliding_window", int64_t(1) << 33},  {"max_position_embeddings", -1},
+      {"rms_norm_eps", -1e-6},               {"rms_norm_eps", 0},
+      {"final_logit_softcapping", -30.0},    {"bos_token_id", 512},
+      {"eos_token_id", 1e12},                {"eos_token_id", json::array({1, -7})},
+      {"num_key_value_heads", 3},            {"num_key_value_heads", 0},
+  };
+  for (const auto& [key, value] : cases) {
+    json c = fixture_config();
+    c[key] = value;
+    const std::string message = error_of([&] { parse_hf_config(c); });
+    EXPECT_NE(message.find("config.json"), std::string::npos) << key << "=" << value << ": " << message;
+  }
+  for (const json& theta : {json(0.0), json(-1.0), json(std::nan("")), json(std::numeric_limits<double>::infinity())}) {
+    json c = fixture_config();
+    c["rope_parameters"]["sliding_attention"]["rope_theta"] = theta;
+    EXPECT_NE(error_of([&] { parse_hf_config(c); }).find("rope_theta"), std::string::npos) << theta;
+  }
+}
+
+// Without layer_types, num_hidden_layers alone once sized the model (memory grew past 4 GB).
+TEST(InputSafety, HugeLayerCountWithoutLayerTypesFailsFast) {
+  json c = fixture_config();
+  c.erase("layer_types");
+  c["num_hidden_layers"] = 2000000000;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(error_of([&] { parse_hf_config(c); }).find("'num_hidden_layers' must be an integer in [1, 4096]"),
+            std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+}  // namespace
+}  // namespace g4
