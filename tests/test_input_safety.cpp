@@ -120,5 +120,37 @@ TEST(InputSafety, HugeLayerCountWithoutLayerTypesFailsFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// --- tokenizer.json ids ---------------------------------------------------------------------------
+
+json small_tokenizer() {
+  json vocab = {{"<pad>", 0}, {"<eos>", 1}, {"<bos>", 2}, {"<unk>", 3}, {"a", 4}, {"b", 5}, {"ab", 6}};
+  return {{"version", "1.0"},
+          {"added_tokens", json::array({{{"id", 0}, {"content", "<pad>"}, {"special", true}},
+                                        {{"id", 1}, {"content", "<eos>"}, {"special", true}}})},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({json::array({"a", "b"})})},
+                     {"unk_token", "<unk>"}}},
+          {"decoder", {{"type", "Fuse"}}}};
+}
+
+// A vocab entry with id 2147483647 once made the tokenizer allocate a 2^31-entry table (64 GB).
+TEST(InputSafety, TokenizerIdsMustBeDenseAndIntegral) {
+  ASSERT_EQ(Tokenizer::from_json(small_tokenizer().dump()).encode("ab", false), (std::vector<int32_t>{6}));
+  for (const json& id : {json(2147483647), json(100000000), json(9), json(-1), json(int64_t(1) << 40),
+                         json(std::numeric_limits<uint64_t>::max()), json(4.5), json(1e30), json("4")}) {
+    json t = small_tokenizer();
+    t["model"]["vocab"]["b"] = id;
+    const std::string message = error_of([&] { Tokenizer::from_json(t.dump()); });
+    EXPECT_NE(message.find("tokenizer"), std::string::npos) << id << ": " << message;
+    EXPECT_NE(message.find("id"), std::string::npos) << id << ": " << message;
+    t = small_tokenizer();
+    t["added_tokens"][1]["id"] = id;
+    EXPECT_NE(error_of([&] { Tokenizer::from_json(t.dump()); }).find("id"), std::string::npos) << id;
+  }
+  // An added token may take the next free id: the bound counts added tokens too.
+  json t = small_tokenizer();
+  t["added_tokens"].push_back({{"id", 7}, {"content", "<extra>"}, {"special", true}});
+  EXPECT_EQ(Tokenizer::from_json(t.dump()).vocab_size(), 8);
+}
+
 }  // namespace
 }  // namespace g4
