@@ -152,5 +152,97 @@ TEST(InputSafety, TokenizerIdsMustBeDenseAndIntegral) {
   EXPECT_EQ(Tokenizer::from_json(t.dump()).vocab_size(), 8);
 }
 
+// --- misaligned reads -----------------------------------------------------------------------------
+
+TEST(InputSafety, HalfPrecisionRowsAtOddAddressesDecode) {
+  const float values[3] = {1.5f, -2.25f, 65504.0f};
+  for (DType dtype : {DType::F16, DType::BF16}) {
+    std::vector<uint8_t> buffer(1 + 2 * 3 + 1);
+    encode_row(dtype, values, 3, buffer.data() + 1);  // odd address on purpose
+    float back[3];
+    decode_row(dtype, buffer.data() + 1, 3, back);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(back[i], dtype == DType::F16 ? f16_to_f32(f32_to_f16(values[i])) : bf16_to_f32(f32_to_bf16(values[i])));
+  }
+}
+
+// Rewrites a GGUF with general.alignment 1 and a padding key chosen so that rope_freqs (F32) lands
+// at an address that is not a multiple of 4; the weights (BF16) then start at odd addresses too.
+std::string misaligned_gguf(const std::string& source, const std::string& dir) {
+  const GgufFile in(source);
+  for (size_t pad = 0; pad < 4; ++pad) {
+    GgufMetadata m;
+    for (const auto& [key, value] : in.metadata().entries())
+      if (key != "general.alignment") m.set(key, value);
+    m.set("general.alignment", uint32_t(1));
+    m.set("test.padding", std::string(pad, 'p'));
+    std::vector<GgufTensorPlan> plans;
+    for (const GgufTensorInfo& info : in.tensors()) plans.push_back({info.name, info.shape(), info.dtype});
+    const std::string path = dir + "/aligned1_" + std::to_string(pad) + ".gguf";
+    {
+      GgufWriter writer(path, m, plans);
+      for (const GgufTensorInfo& info : in.tensors()) {
+        const HostTensor t = in.tensor(info);
+        writer.append(t.data, t.bytes);
+      }
+      writer.finish();
+    }
+    const GgufFile out(path);
+    const GgufTensorInfo* rope = out.find_tensor(kRopeFreqsTensor);
+    if (rope && (out.data_offset() + rope->offset) % 4 != 0) return path;
+  }
+  ADD_FAILURE() << "no padding put " << kRopeFreqsTensor << " at an unaligned offset";
+  return "";
+}
+
+// GGUF allows general.alignment 1: rope_freqs was read through a float pointer and BF16 weights
+// through a uint16_t pointer (misaligned loads, undefined behaviour).
+TEST(InputSafety, GgufWithAlignmentOneLoadsAndMatches) {
+  const std::string dir = test::temp_dir("alignment_one");
+  ExportOptions options;
+  options.weights = DType::BF16;
+  export_gguf(HfCheckpoint(test::fixture_dir("tiny-31b-style")), dir + "/model.gguf", options);
+  const std::string odd = misaligned_gguf(dir + "/model.gguf", dir);
+  ASSERT_FALSE(odd.empty());
+  CpuBackend backend(1);
+  const std::vector<int32_t> tokens{2, 17, 99, 5};
+  auto logits = [&](const std::string& path) {
+    auto model = load_model(path, backend);
+    Session s(*model, backend, SessionOptions{8, 0});
+    return s.logits_all(tokens);
+  };
+  EXPECT_EQ(logits(odd), logits(dir + "/model.gguf"));
+}
+
+// safetensors puts no alignment on tensor data: a header whose length is odd puts BF16 weights at
+// odd addresses.
+TEST(InputSafety, SafetensorsAtOddOffsetsLoadAndMatch) {
+  const std::string fixture = test::fixture_dir("tiny-31b-style-bf16");
+  const std::string dir = test::temp_dir("odd_safetensors");
+  fs::copy_file(fixture + "/config.json", dir + "/config.json");
+  std::ifstream in(fixture + "/model.safetensors", std::ios::binary);
+  uint64_t len;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string header(len, ' ');
+  in.read(header.data(), std::streamsize(len));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text = json::parse(header).dump();
+  if ((8 + text.size()) % 2 == 0) text += ' ';  // JSON allows trailing whitespace
+  const uint64_t odd_len = text.size();
+  {
+    std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&odd_len), 8);
+    out << text << data;
+  }
+  CpuBackend backend(1);
+  const std::vector<int32_t> tokens{2, 17, 99, 5};
+  auto logits = [&](const std::string& path) {
+    auto model = load_model(path, backend);
+    Session s(*model, backend, SessionOptions{8, 0});
+    return s.logits_all(tokens);
+  };
+  EXPECT_EQ(logits(dir), logits(fixture));
+}
+
 }  // namespace
 }  // namespace g4
