@@ -244,5 +244,28 @@ TEST(InputSafety, SafetensorsAtOddOffsetsLoadAndMatch) {
   EXPECT_EQ(logits(dir), logits(fixture));
 }
 
+// --- special files --------------------------------------------------------------------------------
+
+// Opening a FIFO for reading waits for a writer: a model path naming one hung g4 forever.
+TEST(InputSafety, FifoIsRejectedWithoutBlocking) {
+  const std::string fifo = test::temp_dir("fifo") + "/model.gguf";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const auto& open : std::vector<std::function<void()>>{
+           [&] { MappedFile::open(fifo); }, [&] { GgufFile{fifo}; }, [&] { load_hf_config(fifo); },
+           [&] { Tokenizer::from_file(fifo); }, [&] { CpuBackend b(1); load_model(fifo, b); }}) {
+    auto result = std::async(std::launch::async, [&] { return error_of(open); });
+    if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      // Release the blocked reader (a writer end lets its open return), then fail.
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+      ADD_FAILURE() << "opening a FIFO blocked";
+    }
+    const std::string message = result.get();
+    EXPECT_TRUE(message.find("not a regular file") != std::string::npos ||
+                message.find("cannot open tokenizer file") != std::string::npos)
+        << message;
+  }
+}
+
 }  // namespace
 }  // namespace g4

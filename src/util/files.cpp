@@ -14,6 +14,10 @@
 namespace g4 {
 
 std::string read_file(const std::string& path) {
+  // A FIFO or device would block or never end; JSON inputs are always regular files.
+  std::error_code ec;
+  G4_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+           "'" + path + "' is not a regular file");
   std::ifstream in(path, std::ios::binary);
   G4_CHECK(in.good(), "cannot read '" + path + "'");
   std::ostringstream text;
