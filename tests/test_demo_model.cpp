@@ -60,14 +60,18 @@ TEST(DemoModel, IsASamplingProgramWithItsTokenizer) {
   EXPECT_TRUE(engine->use_sampling());
   ASSERT_TRUE(engine->tokenizer_json().has_value());
   const Tokenizer tok = Tokenizer::from_json(*engine->tokenizer_json());
-  for (const auto& probe : golden()["tokenizer_probe"])
+  // Held in a local: a range-for over golden()["..."] would iterate a member of a temporary that is
+  // destroyed before the loop body runs.
+  const nlohmann::json g = golden();
+  for (const auto& probe : g["tokenizer_probe"])
     EXPECT_EQ(tok.encode(probe["text"].get<std::string>(), true), probe["ids"].get<std::vector<int32_t>>())
         << probe["text"];
 }
 
 TEST(DemoModel, GreedyMatchesTransformers) {
   auto engine = demo_engine();
-  for (const auto& c : golden()["continuations"]) {
+  const nlohmann::json g = golden();
+  for (const auto& c : g["continuations"]) {
     GenerationRequest r;
     r.prompt = c["prompt_ids"].get<std::vector<int32_t>>();
     r.params.temperature = 0.0f;

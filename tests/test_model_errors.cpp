@@ -8,7 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "format/gguf.h"
+#include "format/hf_checkpoint.h"
 #include "format/safetensors.h"
+#include "model/gguf_export.h"
 #include "model/loader.h"
 #include "runtime/session.h"
 #include "support/fixtures.h"
@@ -157,6 +160,116 @@ TEST(ModelErrors, UnsupportedFeatures) {
     expect_load_error(dir, "'" + key + "'");
     expect_load_error(dir, "not supported yet");
   }
+}
+
+void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
+  json c = read_json(dir + "/config.json");
+  edit(c);
+  write_text(dir + "/config.json", c.dump());
+}
+
+TEST(ModelErrors, WrongModelType) {
+  const std::string dir = copy_fixture("wrong_model_type");
+  edit_config(dir, [](json& c) { c["model_type"] = "llama"; });
+  expect_load_error(dir, "model_type 'llama' is not a Gemma 4 text model");
+}
+
+TEST(ModelErrors, UnknownRopeType) {
+  const std::string dir = copy_fixture("bad_rope_type");
+  edit_config(dir, [](json& c) { c["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; });
+  expect_load_error(dir, "rope_type 'yarn' is not supported");
+}
+
+TEST(ModelErrors, LayerTypesLengthMismatch) {
+  const std::string dir = copy_fixture("layer_types_length");
+  edit_config(dir, [](json& c) { c["layer_types"].erase(0); });
+  expect_load_error(dir, "'layer_types' has 5 entries for 6 layers");
+}
+
+TEST(ModelErrors, NonPositiveLayerCount) {
+  for (int layers : {0, -3}) {
+    const std::string dir = copy_fixture("layers_" + std::to_string(layers));
+    edit_config(dir, [&](json& c) { c["num_hidden_layers"] = layers; });
+    expect_load_error(dir, "'num_hidden_layers' must be an integer in [1, 4096], got " + std::to_string(layers));
+  }
+}
+
+TEST(ModelErrors, MalformedSafetensorsHeaderJson) {
+  const std::string dir = copy_fixture("malformed_header");
+  std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(8);
+  f.write("{\"x", 3);  // the header now starts with an unterminated string
+  f.close();
+  expect_load_error(dir, "malformed safetensors header");
+}
+
+TEST(ModelErrors, UnknownSafetensorsDtype) {
+  const std::string dir = copy_fixture("unknown_dtype");
+  edit_header(dir, [](json& h, size_t) { h["model.norm.weight"]["dtype"] = "F12"; });
+  expect_load_error(dir, "unknown safetensors dtype 'F12'");
+}
+
+TEST(ModelErrors, SafetensorsSizeMismatch) {
+  const std::string dir = copy_fixture("size_mismatch");
+  edit_header(dir, [](json& h, size_t) { h["model.norm.weight"]["shape"] = {65}; });
+  expect_load_error(dir, "tensor size mismatch in '" + dir + "/model.safetensors': tensor 'model.norm.weight'");
+}
+
+TEST(ModelErrors, IndexNamesAMissingShard) {
+  const std::string dir = copy_fixture("missing_shard");
+  fs::rename(dir + "/model.safetensors", dir + "/model-00001-of-00002.safetensors");
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  {
+    SafetensorsFile f(dir + "/model-00001-of-00002.safetensors");
+    for (const auto& [name, _] : f.entries()) index["weight_map"][name] = "model-00001-of-00002.safetensors";
+  }
+  index["weight_map"]["model.norm.weight"] = "model-00002-of-00002.safetensors";
+  write_text(dir + "/model.safetensors.index.json", index.dump());
+  expect_load_error(dir, "names 'model-00002-of-00002.safetensors', which does not exist");
+  index["weight_map"]["model.norm.weight"] = "../../model.safetensors";
+  write_text(dir + "/model.safetensors.index.json", index.dump());
+  expect_load_error(dir, "shard name '../../model.safetensors' is not a file name");
+}
+
+// A GGUF container that parses, rewritten from the exported fixture with the metadata keys that
+// `keep` accepts and its tensor plans passed through `edit_plans` (tensor data unchanged).
+std::string edited_gguf(const std::string& name, const std::function<bool(const std::string&)>& keep,
+                        const std::function<void(std::vector<GgufTensorPlan>&)>& edit_plans) {
+  const std::string dir = test::temp_dir(name);
+  export_gguf(HfCheckpoint(test::fixture_dir("tiny-31b-style")), dir + "/source.gguf", ExportOptions{});
+  const GgufFile in(dir + "/source.gguf");
+  GgufMetadata m;
+  for (const auto& [key, value] : in.metadata().entries())
+    if (keep(key)) m.set(key, value);
+  std::vector<GgufTensorPlan> plans;
+  for (const GgufTensorInfo& info : in.tensors()) plans.push_back({info.name, info.shape(), info.dtype});
+  edit_plans(plans);
+  GgufWriter writer(dir + "/model.gguf", m, plans);
+  for (const GgufTensorInfo& info : in.tensors()) {
+    const HostTensor t = in.tensor(info);
+    writer.append(t.data, t.bytes);
+  }
+  writer.finish();
+  return dir + "/model.gguf";
+}
+
+TEST(ModelErrors, GgufMissingGemma4Key) {
+  const std::string key = "gemma4.attention.sliding_window";
+  const std::string path = edited_gguf(
+      "gguf_missing_key", [&](const std::string& k) { return k != key; }, [](std::vector<GgufTensorPlan>&) {});
+  ASSERT_NO_THROW(GgufFile{path});
+  expect_load_error(path, key);
+}
+
+TEST(ModelErrors, GgufMisshapedTensor) {
+  // q_proj [heads * head_dim, hidden] = [64, 64] in the sliding layers; [32, 128] has its bytes.
+  const std::string path = edited_gguf("gguf_misshaped", [](const std::string&) { return true; },
+                                       [](std::vector<GgufTensorPlan>& plans) {
+    for (auto& p : plans)
+      if (p.name == "blk.1.attn_q.weight") p.shape = {32, 128};
+  });
+  ASSERT_NO_THROW(GgufFile{path});
+  expect_load_error(path, "tensor 'layers.1.self_attn.q_proj.weight' has shape [32, 128]");
 }
 
 class SessionErrors : public ::testing::Test {

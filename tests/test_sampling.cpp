@@ -295,6 +295,8 @@ TEST(SampleCommand, RejectsBadInput) {
       {"--vocab 11", "expected 44 for --vocab 11"},
       {"--seed abc", "--seed must be an unsigned 64-bit integer or -1"},
       {"--backend tpu", "--backend must be cpu or cuda"},
+      {"--draws 0", "--draws must be >= 1"},
+      {"--draws -5", "--draws must be >= 1"},
   };
   for (const auto& [flags, message] : cases) {
     const CommandResult result = run_g4("sample --logits " + file + " " + flags);
@@ -302,6 +304,12 @@ TEST(SampleCommand, RejectsBadInput) {
     EXPECT_NE(result.output.find("error: "), std::string::npos) << flags << ": " << result.output;
     EXPECT_NE(result.output.find(message), std::string::npos) << flags << ": " << result.output;
   }
+  // 41 bytes: not a whole number of float32 values.
+  const std::string odd = test::temp_dir("sample_odd_logits") + "/odd.f32";
+  std::ofstream(odd, std::ios::binary) << std::string(41, '\0');
+  const CommandResult odd_result = run_g4("sample --logits " + odd);
+  EXPECT_NE(odd_result.exit_code, 0);
+  EXPECT_NE(odd_result.output.find("must hold float32 values (41 bytes)"), std::string::npos) << odd_result.output;
   const CommandResult missing = run_g4("sample --logits /nonexistent/logits.f32");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("cannot open logits file"), std::string::npos) << missing.output;

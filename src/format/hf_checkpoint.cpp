@@ -44,7 +44,14 @@ static std::vector<std::string> shard_files(const fs::path& dir) {
     files.insert(file.get<std::string>());
   }
   std::vector<std::string> paths;
-  for (const auto& f : files) paths.push_back((dir / f).string());
+  for (const auto& f : files) {
+    // Shards are plain file names beside the index; a path would read outside the model directory.
+    G4_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..",
+             "'" + index.string() + "': shard name '" + f + "' is not a file name in the model directory");
+    const fs::path shard = dir / f;
+    G4_CHECK(fs::exists(shard), "missing shard: '" + index.string() + "' names '" + f + "', which does not exist");
+    paths.push_back(shard.string());
+  }
   return paths;
 }
 

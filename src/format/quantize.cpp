@@ -40,17 +40,25 @@ uint16_t encode_f16(float x) {
   return h;
 }
 
+// Rows may start at any byte (safetensors offsets and GGUF alignment 1 allow odd addresses), so
+// 16-bit values go through memcpy, never through a uint16_t pointer; compilers emit plain loads.
+void store_u16(void* row, int64_t i, uint16_t v) { std::memcpy(static_cast<uint8_t*>(row) + 2 * i, &v, 2); }
+uint16_t load_u16(const void* row, int64_t i) {
+  uint16_t v;
+  std::memcpy(&v, static_cast<const uint8_t*>(row) + 2 * i, 2);
+  return v;
+}
+
 }  // namespace
 
 void encode_row(DType dtype, const float* x, int64_t n, void* out) {
-  uint16_t* half = static_cast<uint16_t*>(out);
   switch (dtype) {
     case DType::F32: std::memcpy(out, x, size_t(n) * 4); return;
     case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) half[i] = f32_to_bf16(x[i]);
+      for (int64_t i = 0; i < n; ++i) store_u16(out, i, f32_to_bf16(x[i]));
       return;
     case DType::F16:
-      for (int64_t i = 0; i < n; ++i) half[i] = encode_f16(x[i]);
+      for (int64_t i = 0; i < n; ++i) store_u16(out, i, encode_f16(x[i]));
       return;
     case DType::Q8_0:
       G4_CHECK(n % kQ8BlockSize == 0, "Q8_0 rows need a multiple of 32 elements, got " + std::to_string(n));
@@ -62,14 +70,13 @@ void encode_row(DType dtype, const float* x, int64_t n, void* out) {
 }
 
 void decode_row(DType dtype, const void* in, int64_t n, float* out) {
-  const uint16_t* half = static_cast<const uint16_t*>(in);
   switch (dtype) {
     case DType::F32: std::memcpy(out, in, size_t(n) * 4); return;
     case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(half[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(load_u16(in, i));
       return;
     case DType::F16:
-      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(half[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_u16(in, i));
       return;
     case DType::Q8_0:
       for (int64_t b = 0; b < n / kQ8BlockSize; ++b)

@@ -47,6 +47,21 @@ struct ModelConfig {
   int64_t max_prefill_chunk(int64_t max_seq_len) const;
 };
 
+// Upper bounds on model sizes read from a file (config.json or GGUF): far above any Gemma 4
+// model, low enough that products of them (vocab * hidden, heads * head_dim * positions) fit int64.
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxVocab = int64_t(1) << 24;
+inline constexpr int64_t kMaxHidden = int64_t(1) << 18;
+inline constexpr int64_t kMaxIntermediate = int64_t(1) << 20;
+inline constexpr int64_t kMaxHeads = 1024;
+inline constexpr int64_t kMaxHeadDim = 8192;
+inline constexpr int64_t kMaxPositions = int64_t(1) << 24;
+
+// Throws g4::Error (prefixed by `source`) unless every size is within the bounds above, the token
+// ids are inside the vocabulary, eps/softcap/RoPE base are finite and in range and every
+// partial_rotary_factor is in (0, 1].
+void validate_config(const ModelConfig& c, const std::string& source);
+
 // Parses config.json text (either layout). Throws g4::Error naming the key on missing values or
 // unsupported features (MoE, per-layer embeddings, shared KV layers).
 ModelConfig parse_hf_config(const nlohmann::json& root);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 #include "util/error.h"
@@ -129,12 +130,15 @@ double rope_partial_from_factors(const GgufFile& file, int head_dim) {
   G4_CHECK(t.dtype == DType::F32 && t.numel() == head_dim / 2,
            std::string("GGUF tensor '") + kRopeFreqsTensor + "' must be F32 with " + std::to_string(head_dim / 2) +
                " values (half the full-layer head size)");
-  const float* factors = static_cast<const float*>(t.data);
+  G4_CHECK(head_dim > 0, std::string("GGUF tensor '") + kRopeFreqsTensor + "' needs a positive full-layer head size");
+  // general.alignment may be 1, so the floats are copied out rather than read through a cast.
+  std::vector<float> factors(size_t(head_dim / 2));
+  std::memcpy(factors.data(), t.data, factors.size() * sizeof(float));
   int rotating = 0;
-  while (rotating < head_dim / 2 && factors[rotating] == 1.0f) ++rotating;
+  while (rotating < head_dim / 2 && factors[size_t(rotating)] == 1.0f) ++rotating;
   for (int i = rotating; i < head_dim / 2; ++i)
-    G4_CHECK(factors[i] >= kFixedPairFactor, std::string("GGUF tensor '") + kRopeFreqsTensor + "' value " +
-                                                 std::to_string(factors[i]) + " at " + std::to_string(i) +
+    G4_CHECK(factors[size_t(i)] >= kFixedPairFactor, std::string("GGUF tensor '") + kRopeFreqsTensor + "' value " +
+                                                 std::to_string(factors[size_t(i)]) + " at " + std::to_string(i) +
                                                  " is not supported (g4 reads 1 = rotating, >= 1e20 = fixed)");
   // LayerConfig::rope_inv_freq rotates int(partial * head_dim) / 2 pairs; round up so that the
   // product cannot land just below 2 * rotating.
@@ -290,6 +294,7 @@ ModelConfig gemma4_config(const GgufFile& file) {
     c.layers.push_back(l);
   }
   check_sizes(c);
+  validate_config(c, "GGUF gemma4 metadata");
   return c;
 }
 

@@ -93,7 +93,7 @@ BpeModel BpeModel::from_json(const nlohmann::json& model, Vocabulary& vocab) {
   const nlohmann::json& entries = model.at("vocab");
   G4_CHECK(entries.is_object(), "tokenizer.json: BPE \"vocab\" must be an object token → id");
   vocab.reserve(entries.size());
-  for (const auto& [token, id] : entries.items()) vocab.assign(id.get<int32_t>(), token);
+  for (const auto& [token, id] : entries.items()) vocab.assign(token_id_from_json(id, "vocab token '" + token + "'"), token);
 
   BpeModel bpe;
   bpe.byte_fallback_ = model.value("byte_fallback", false);

@@ -36,8 +36,10 @@ std::vector<AddedToken> parse_added_tokens(const json& root) {
   std::vector<AddedToken> added;
   const auto list = root.find("added_tokens");
   if (list == root.end() || list->is_null()) return added;
+  G4_CHECK(list->is_array(), "tokenizer.json: \"added_tokens\" must be an array");
   for (const json& entry : *list) {
-    AddedToken token{entry.at("id").get<int32_t>(), entry.at("content").get<std::string>(),
+    const std::string content = entry.at("content").get<std::string>();
+    AddedToken token{token_id_from_json(entry.at("id"), "added token '" + content + "'"), content,
                      entry.value("special", false)};
     // transformers.js (our reference) matches every added token in the raw text, so the
     // "normalized" flag is ignored like there; stripping and single-word rules are not.
@@ -60,7 +62,7 @@ std::optional<int32_t> parse_bos(const json& root) {
   const std::string name = single[0]["SpecialToken"].at("id").get<std::string>();
   const json& ids = processor->at("special_tokens").at(name).at("ids");
   if (ids.size() != 1) return std::nullopt;
-  return ids[0].get<int32_t>();
+  return token_id_from_json(ids[0], "post_processor token '" + name + "'");
 }
 
 }  // namespace
@@ -99,10 +101,18 @@ Tokenizer Tokenizer::from_json(std::string_view json_text) {
 }
 
 Tokenizer Tokenizer::build(const json& root) {
-  Vocabulary vocab;
+  // Every id must be below the number of entries the file defines, checked before any table is
+  // sized from an id.
+  const auto model_vocab = root.at("model").find("vocab");
+  const auto added_list = root.find("added_tokens");
+  const size_t added_count = added_list != root.end() && added_list->is_array() ? added_list->size() : 0;
+  Vocabulary vocab((model_vocab != root.at("model").end() ? model_vocab->size() : 0) + added_count);
   BpeModel bpe = BpeModel::from_json(root.at("model"), vocab);
   Tokenizer tokenizer(std::move(vocab), std::move(bpe), parse_added_tokens(root));
   tokenizer.bos_id_ = parse_bos(root);
+  G4_CHECK(!tokenizer.bos_id_ || tokenizer.vocab_.contains(*tokenizer.bos_id_),
+           "tokenizer.json: post_processor's BOS id " + std::to_string(tokenizer.bos_id_.value_or(0)) +
+               " is outside the vocabulary");
 
   if (const json& normalizer = root.value("normalizer", json()); !normalizer.is_null()) {
     for (const json& step : steps_of(normalizer, "normalizers")) {

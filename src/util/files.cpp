@@ -14,9 +14,12 @@
 namespace g4 {
 
 std::string read_file(const std::string& path) {
-  // An ifstream opens a directory and reads it as empty; say what it is instead.
+  // An ifstream reads a directory as empty, and a FIFO or device would block or never end: the
+  // files g4 reads are regular files.
   std::error_code ec;
   G4_CHECK(!std::filesystem::is_directory(path, ec), "cannot read '" + path + "': it is a directory");
+  G4_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+           "cannot read '" + path + "': it is not a regular file");
   std::ifstream in(path, std::ios::binary);
   G4_CHECK(in.good(), "cannot read '" + path + "'");
   std::ostringstream text;
