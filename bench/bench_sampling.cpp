@@ -1,4 +1,4 @@
-// Sampling benchmark (SPEC §7): median microseconds per call at V = 262144 for batch 1, 8, 64 and
+// Sampling benchmark (docs/PERF.md): median microseconds per call at V = 262144 for batch 1, 8, 64 and
 // greedy / top-k 50 / top-p 0.9 / all filters. CUDA: one call per graph replay, timed with events
 // around graphs of kCallsPerGraph calls (launch gaps included, as in a decode loop). CPU: the host
 // sampler, row by row, one thread.

@@ -1,4 +1,4 @@
-// The CPU backend against transformers' own Gemma 4 logits (SPEC §6: max |Δlogit| <= 1e-3),
+// The CPU backend against transformers' own Gemma 4 logits (docs/DESIGN.md §6: max |Δlogit| <= 1e-3),
 // computed three ways: one prefill, token-by-token decode, and every chunk size 1..2*window; and
 // the contracts of backend ops that the fixtures alone would not pin down.
 #include <gtest/gtest.h>

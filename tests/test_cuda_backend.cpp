@@ -1,5 +1,5 @@
 // The CUDA backend against the CPU backend (op by op, relative L2 <= 1e-2 on random inputs) and
-// against transformers' logits (SPEC §6 bf16 tolerance) for one-shot prefill, token-by-token
+// against transformers' logits (docs/DESIGN.md §6 bf16 tolerance) for one-shot prefill, token-by-token
 // decode and chunked prefill; generations, graph decode and errors. Skips without CUDA or a GPU.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // g4 export / GGUF model files against the Hugging Face fixtures: logits of an f32 export equal
-// transformers' reference (SPEC §6), bf16/f16 exports reload the converted weights bit for bit, q8_0
+// transformers' reference (docs/DESIGN.md §6), bf16/f16 exports reload the converted weights bit for bit, q8_0
 // stays within the format's bound, the llama.cpp gemma4 layout (names, dims, keys) is what is
 // written, and the CLI (export, inspect) reports errors without leaving files behind.
 #include <gtest/gtest.h>
@@ -31,7 +31,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kF32Tolerance = 1e-3;  // SPEC §6, float32 compute
+constexpr double kF32Tolerance = 1e-3;  // docs/DESIGN.md §6, float32 compute
 
 const std::vector<std::string> kFixtures = {"tiny-31b-style", "tiny-31b-style-bf16", "published-layout"};
 

@@ -1,4 +1,4 @@
-// The host sampler (SPEC §2 validation, §3 semantics): distributions, edge cases, the RNG, the CLI.
+// The host sampler (docs/DESIGN.md §4: validation and semantics): distributions, edge cases, the RNG, the CLI.
 #include <gtest/gtest.h>
 
 #include <cmath>

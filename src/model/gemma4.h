@@ -1,4 +1,4 @@
-// The Gemma 4 text forward (SPEC §1), written once against the Backend interface.
+// The Gemma 4 text forward (docs/DESIGN.md §2), written once against the Backend interface.
 #pragma once
 #include <vector>
 

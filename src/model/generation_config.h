@@ -1,5 +1,5 @@
 // A checkpoint's sampling defaults (Hugging Face generation_config.json), which `g4 run` uses for
-// any sampling flag the user does not give (SPEC §4). Model files keep them as g4.generation.*.
+// any sampling flag the user does not give (docs/DESIGN.md §3). Model files keep them as g4.generation.*.
 #pragma once
 #include <cstdint>
 #include <optional>

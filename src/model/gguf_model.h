@@ -1,4 +1,4 @@
-// Gemma 4 in a GGUF file, the way llama.cpp's `gemma4` architecture lays it out (SPEC §2), plus
+// Gemma 4 in a GGUF file, the way llama.cpp's `gemma4` architecture lays it out (docs/DESIGN.md §3), plus
 // g4's own program keys under `g4.`.
 //
 // Metadata: ModelConfig <-> `gemma4.*` keys. Per-layer facts are arrays (`attention.head_count_kv`,
@@ -36,7 +36,7 @@ inline constexpr const char* kTokenizerJson = "tokenizer.huggingface.json";
 inline constexpr const char* kGemma4Architecture = "gemma4";
 inline constexpr const char* kRopeFreqsTensor = "rope_freqs.weight";
 
-// How an exported program runs (SPEC §2), stored under g4.* keys.
+// How an exported program runs (docs/DESIGN.md §3), stored under g4.* keys.
 struct ProgramFlags {
   bool use_sampling = false;      // forward returns the sampled int64 token instead of logits
   int64_t max_seq_len = 0;        // context size the program was exported for
@@ -44,7 +44,7 @@ struct ProgramFlags {
   int64_t min_prefill_chunk = 1;  // backend-defined; 1 on the CPU
 };
 
-// The flags of SPEC §2 for a config: max_seq_len 0 means min(max_position_embeddings, 4096)
+// The flags of docs/DESIGN.md §3 for a config: max_seq_len 0 means min(max_position_embeddings, 4096)
 // (the context a session allocates by default). Throws unless 2 <= max_seq_len <= max positions.
 ProgramFlags default_program_flags(const ModelConfig& c, bool use_sampling, int64_t max_seq_len = 0);
 

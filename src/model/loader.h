@@ -16,7 +16,7 @@ namespace g4 {
 // Loads and validates the model at `path` (a checkpoint directory or a .gguf file) onto `backend`.
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend);
 
-// A model ready to run with what its file says about running it (SPEC §2).
+// A model ready to run with what its file says about running it (docs/DESIGN.md §3).
 struct LoadedProgram {
   std::unique_ptr<Gemma4> model;
   ProgramFlags program;  // a checkpoint directory is a logits (non-sample) program

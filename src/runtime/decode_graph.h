@@ -2,7 +2,7 @@
 // sampling, and the device-side advance (next input id = the sampled token, position + 1) — is
 // recorded once on the backend and replayed per token. Token and position never leave the device;
 // each step reads back only the 8-byte sampled token. The sampler advances the seed in device
-// memory, so token j of the graph uses params.seed + j, as the seed schedule asks (SPEC §2).
+// memory, so token j of the graph uses params.seed + j, as the seed schedule asks (docs/DESIGN.md §4).
 //
 //   session.prefill(prompt);
 //   int64_t token = session.sample(params);           // seed s

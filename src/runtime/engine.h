@@ -1,4 +1,4 @@
-// The engine: a loaded program (SPEC §2) on a backend, with one session. A sampling program's
+// The engine: a loaded program (docs/DESIGN.md §3) on a backend, with one session. A sampling program's
 // forward returns the token sampled on the backend (only 8 bytes reach the host); a logits
 // program returns the last position's logits and the caller samples on the host with the same
 // sampler, so both give the same token for the same logits and seed.

@@ -1,5 +1,5 @@
 // Text generation over an Engine: prefill, then one token at a time, with the seed schedule of
-// SPEC §2 (token j is drawn with seed base + j) and the stop tokens.
+// docs/DESIGN.md §4 (token j is drawn with seed base + j) and the stop tokens.
 #pragma once
 #include <atomic>
 #include <cstdint>

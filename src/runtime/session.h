@@ -13,7 +13,7 @@ namespace g4 {
 
 struct SessionOptions {
   int64_t max_seq_len = 0;        // 0 = ModelConfig::default_max_seq_len()
-  int64_t max_prefill_chunk = 0;  // 0 = ModelConfig::max_prefill_chunk(max_seq_len) (SPEC §2)
+  int64_t max_prefill_chunk = 0;  // 0 = ModelConfig::max_prefill_chunk(max_seq_len) (docs/DESIGN.md §3)
 };
 
 // The smallest context a session of this model accepts (2, or the sliding window if larger).

@@ -1,4 +1,4 @@
-// The host sampler: SPEC §3 on one row of logits, with the arithmetic of sampling_math.h, so it
+// The host sampler: docs/DESIGN.md §4 on one row of logits, with the arithmetic of sampling_math.h, so it
 // returns the same token as the CUDA sampler (cuda_sampler.h) for the same logits, params and seed.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The arithmetic that decides a sampled token (SPEC §3), shared by the CPU sampler and the CUDA
+// The arithmetic that decides a sampled token (docs/DESIGN.md §4), shared by the CPU sampler and the CUDA
 // kernel so that both return the same token for the same logits, parameters and seed.
 //
 // Exactness comes from making every decision on numbers that both processors compute bit for bit:

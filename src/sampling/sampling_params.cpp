@@ -20,7 +20,7 @@ std::string shown(float v) {
 
 }  // namespace
 
-// SPEC §2's table. Every comparison is written so that NaN fails it; infinities fall outside every
+// docs/DESIGN.md §4's validation rules. Every comparison is written so that NaN fails it; infinities fall outside every
 // range, so non-finite values are rejected with the parameter's own message.
 void validate_sampling_params(const SamplingParams& p) {
   G4_CHECK(p.temperature == -1.0f || (p.temperature >= 0.0f && p.temperature <= 2.0f),

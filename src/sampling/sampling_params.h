@@ -1,4 +1,4 @@
-// Sampling parameters of one request (SPEC §2/§3). Plain data with one layout on host and device:
+// Sampling parameters of one request (docs/DESIGN.md §3–4). Plain data with one layout on host and device:
 // backends keep an array of these in their memory, one per batch row.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Gemma 4's instruction chat template (SPEC §4) and the prompt → ids step of `g4 run`.
+// Gemma 4's instruction chat template (docs/DESIGN.md §5) and the prompt → ids step of `g4 run`.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Test helpers shared by the CPU and CUDA sampler tests: SPEC §3's kept-and-renormalised
+// Test helpers shared by the CPU and CUDA sampler tests: docs/DESIGN.md §4's kept-and-renormalised
 // distribution computed independently in double precision, and a chi-square goodness-of-fit check.
 #pragma once
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 
 namespace g4::testing {
 
-// Probability of each id under SPEC §3 (temperature > 0): top-k (lower id wins ties), softmax,
+// Probability of each id under docs/DESIGN.md §4 (temperature > 0): top-k (lower id wins ties), softmax,
 // top-p (shortest prefix reaching top_p, crossing token kept), min-p, renormalised.
 // `margin` receives the smallest distance of a top-p / min-p decision from its boundary, so a test
 // can avoid logits whose kept set would depend on rounding.
