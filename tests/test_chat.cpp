@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
 #include "model/gguf_model.h"
 #include "runtime/generator.h"

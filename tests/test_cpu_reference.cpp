@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "format/safetensors.h"
 #include "model/loader.h"
 #include "runtime/session.h"

@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "format/quantize.h"
+#include "quant/quantize.h"
 #include "model/loader.h"
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 #include "runtime/decode_graph.h"
 #include "runtime/session.h"
 #include "sampling/sampling_params.h"

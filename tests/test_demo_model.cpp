@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
 #include "model/loader.h"
 #include "runtime/engine.h"

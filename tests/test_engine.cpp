@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <set>
 
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"

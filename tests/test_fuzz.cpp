@@ -20,7 +20,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/gguf.h"
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "format/safetensors.h"
 #include "model/gguf_export.h"
 #include "model/gguf_model.h"

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "format/gguf.h"
-#include "format/quantize.h"
+#include "quant/quantize.h"
 #include "support/fixtures.h"
 #include "support/fuzz.h"
 #include "util/error.h"

@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "format/safetensors.h"
-#include "format/quantize.h"
+#include "quant/quantize.h"
 #include "model/gguf_export.h"
 #include "model/gguf_model.h"
 #include "model/loader.h"

@@ -21,8 +21,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/gguf.h"
-#include "format/hf_checkpoint.h"
-#include "format/quantize.h"
+#include "model/hf_checkpoint.h"
+#include "quant/quantize.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/gguf_export.h"

@@ -5,7 +5,7 @@
 
 #include <filesystem>
 
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
 #include "support/fixtures.h"
 

@@ -13,7 +13,7 @@
 
 #include "backend/backend_factory.h"
 #include "commands.h"
-#include "format/quantize.h"
+#include "quant/quantize.h"
 #include "model/loader.h"
 #include "runtime/decode_graph.h"
 #include "runtime/session.h"

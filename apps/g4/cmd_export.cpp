@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "commands.h"
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
 #include "model/weights.h"
 #include "util/error.h"

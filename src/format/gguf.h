@@ -22,7 +22,7 @@
 #include <variant>
 #include <vector>
 
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 
 namespace g4 {
 

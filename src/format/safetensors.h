@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 #include "util/mapped_file.h"
 
 namespace g4 {

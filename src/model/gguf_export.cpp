@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "format/quantize.h"
+#include "quant/quantize.h"
 #include "model/weights.h"
 #include "util/error.h"
 #include "util/files.h"

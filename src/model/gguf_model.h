@@ -19,7 +19,7 @@
 
 #include "format/gguf.h"
 #include "model/config.h"
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 
 namespace g4 {
 

@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/gguf_model.h"
 #include "util/error.h"
 #include "util/files.h"

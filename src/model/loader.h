@@ -9,7 +9,7 @@
 #include "model/gemma4.h"
 #include "model/generation_config.h"
 #include "model/gguf_model.h"
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 
 namespace g4 {
 

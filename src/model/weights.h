@@ -5,7 +5,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 
 namespace g4 {
 

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "format/quantize.h"
-#include "model/tensor_source.h"
+#include "quant/quantize.h"
+#include "format/tensor_source.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"

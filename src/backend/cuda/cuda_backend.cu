@@ -12,7 +12,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/memory_meter.h"
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 #include "sampling/cuda_sampler.h"
 #include "sampling/sampling_params.h"
 

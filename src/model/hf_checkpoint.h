@@ -9,7 +9,7 @@
 
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "model/tensor_source.h"
+#include "format/tensor_source.h"
 
 namespace g4 {
 

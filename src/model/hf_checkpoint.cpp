@@ -1,4 +1,4 @@
-#include "format/hf_checkpoint.h"
+#include "model/hf_checkpoint.h"
 
 #include <filesystem>
 #include <set>

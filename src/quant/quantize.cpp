@@ -1,4 +1,4 @@
-#include "format/quantize.h"
+#include "quant/quantize.h"
 
 #include <algorithm>
 #include <cmath>
