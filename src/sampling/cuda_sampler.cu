@@ -22,6 +22,7 @@
 
 #include <string>
 
+#include "backend/cuda/warp_reduce.cuh"
 #include "sampling/cuda_sampler.h"
 #include "sampling/sampling_math.h"
 #include "util/error.h"
@@ -104,16 +105,6 @@ struct RowContext {
   int round = 0;
 };
 
-__device__ uint64_t warp_sum(uint64_t v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
-}
-
-__device__ uint64_t warp_max(uint64_t v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  return v;
-}
-
 __device__ uint64_t warp_inclusive_scan(uint64_t v) {
   const int lane = threadIdx.x % 32;
   for (int offset = 1; offset < 32; offset *= 2) {
@@ -127,12 +118,12 @@ template <bool kMax>
 __device__ uint64_t block_reduce(uint64_t v, uint64_t* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();  // the previous user of scratch is done
-  v = kMax ? warp_max(v) : warp_sum(v);
+  v = kMax ? warp_reduce<MaxOp>(v) : warp_reduce<SumOp>(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
     uint64_t x = scratch[lane];
-    x = kMax ? warp_max(x) : warp_sum(x);
+    x = kMax ? warp_reduce<MaxOp>(x) : warp_reduce<SumOp>(x);
     if (lane == 0) scratch[kWarps] = x;
   }
   __syncthreads();
@@ -202,7 +193,7 @@ __device__ uint32_t find_first_reaching(RowContext& row, Measure measure, Target
       for (int i = start + lane; i < start + segment && i < row.count; i += 32) {
         part += measure(row.values[i], row.first_id + i);
       }
-      part = warp_sum(part);
+      part = warp_reduce<SumOp>(part);
       if (lane == j) mine = part;
     }
     const uint64_t local_target = target - before;

@@ -45,12 +45,6 @@ __device__ inline uint4 pack8(const float* in) {
   return v.raw;
 }
 
-__device__ inline float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // A float32 value as the bf16 activation stores it: fused kernels round where the separate ops
 // stored their results, so they compute what the op-by-op forward did.
 __device__ inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
@@ -58,12 +52,6 @@ __device__ inline float round_bf16(float v) { return __bfloat162float(__float2bf
 __device__ inline float gelu_tanh(float g) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
-
-__device__ inline float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 }  // namespace g4

@@ -15,6 +15,7 @@
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -175,10 +176,10 @@ __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const
   const int lane = threadIdx.x & 31;
   const bool valid = kb + lane < end;
   const float s = valid ? dot_q_k(q, ks + lane * lay.ld, D) : -FLT_MAX;
-  const float m_new = fmaxf(m, warp_max(s));
+  const float m_new = fmaxf(m, warp_reduce<MaxOp>(s));
   const float p = valid ? __expf(s - m_new) : 0.0f;
   const float alpha = __expf(m - m_new);
-  l = l * alpha + warp_sum(p);
+  l = l * alpha + warp_reduce<SumOp>(p);
   m = m_new;
 #pragma unroll
   for (int c = 0; c < kDimChunks; ++c)
@@ -297,11 +298,11 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
       ms[j] = in ? ml_lane[j].x : -FLT_MAX, ls[j] = in ? ml_lane[j].y : 0.0f;
       m = fmaxf(m, ms[j]);
     }
-    m = warp_max(m);
+    m = warp_reduce<MaxOp>(m);
     float l = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j) l += ls[j] * __expf(ms[j] - m);
-    l = warp_sum(l);
+    l = warp_reduce<SumOp>(l);
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j)
       if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -37,12 +38,12 @@ __global__ void embed_kernel(const bf16* table, const int32_t* ids, int64_t hidd
 __device__ float block_sum(float v) {
   __shared__ float partial[32];
   __shared__ float total;
-  v = warp_sum(v);
+  v = warp_reduce<SumOp>(v);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
   __syncthreads();
   if (threadIdx.x < 32) {
     float s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-    s = warp_sum(s);
+    s = warp_reduce<SumOp>(s);
     if (threadIdx.x == 0) total = s;
   }
   __syncthreads();

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -78,7 +79,7 @@ __device__ inline void warp_rows_dot(const uint4* const (&rows)[R], const uint4*
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_reduce<SumOp>(acc[r][t]);
 }
 
 // The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1]

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -196,8 +197,7 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       float mx = m[r];
 #pragma unroll
       for (int nb = 0; nb < kNBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = xor_reduce<MaxOp, 1, 2>(mx);  // the 4 lanes that hold one row
       // FlashAttention-4's conditional rescaling: while the tile's max exceeds the running max by at
       // most 2^kRescaleLog2 in P, keep the running max: P stays below 256 (bf16 is as exact there),
       // alpha is exactly 1, and O skips its rescale, which most tiles past the first few then do.
@@ -251,8 +251,7 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum = xor_reduce<SumOp, 1, 2>(sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a padding warpgroup that saw nothing
 #pragma unroll
     for (int dc = 0; dc < kDChunks; ++dc)
