@@ -22,6 +22,8 @@
 
 #include <string>
 
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "sampling/cuda_sampler.h"
 #include "sampling/sampling_math.h"
@@ -51,10 +53,6 @@ constexpr int kDrawIdShift = kWeightBits + 1;
 static_assert((uint64_t(kMaxVocab - 1) >> (64 - kDrawIdShift)) == 0, "draw keys must hold every id");
 constexpr uint64_t kDrawWeightMask = (uint64_t(1) << kDrawIdShift) - 1;
 constexpr uint64_t kNoToken = ~uint64_t(0);
-
-void check_cuda(cudaError_t err, const char* what) {
-  G4_CHECK(err == cudaSuccess, std::string("CUDA sampler: ") + what + ": " + cudaGetErrorString(err));
-}
 
 // Logits per block: a multiple of 4 so that every slice starts 16-byte aligned when rows are.
 int64_t slice_length(int64_t vocab) {
@@ -632,17 +630,16 @@ size_t dynamic_shared_bytes(int64_t vocab) {
 CudaSampler::CudaSampler(int64_t max_vocab) : max_vocab_(max_vocab) {
   G4_CHECK(max_vocab >= 1 && max_vocab <= kMaxVocab, "CUDA sampler: vocab size " + std::to_string(max_vocab) + " out of range");
   int device = 0, optin_bytes = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "shared memory limit");
+  G4_CUDA(cudaGetDevice(&device));
+  G4_CUDA(cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, sample_rows_kernel), "kernel attributes");
+  G4_CUDA(cudaFuncGetAttributes(&attributes, sample_rows_kernel));
   const size_t needed = dynamic_shared_bytes(max_vocab);
   G4_CHECK(needed + attributes.sharedSizeBytes <= size_t(optin_bytes),
            "CUDA sampler: a row of " + std::to_string(max_vocab) + " logits does not fit in one cluster's shared memory");
-  check_cuda(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(needed)),
-             "raise the kernel's shared memory limit");
-  check_cuda(cudaMalloc(&status_, sizeof(int)), "allocate the status word");
-  check_cuda(cudaMemset(status_, 0, sizeof(int)), "clear the status word");
+  // launch_kernel raises the kernel's shared memory limit when a launch needs it.
+  G4_CUDA(cudaMalloc(&status_, sizeof(int)));
+  G4_CUDA(cudaMemset(status_, 0, sizeof(int)));
 }
 
 CudaSampler::~CudaSampler() { cudaFree(status_); }
@@ -652,19 +649,18 @@ void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) cons
            "CUDA sampler: vocab " + std::to_string(batch.vocab) + " exceeds the prepared " + std::to_string(max_vocab_));
   G4_CHECK(batch.rows >= 1 && batch.rows <= 65535, "CUDA sampler: batch of " + std::to_string(batch.rows) + " rows out of range");
   const dim3 grid(kClusterBlocks, unsigned(batch.rows));
-  sample_rows_kernel<<<grid, kThreads, dynamic_shared_bytes(batch.vocab), stream>>>(
-      batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)), batch.params,
-      batch.tokens, status_, batch.advance_seed);
-  check_cuda(cudaGetLastError(), "launch");
+  launch_kernel("sample_rows_kernel", sample_rows_kernel, grid, kThreads, dynamic_shared_bytes(batch.vocab), stream,
+                Pdl::kOff, batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
+                batch.params, batch.tokens, status_, batch.advance_seed);
 }
 
 void CudaSampler::check_status(CUstream_st* stream) {
   int status = 0;
-  check_cuda(cudaMemcpyAsync(&status, status_, sizeof(int), cudaMemcpyDeviceToHost, stream), "read the status word");
-  check_cuda(cudaStreamSynchronize(stream), "synchronize");
+  G4_CUDA(cudaMemcpyAsync(&status, status_, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  G4_CUDA(cudaStreamSynchronize(stream));
   if (status != 0) {
-    check_cuda(cudaMemsetAsync(status_, 0, sizeof(int), stream), "clear the status word");
-    check_cuda(cudaStreamSynchronize(stream), "synchronize");
+    G4_CUDA(cudaMemsetAsync(status_, 0, sizeof(int), stream));
+    G4_CUDA(cudaStreamSynchronize(stream));
   }
   G4_CHECK((status & kSampleStatusNanLogits) == 0, "model produced NaN logits");
 }

@@ -16,8 +16,6 @@ inline void cuda_check(cudaError_t status, const char* call) {
   throw Error(std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
 }
 #define G4_CUDA(call) ::g4::cuda_check((call), #call)
-// After a kernel launch: reports a bad launch configuration with the kernel's name.
-#define G4_CUDA_LAUNCHED(kernel) ::g4::cuda_check(cudaGetLastError(), "launching " #kernel)
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -13,8 +13,8 @@
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/head_norm.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -349,12 +349,11 @@ void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
   const int splits = int(ceil_div(span, parts.split_keys)), group = a.heads / a.kv_heads;
   const DecodeSmem lay(a.head_dim, group);
-  G4_CUDA(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(lay.total)));
-  launch_pdl("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
-             32 * std::max(group, kMinWarps), lay.total, stream, a, parts);
-  launch_pdl("decode_merge_kernel", decode_merge_kernel,
-             dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
-             kMergeColumns * kMergeLanes, 0, stream, a, parts);
+  launch_kernel("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
+                32 * std::max(group, kMinWarps), lay.total, stream, Pdl::kOn, a, parts);
+  launch_kernel("decode_merge_kernel", decode_merge_kernel,
+                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
+                kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, parts);
 }
 
 }  // namespace g4

@@ -8,7 +8,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -165,8 +165,8 @@ void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T,
     launch.first_block[s + 1] = launch.first_block[s] + (s < count ? blocks_for_rows(targets[s].rows) : 0);
   }
   with_token_count(T, [&](auto tokens) {
-    launch_pdl("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets], kWarpsPerBlock * 32, 0,
-               stream, x, launch, K);
+    launch_kernel("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets],
+                  kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, launch, K);
   });
 }
 
@@ -174,8 +174,8 @@ void launch_gated_gelu(const bf16* x, const bf16* w_gate, const bf16* w_up, bf16
                        int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gated_gelu: K must be a multiple of 8");
   with_token_count(T, [&](auto tokens) {
-    launch_pdl("gated_gelu_kernel", gated_gelu_kernel<decltype(tokens)::value>, blocks_for_rows(N),
-               kWarpsPerBlock * 32, 0, stream, x, w_gate, w_up, out, N, K);
+    launch_kernel("gated_gelu_kernel", gated_gelu_kernel<decltype(tokens)::value>, blocks_for_rows(N),
+                  kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, w_gate, w_up, out, N, K);
   });
 }
 

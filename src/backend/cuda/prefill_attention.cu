@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -290,11 +291,9 @@ __global__ void store_kv_kernel(AttentionLaunch a) {
 template <int DP>
 void launch_prefill_tiles(const PrefillArgs& args, cudaStream_t stream) {
   using L = PrefillTile<DP>;
-  G4_CUDA(
-      cudaFuncSetAttribute(prefill_attention_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
   const dim3 grid(unsigned(args.a.kv_heads), unsigned(ceil_div(args.rows, L::kRows)));
-  prefill_attention_kernel<DP><<<grid, kPrefillThreads, L::kSmemBytes, stream>>>(args);
-  G4_CUDA_LAUNCHED(prefill_attention_kernel);
+  launch_kernel("prefill_attention_kernel", prefill_attention_kernel<DP>, grid, kPrefillThreads, L::kSmemBytes, stream,
+                Pdl::kOff, args);
 }
 
 }  // namespace
@@ -317,8 +316,8 @@ void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream) {
       launch_prefill_tiles<512>(args, stream);
   }
   const int64_t vecs = std::min(a.T, a.capacity) * a.kv_heads * a.head_dim / 8;
-  store_kv_kernel<<<unsigned(std::min<int64_t>(ceil_div(vecs, 256), 4096)), 256, 0, stream>>>(a);
-  G4_CUDA_LAUNCHED(store_kv_kernel);
+  launch_kernel("store_kv_kernel", store_kv_kernel, unsigned(std::min<int64_t>(ceil_div(vecs, 256), 4096)), 256, 0,
+                stream, Pdl::kOff, a);
 }
 
 }  // namespace g4
