@@ -638,11 +638,11 @@ CudaSampler::CudaSampler(int64_t max_vocab) : max_vocab_(max_vocab) {
   G4_CHECK(needed + attributes.sharedSizeBytes <= size_t(optin_bytes),
            "CUDA sampler: a row of " + std::to_string(max_vocab) + " logits does not fit in one cluster's shared memory");
   // launch_kernel raises the kernel's shared memory limit when a launch needs it.
-  G4_CUDA(cudaMalloc(&status_, sizeof(int)));
-  G4_CUDA(cudaMemset(status_, 0, sizeof(int)));
+  status_ = DeviceBuffer(sizeof(int));
+  G4_CUDA(cudaMemset(status_.data(), 0, sizeof(int)));
 }
 
-CudaSampler::~CudaSampler() { cudaFree(status_); }
+CudaSampler::~CudaSampler() = default;
 
 void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) const {
   G4_CHECK(batch.vocab >= 1 && batch.vocab <= max_vocab_,
@@ -651,15 +651,15 @@ void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) cons
   const dim3 grid(kClusterBlocks, unsigned(batch.rows));
   launch_kernel("sample_rows_kernel", sample_rows_kernel, grid, kThreads, dynamic_shared_bytes(batch.vocab), stream,
                 Pdl::kOff, batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
-                batch.params, batch.tokens, status_, batch.advance_seed);
+                batch.params, batch.tokens, status_.as<int>(), batch.advance_seed);
 }
 
 void CudaSampler::check_status(CUstream_st* stream) {
   int status = 0;
-  G4_CUDA(cudaMemcpyAsync(&status, status_, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  G4_CUDA(cudaMemcpyAsync(&status, status_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   G4_CUDA(cudaStreamSynchronize(stream));
   if (status != 0) {
-    G4_CUDA(cudaMemsetAsync(status_, 0, sizeof(int), stream));
+    G4_CUDA(cudaMemsetAsync(status_.data(), 0, sizeof(int), stream));
     G4_CUDA(cudaStreamSynchronize(stream));
   }
   G4_CHECK((status & kSampleStatusNanLogits) == 0, "model produced NaN logits");

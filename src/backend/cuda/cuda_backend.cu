@@ -265,12 +265,13 @@ class CudaBackend final : public Backend {
 
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override {
     expect_dtype(logits, DType::F32, "sample logits");
-    G4_CHECK(params.bytes() >= size_t(logits.rows) * sizeof(SamplingParams), "sample: one SamplingParams per row");
+    G4_CHECK(logits.rows == tokens.rows || logits.rows == 1, "sample: one logits row per token, or one for all");
+    G4_CHECK(params.bytes() >= size_t(tokens.rows) * sizeof(SamplingParams), "sample: one SamplingParams per row");
     if (!sampler_ || sampler_->max_vocab() < logits.cols) sampler_ = std::make_unique<CudaSampler>(logits.cols);
     CudaSampleBatch batch;
     batch.logits = ptr<float>(logits);
-    batch.logits_row_stride = logits.cols;
-    batch.rows = logits.rows;
+    batch.logits_row_stride = logits.rows == 1 ? 0 : logits.cols;
+    batch.rows = tokens.rows;
     batch.vocab = logits.cols;
     batch.params = ptr<SamplingParams>(params);
     batch.tokens = ptr<int64_t>(tokens);
