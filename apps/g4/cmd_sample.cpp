@@ -8,16 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/backend_factory.h"
 #include "commands.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"
 
-#ifdef G4_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "sampling/cuda_sampler.h"
-#endif
 
 namespace g4::cli {
 namespace {
@@ -69,39 +66,28 @@ std::vector<int64_t> draw_on_cpu(const std::vector<float>& logits, SamplingParam
 }
 
 #ifdef G4_HAVE_CUDA
-void check_cuda(cudaError_t err, const char* what) {
-  G4_CHECK(err == cudaSuccess, std::string("--backend cuda: ") + what + ": " + cudaGetErrorString(err));
-}
-
-// Every draw is a row of one batch reading the same logits row; row j carries seed S + j.
+// Every draw is a row of one batch sampling the same logits row (the backend's one shared row);
+// row j carries seed S + j.
 std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const SamplingParams& params, int64_t draws) {
-  int devices = 0;
-  G4_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "--backend cuda: no CUDA GPU is available");
+  G4_CHECK(cuda_available(), "--backend cuda: no CUDA GPU is available");
+  const std::unique_ptr<Backend> backend = make_backend("cuda");
   const int64_t vocab = int64_t(logits.size());
   constexpr int64_t kRowsPerLaunch = 4096;
   std::vector<SamplingParams> row_params(size_t(std::min(draws, kRowsPerLaunch)), params);
   std::vector<int64_t> tokens(static_cast<size_t>(draws));
-  CudaSampler sampler(vocab);
-  float* device_logits = nullptr;
-  SamplingParams* device_params = nullptr;
-  int64_t* device_tokens = nullptr;
-  check_cuda(cudaMalloc(&device_logits, logits.size() * sizeof(float)), "allocate");
-  check_cuda(cudaMalloc(&device_params, row_params.size() * sizeof(SamplingParams)), "allocate");
-  check_cuda(cudaMalloc(&device_tokens, row_params.size() * sizeof(int64_t)), "allocate");
-  check_cuda(cudaMemcpy(device_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
+  static_assert(sizeof(SamplingParams) % 4 == 0, "params travel as rows of int32");
+  const Tensor device_logits = backend->alloc(DType::F32, 1, vocab);
+  const Tensor device_params = backend->alloc(DType::I32, int64_t(row_params.size()), sizeof(SamplingParams) / 4);
+  const Tensor device_tokens = backend->alloc(DType::I64, int64_t(row_params.size()), 1);
+  backend->upload(logits.data(), device_logits);
   for (int64_t done = 0; done < draws; done += kRowsPerLaunch) {
     const int64_t rows = std::min(kRowsPerLaunch, draws - done);
     for (int64_t r = 0; r < rows; ++r) row_params[size_t(r)].seed = params.seed + uint64_t(done + r);
-    check_cuda(cudaMemcpy(device_params, row_params.data(), size_t(rows) * sizeof(SamplingParams), cudaMemcpyHostToDevice),
-               "upload");
-    sampler.sample({device_logits, 0, rows, vocab, device_params, device_tokens, false}, nullptr);
-    sampler.check_status(nullptr);
-    check_cuda(cudaMemcpy(tokens.data() + done, device_tokens, size_t(rows) * sizeof(int64_t), cudaMemcpyDeviceToHost),
-               "download");
+    const Tensor batch_params = device_params.rows_view(0, rows), batch_tokens = device_tokens.rows_view(0, rows);
+    backend->upload(row_params.data(), batch_params);
+    backend->sample(device_logits, batch_params, batch_tokens);
+    backend->download(batch_tokens, tokens.data() + done);  // also fails on NaN logits
   }
-  cudaFree(device_logits);
-  cudaFree(device_params);
-  cudaFree(device_tokens);
   return tokens;
 }
 #endif

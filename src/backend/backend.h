@@ -101,8 +101,9 @@ class Backend {
                              float eps, const Tensor& next_weight, const Tensor& next_out) = 0;
   // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
-  // Samples one token per row of F32 logits [B, V] with per-row params [B] (backend memory),
-  // writing I64 tokens [B, 1]. Each row's seed is read from params (see sampling_params.h).
+  // Samples I64 tokens [B, 1], row r from row r of F32 logits [B, V] (or from the one row of
+  // logits [1, V], shared by every row) with params[r] of per-row params [B] (backend memory).
+  // Each row's seed is read from params (see sampling_params.h).
   virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
   virtual void synchronize() = 0;
   // Peak bytes of backend memory allocated so far (device memory on CUDA; on the CPU, buffers

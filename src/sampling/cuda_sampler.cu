@@ -22,6 +22,9 @@
 
 #include <string>
 
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "sampling/cuda_sampler.h"
 #include "sampling/sampling_math.h"
 #include "util/error.h"
@@ -50,10 +53,6 @@ constexpr int kDrawIdShift = kWeightBits + 1;
 static_assert((uint64_t(kMaxVocab - 1) >> (64 - kDrawIdShift)) == 0, "draw keys must hold every id");
 constexpr uint64_t kDrawWeightMask = (uint64_t(1) << kDrawIdShift) - 1;
 constexpr uint64_t kNoToken = ~uint64_t(0);
-
-void check_cuda(cudaError_t err, const char* what) {
-  G4_CHECK(err == cudaSuccess, std::string("CUDA sampler: ") + what + ": " + cudaGetErrorString(err));
-}
 
 // Logits per block: a multiple of 4 so that every slice starts 16-byte aligned when rows are.
 int64_t slice_length(int64_t vocab) {
@@ -104,16 +103,6 @@ struct RowContext {
   int round = 0;
 };
 
-__device__ uint64_t warp_sum(uint64_t v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
-}
-
-__device__ uint64_t warp_max(uint64_t v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  return v;
-}
-
 __device__ uint64_t warp_inclusive_scan(uint64_t v) {
   const int lane = threadIdx.x % 32;
   for (int offset = 1; offset < 32; offset *= 2) {
@@ -127,12 +116,12 @@ template <bool kMax>
 __device__ uint64_t block_reduce(uint64_t v, uint64_t* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();  // the previous user of scratch is done
-  v = kMax ? warp_max(v) : warp_sum(v);
+  v = kMax ? warp_reduce<MaxOp>(v) : warp_reduce<SumOp>(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
     uint64_t x = scratch[lane];
-    x = kMax ? warp_max(x) : warp_sum(x);
+    x = kMax ? warp_reduce<MaxOp>(x) : warp_reduce<SumOp>(x);
     if (lane == 0) scratch[kWarps] = x;
   }
   __syncthreads();
@@ -202,7 +191,7 @@ __device__ uint32_t find_first_reaching(RowContext& row, Measure measure, Target
       for (int i = start + lane; i < start + segment && i < row.count; i += 32) {
         part += measure(row.values[i], row.first_id + i);
       }
-      part = warp_sum(part);
+      part = warp_reduce<SumOp>(part);
       if (lane == j) mine = part;
     }
     const uint64_t local_target = target - before;
@@ -641,39 +630,37 @@ size_t dynamic_shared_bytes(int64_t vocab) {
 CudaSampler::CudaSampler(int64_t max_vocab) : max_vocab_(max_vocab) {
   G4_CHECK(max_vocab >= 1 && max_vocab <= kMaxVocab, "CUDA sampler: vocab size " + std::to_string(max_vocab) + " out of range");
   int device = 0, optin_bytes = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "shared memory limit");
+  G4_CUDA(cudaGetDevice(&device));
+  G4_CUDA(cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, sample_rows_kernel), "kernel attributes");
+  G4_CUDA(cudaFuncGetAttributes(&attributes, sample_rows_kernel));
   const size_t needed = dynamic_shared_bytes(max_vocab);
   G4_CHECK(needed + attributes.sharedSizeBytes <= size_t(optin_bytes),
            "CUDA sampler: a row of " + std::to_string(max_vocab) + " logits does not fit in one cluster's shared memory");
-  check_cuda(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(needed)),
-             "raise the kernel's shared memory limit");
-  check_cuda(cudaMalloc(&status_, sizeof(int)), "allocate the status word");
-  check_cuda(cudaMemset(status_, 0, sizeof(int)), "clear the status word");
+  // launch_kernel raises the kernel's shared memory limit when a launch needs it.
+  status_ = DeviceBuffer(sizeof(int));
+  G4_CUDA(cudaMemset(status_.data(), 0, sizeof(int)));
 }
 
-CudaSampler::~CudaSampler() { cudaFree(status_); }
+CudaSampler::~CudaSampler() = default;
 
 void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) const {
   G4_CHECK(batch.vocab >= 1 && batch.vocab <= max_vocab_,
            "CUDA sampler: vocab " + std::to_string(batch.vocab) + " exceeds the prepared " + std::to_string(max_vocab_));
   G4_CHECK(batch.rows >= 1 && batch.rows <= 65535, "CUDA sampler: batch of " + std::to_string(batch.rows) + " rows out of range");
   const dim3 grid(kClusterBlocks, unsigned(batch.rows));
-  sample_rows_kernel<<<grid, kThreads, dynamic_shared_bytes(batch.vocab), stream>>>(
-      batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)), batch.params,
-      batch.tokens, status_, batch.advance_seed);
-  check_cuda(cudaGetLastError(), "launch");
+  launch_kernel("sample_rows_kernel", sample_rows_kernel, grid, kThreads, dynamic_shared_bytes(batch.vocab), stream,
+                Pdl::kOff, batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
+                batch.params, batch.tokens, status_.as<int>(), batch.advance_seed);
 }
 
 void CudaSampler::check_status(CUstream_st* stream) {
   int status = 0;
-  check_cuda(cudaMemcpyAsync(&status, status_, sizeof(int), cudaMemcpyDeviceToHost, stream), "read the status word");
-  check_cuda(cudaStreamSynchronize(stream), "synchronize");
+  G4_CUDA(cudaMemcpyAsync(&status, status_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+  G4_CUDA(cudaStreamSynchronize(stream));
   if (status != 0) {
-    check_cuda(cudaMemsetAsync(status_, 0, sizeof(int), stream), "clear the status word");
-    check_cuda(cudaStreamSynchronize(stream), "synchronize");
+    G4_CUDA(cudaMemsetAsync(status_.data(), 0, sizeof(int), stream));
+    G4_CUDA(cudaStreamSynchronize(stream));
   }
   G4_CHECK((status & kSampleStatusNanLogits) == 0, "model produced NaN logits");
 }

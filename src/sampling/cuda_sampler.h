@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/cuda/device_buffer.h"
 #include "sampling/sampling_params.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
@@ -43,7 +44,7 @@ class CudaSampler {
   void sample(const CudaSampleBatch& batch, CUstream_st* stream) const;
 
   // Device address of the status word (int, 0 = ok), for callers that copy it asynchronously.
-  const int* status_word() const { return status_; }
+  const int* status_word() const { return status_.as<int>(); }
   // Waits for `stream`, reads and clears the status word; throws g4::Error
   // "model produced NaN logits" when a row had NaN logits since the last check.
   void check_status(CUstream_st* stream);
@@ -52,7 +53,7 @@ class CudaSampler {
 
  private:
   int64_t max_vocab_ = 0;
-  int* status_ = nullptr;
+  DeviceBuffer status_;  // int
 };
 
 }  // namespace g4

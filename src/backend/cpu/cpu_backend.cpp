@@ -283,9 +283,11 @@ void CpuBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
 }
 
 void CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) {
-  for (int64_t r = 0; r < logits.rows; ++r)
+  G4_CHECK(logits.rows == tokens.rows || logits.rows == 1, "sample: one logits row per token, or one for all");
+  const int64_t stride = logits.rows == 1 ? 0 : logits.cols;
+  for (int64_t r = 0; r < tokens.rows; ++r)
     tokens.as<int64_t>()[r] =
-        sample_row(logits.as<float>() + r * logits.cols, logits.cols, params.as<SamplingParams>()[r]);
+        sample_row(logits.as<float>() + r * stride, logits.cols, params.as<SamplingParams>()[r]);
 }
 
 static void no_graphs() { throw Error("the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }

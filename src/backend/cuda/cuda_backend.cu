@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
     cublas_workspace_ = alloc(DType::I32, 1, int64_t(kCublasWorkspaceBytes / 4));
     G4_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_.data, kCublasWorkspaceBytes));
   }
+  // Unchecked: a destructor must not throw, and teardown has nothing to recover.
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
@@ -74,10 +75,10 @@ class CudaBackend final : public Backend {
     const size_t bytes = std::max<size_t>(t.bytes(), 1);
     void* p = nullptr;
     const cudaError_t status = cudaMalloc(&p, bytes);
-    if (status == cudaErrorMemoryAllocation) {
+    if (status == cudaErrorMemoryAllocation) {  // a clearer message than G4_CUDA's, then the same error
       cudaGetLastError();
       size_t free_bytes = 0, total = 0;
-      cudaMemGetInfo(&free_bytes, &total);
+      cudaMemGetInfo(&free_bytes, &total);  // best effort: only for the message
       throw Error("CUDA out of memory: cannot allocate " + std::to_string(bytes >> 20) + " MiB for a [" +
                   std::to_string(rows) + ", " + std::to_string(cols) + "] " + dtype_name(dtype) + " tensor (" +
                   std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total >> 20) +
@@ -264,12 +265,13 @@ class CudaBackend final : public Backend {
 
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override {
     expect_dtype(logits, DType::F32, "sample logits");
-    G4_CHECK(params.bytes() >= size_t(logits.rows) * sizeof(SamplingParams), "sample: one SamplingParams per row");
+    G4_CHECK(logits.rows == tokens.rows || logits.rows == 1, "sample: one logits row per token, or one for all");
+    G4_CHECK(params.bytes() >= size_t(tokens.rows) * sizeof(SamplingParams), "sample: one SamplingParams per row");
     if (!sampler_ || sampler_->max_vocab() < logits.cols) sampler_ = std::make_unique<CudaSampler>(logits.cols);
     CudaSampleBatch batch;
     batch.logits = ptr<float>(logits);
-    batch.logits_row_stride = logits.cols;
-    batch.rows = logits.rows;
+    batch.logits_row_stride = logits.rows == 1 ? 0 : logits.cols;
+    batch.rows = tokens.rows;
     batch.vocab = logits.cols;
     batch.params = ptr<SamplingParams>(params);
     batch.tokens = ptr<int64_t>(tokens);

@@ -16,8 +16,6 @@ inline void cuda_check(cudaError_t status, const char* call) {
   throw Error(std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
 }
 #define G4_CUDA(call) ::g4::cuda_check((call), #call)
-// After a kernel launch: reports a bad launch configuration with the kernel's name.
-#define G4_CUDA_LAUNCHED(kernel) ::g4::cuda_check(cudaGetLastError(), "launching " #kernel)
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -45,12 +43,6 @@ __device__ inline uint4 pack8(const float* in) {
   return v.raw;
 }
 
-__device__ inline float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // A float32 value as the bf16 activation stores it: fused kernels round where the separate ops
 // stored their results, so they compute what the op-by-op forward did.
 __device__ inline float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
@@ -58,12 +50,6 @@ __device__ inline float round_bf16(float v) { return __bfloat162float(__float2bf
 __device__ inline float gelu_tanh(float g) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
-
-__device__ inline float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 }  // namespace g4

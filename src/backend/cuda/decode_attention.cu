@@ -13,8 +13,9 @@
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/head_norm.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -175,10 +176,10 @@ __device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const
   const int lane = threadIdx.x & 31;
   const bool valid = kb + lane < end;
   const float s = valid ? dot_q_k(q, ks + lane * lay.ld, D) : -FLT_MAX;
-  const float m_new = fmaxf(m, warp_max(s));
+  const float m_new = fmaxf(m, warp_reduce<MaxOp>(s));
   const float p = valid ? __expf(s - m_new) : 0.0f;
   const float alpha = __expf(m - m_new);
-  l = l * alpha + warp_sum(p);
+  l = l * alpha + warp_reduce<SumOp>(p);
   m = m_new;
 #pragma unroll
   for (int c = 0; c < kDimChunks; ++c)
@@ -297,11 +298,11 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
       ms[j] = in ? ml_lane[j].x : -FLT_MAX, ls[j] = in ? ml_lane[j].y : 0.0f;
       m = fmaxf(m, ms[j]);
     }
-    m = warp_max(m);
+    m = warp_reduce<MaxOp>(m);
     float l = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j) l += ls[j] * __expf(ms[j] - m);
-    l = warp_sum(l);
+    l = warp_reduce<SumOp>(l);
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j)
       if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;
@@ -348,12 +349,11 @@ void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
   const int splits = int(ceil_div(span, parts.split_keys)), group = a.heads / a.kv_heads;
   const DecodeSmem lay(a.head_dim, group);
-  G4_CUDA(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(lay.total)));
-  launch_pdl("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
-             32 * std::max(group, kMinWarps), lay.total, stream, a, parts);
-  launch_pdl("decode_merge_kernel", decode_merge_kernel,
-             dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
-             kMergeColumns * kMergeLanes, 0, stream, a, parts);
+  launch_kernel("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
+                32 * std::max(group, kMinWarps), lay.total, stream, Pdl::kOn, a, parts);
+  launch_kernel("decode_merge_kernel", decode_merge_kernel,
+                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
+                kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, parts);
 }
 
 }  // namespace g4

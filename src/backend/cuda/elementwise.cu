@@ -8,7 +8,8 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/head_norm.cuh"
-#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -37,12 +38,12 @@ __global__ void embed_kernel(const bf16* table, const int32_t* ids, int64_t hidd
 __device__ float block_sum(float v) {
   __shared__ float partial[32];
   __shared__ float total;
-  v = warp_sum(v);
+  v = warp_reduce<SumOp>(v);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
   __syncthreads();
   if (threadIdx.x < 32) {
     float s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-    s = warp_sum(s);
+    s = warp_reduce<SumOp>(s);
     if (threadIdx.x == 0) total = s;
   }
   __syncthreads();
@@ -309,14 +310,15 @@ __global__ void fill_uniform_kernel(T* dst, int64_t n, float center, float sprea
 
 void launch_embed(const bf16* table, const int32_t* ids, int64_t T, int64_t hidden, float scale, bf16* out,
                   cudaStream_t stream) {
-  launch_pdl("embed_kernel", embed_kernel, dim3(unsigned(ceil_div(hidden, kThreads)), unsigned(T)), kThreads, 0, stream,
-             table, ids, hidden, scale, out);
+  launch_kernel("embed_kernel", embed_kernel, dim3(unsigned(ceil_div(hidden, kThreads)), unsigned(T)), kThreads, 0,
+                stream, Pdl::kOn, table, ids, hidden, scale, out);
 }
 
 void launch_rms_norm(const bf16* x, int64_t rows, int64_t cols, const float* weight, float eps, bf16* out,
                      cudaStream_t stream) {
   const int threads = cols >= 2048 ? 512 : cols >= 512 ? 128 : 64;
-  launch_pdl("rms_norm_kernel", rms_norm_kernel, unsigned(rows), threads, 0, stream, x, cols, weight, eps, out);
+  launch_kernel("rms_norm_kernel", rms_norm_kernel, unsigned(rows), threads, 0, stream, Pdl::kOn, x, cols, weight, eps,
+                out);
 }
 
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
@@ -327,14 +329,14 @@ void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
   G4_CHECK(a.inv_freq, "head_norms: the RoPE frequencies are missing");
   G4_CHECK(a.rope_table, "head_norms: the RoPE table scratch is missing");
   const int64_t half = a.head_dim / 2;
-  launch_pdl("rope_table_kernel", rope_table_kernel, blocks_for(a.T * half), kThreads, 0, stream, a.positions,
-             a.inv_freq, a.T, half, a.rope_table);
+  launch_kernel("rope_table_kernel", rope_table_kernel, blocks_for(a.T * half), kThreads, 0, stream, Pdl::kOn,
+                a.positions, a.inv_freq, a.T, half, a.rope_table);
   const int64_t rows = a.q_rows + a.k_rows + (a.v_in == a.k ? 0 : a.v_rows);
   const unsigned blocks = unsigned(ceil_div(rows, kHeadNormWarps));
   if (a.head_dim <= 256)
-    launch_pdl("head_norms_kernel", head_norms_kernel<1>, blocks, kHeadNormWarps * 32, 0, stream, a, rows);
+    launch_kernel("head_norms_kernel", head_norms_kernel<1>, blocks, kHeadNormWarps * 32, 0, stream, Pdl::kOn, a, rows);
   else
-    launch_pdl("head_norms_kernel", head_norms_kernel<2>, blocks, kHeadNormWarps * 32, 0, stream, a, rows);
+    launch_kernel("head_norms_kernel", head_norms_kernel<2>, blocks, kHeadNormWarps * 32, 0, stream, Pdl::kOn, a, rows);
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
@@ -342,43 +344,42 @@ void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, co
                           cudaStream_t stream) {
   G4_CHECK(cols <= 1024 * 8 * kResidualVecs, "residual_norm: rows wider than 16384 values are not supported");
   const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
-  launch_pdl("residual_norm_kernel", rows == 1 ? residual_norm_decode_kernel : residual_norm_prefill_kernel,
-             unsigned(rows), threads, 0, stream, x, o, cols, post_weight, scalar, eps, next_weight, next_out);
+  launch_kernel("residual_norm_kernel", rows == 1 ? residual_norm_decode_kernel : residual_norm_prefill_kernel,
+                unsigned(rows), threads, 0, stream, Pdl::kOn, x, o, cols, post_weight, scalar, eps, next_weight,
+                next_out);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   G4_CHECK(aligned(gate) && aligned(up) && aligned(out), "gelu_tanh_mul: buffers must be 16-byte aligned");
-  launch_pdl("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(std::max<int64_t>(n / 8, 8)), kThreads, 0,
-             stream, gate, up, out, n);
+  launch_kernel("gelu_tanh_mul_kernel", gelu_tanh_mul_kernel, blocks_for(std::max<int64_t>(n / 8, 8)), kThreads, 0,
+                stream, Pdl::kOn, gate, up, out, n);
 }
 
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream) {
-  launch_pdl("softcap_kernel", softcap_kernel, blocks_for(n, 4), kThreads, 0, stream, x, n, cap, out);
+  launch_kernel("softcap_kernel", softcap_kernel, blocks_for(n, 4), kThreads, 0, stream, Pdl::kOn, x, n, cap, out);
 }
 
 void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,
                            cudaStream_t stream) {
   G4_CHECK(src_dtype == DType::F32 || src_dtype == DType::F16 || src_dtype == DType::BF16 || src_dtype == DType::Q8_0,
            "cuda backend: cannot use a " + dtype_name(src_dtype) + " tensor as a weight");
-  convert_weight_kernel<<<blocks_for(rows * cols, 8), kThreads, 0, stream>>>(
-      src, src_dtype, int64_t(row_bytes(src_dtype, cols)), rows, cols, dst, dst_f32);
-  G4_CUDA_LAUNCHED(convert_weight_kernel);
+  launch_kernel("convert_weight_kernel", convert_weight_kernel, blocks_for(rows * cols, 8), kThreads, 0, stream,
+                Pdl::kOff, src, src_dtype, int64_t(row_bytes(src_dtype, cols)), rows, cols, dst, dst_f32);
 }
 
 void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions, cudaStream_t stream) {
-  advance_step_kernel<<<1, 1, 0, stream>>>(token, ids, positions);
-  G4_CUDA_LAUNCHED(advance_step_kernel);
+  launch_kernel("advance_step_kernel", advance_step_kernel, 1, 1, 0, stream, Pdl::kOff, token, ids, positions);
 }
 
 void launch_fill_uniform(bf16* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream) {
-  fill_uniform_kernel<<<blocks_for(n, 16), kThreads, 0, stream>>>(dst, n, center, spread, seed);
-  G4_CUDA_LAUNCHED(fill_uniform_kernel);
+  launch_kernel("fill_uniform_kernel", fill_uniform_kernel<bf16>, blocks_for(n, 16), kThreads, 0, stream, Pdl::kOff,
+                dst, n, center, spread, seed);
 }
 
 void launch_fill_uniform(float* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream) {
-  fill_uniform_kernel<<<blocks_for(n, 16), kThreads, 0, stream>>>(dst, n, center, spread, seed);
-  G4_CUDA_LAUNCHED(fill_uniform_kernel);
+  launch_kernel("fill_uniform_kernel", fill_uniform_kernel<float>, blocks_for(n, 16), kThreads, 0, stream, Pdl::kOff,
+                dst, n, center, spread, seed);
 }
 
 }  // namespace g4

@@ -8,7 +8,8 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -78,7 +79,7 @@ __device__ inline void warp_rows_dot(const uint4* const (&rows)[R], const uint4*
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_reduce<SumOp>(acc[r][t]);
 }
 
 // The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1]
@@ -164,8 +165,8 @@ void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T,
     launch.first_block[s + 1] = launch.first_block[s] + (s < count ? blocks_for_rows(targets[s].rows) : 0);
   }
   with_token_count(T, [&](auto tokens) {
-    launch_pdl("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets], kWarpsPerBlock * 32, 0,
-               stream, x, launch, K);
+    launch_kernel("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets],
+                  kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, launch, K);
   });
 }
 
@@ -173,8 +174,8 @@ void launch_gated_gelu(const bf16* x, const bf16* w_gate, const bf16* w_up, bf16
                        int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gated_gelu: K must be a multiple of 8");
   with_token_count(T, [&](auto tokens) {
-    launch_pdl("gated_gelu_kernel", gated_gelu_kernel<decltype(tokens)::value>, blocks_for_rows(N),
-               kWarpsPerBlock * 32, 0, stream, x, w_gate, w_up, out, N, K);
+    launch_kernel("gated_gelu_kernel", gated_gelu_kernel<decltype(tokens)::value>, blocks_for_rows(N),
+                  kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, w_gate, w_up, out, N, K);
   });
 }
 

@@ -2,6 +2,7 @@
 // head-norm kernel and the decode attention kernel that folds the norms in.
 #pragma once
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -107,7 +108,7 @@ __device__ void norm_head_row(const HeadRow<kAccesses>& r, int64_t half, const f
   for (int j = 0; j < kAccesses; ++j)
 #pragma unroll
     for (int p = 0; p < 4; ++p) ss = fmaf(r.b[j][p], r.b[j][p], fmaf(r.a[j][p], r.a[j][p], ss));
-  const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
+  const float inv = rsqrtf(warp_reduce<SumOp>(ss) / float(2 * half) + eps);
 #pragma unroll
   for (int j = 0; j < kAccesses; ++j) {
     const int64_t i = head_norm_pair(j);

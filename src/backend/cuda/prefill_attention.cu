@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -196,8 +198,7 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       float mx = m[r];
 #pragma unroll
       for (int nb = 0; nb < kNBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = xor_reduce<MaxOp, 1, 2>(mx);  // the 4 lanes that hold one row
       // FlashAttention-4's conditional rescaling: while the tile's max exceeds the running max by at
       // most 2^kRescaleLog2 in P, keep the running max: P stays below 256 (bf16 is as exact there),
       // alpha is exactly 1, and O skips its rescale, which most tiles past the first few then do.
@@ -251,8 +252,7 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum = xor_reduce<SumOp, 1, 2>(sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a padding warpgroup that saw nothing
 #pragma unroll
     for (int dc = 0; dc < kDChunks; ++dc)
@@ -291,11 +291,9 @@ __global__ void store_kv_kernel(AttentionLaunch a) {
 template <int DP>
 void launch_prefill_tiles(const PrefillArgs& args, cudaStream_t stream) {
   using L = PrefillTile<DP>;
-  G4_CUDA(
-      cudaFuncSetAttribute(prefill_attention_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
   const dim3 grid(unsigned(args.a.kv_heads), unsigned(ceil_div(args.rows, L::kRows)));
-  prefill_attention_kernel<DP><<<grid, kPrefillThreads, L::kSmemBytes, stream>>>(args);
-  G4_CUDA_LAUNCHED(prefill_attention_kernel);
+  launch_kernel("prefill_attention_kernel", prefill_attention_kernel<DP>, grid, kPrefillThreads, L::kSmemBytes, stream,
+                Pdl::kOff, args);
 }
 
 }  // namespace
@@ -318,8 +316,8 @@ void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream) {
       launch_prefill_tiles<512>(args, stream);
   }
   const int64_t vecs = std::min(a.T, a.capacity) * a.kv_heads * a.head_dim / 8;
-  store_kv_kernel<<<unsigned(std::min<int64_t>(ceil_div(vecs, 256), 4096)), 256, 0, stream>>>(a);
-  G4_CUDA_LAUNCHED(store_kv_kernel);
+  launch_kernel("store_kv_kernel", store_kv_kernel, unsigned(std::min<int64_t>(ceil_div(vecs, 256), 4096)), 256, 0,
+                stream, Pdl::kOff, a);
 }
 
 }  // namespace g4
