@@ -17,7 +17,7 @@
 #ifdef G4_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "sampling/cuda_sampler.h"
+#include "backend/cuda/cuda_sampler.h"
 #endif
 
 namespace {

@@ -13,13 +13,14 @@
 
 #include "backend/backend_factory.h"
 #include "commands.h"
-#include "quant/quantize.h"
 #include "model/loader.h"
+#include "model/synthetic_weights.h"
+#include "quant/quantize.h"
 #include "runtime/decode_graph.h"
 #include "runtime/session.h"
 #include "util/error.h"
 #ifdef G4_HAVE_CUDA
-#include "backend/cuda/bench_support.h"
+#include "backend/cuda/copy_bandwidth.h"
 #endif
 
 namespace g4::cli {
@@ -60,14 +61,10 @@ ModelConfig gemma4_31b_config() {
 std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend) {
   G4_CHECK(o.synthetic == "31b", "--synthetic: only '31b' is known");
   G4_CHECK(o.weights == "bf16", "--synthetic: only --weights bf16 is supported so far");
-#ifdef G4_HAVE_CUDA
-  G4_CHECK(backend.name() == "cuda", "--synthetic needs --backend cuda (weights are generated on the GPU)");
+  G4_CHECK(backend.name() == "cuda", "--synthetic 31b needs --backend cuda (61 GB of weights generated on the GPU)");
   ModelConfig c = gemma4_31b_config();
-  ModelWeights w = random_weights_on_device(c, backend, o.seed);
+  ModelWeights w = synthetic_weights(c, backend, o.seed);
   return std::make_unique<Gemma4>(std::move(c), std::move(w));
-#else
-  throw Error("--synthetic needs a g4 built with CUDA");
-#endif
 }
 
 // Bytes of weights one decode step streams: every layer matrix and the LM head.

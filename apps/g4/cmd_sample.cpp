@@ -1,5 +1,5 @@
 // g4 sample: the sampler alone on one row of logits, so anyone can check its statistics and its
-// reproducibility from outside (SPEC §3). Draw j uses seed S + j, the runner's seed schedule.
+// reproducibility from outside (docs/DESIGN.md §4). Draw j uses seed S + j, the runner's seed schedule.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

@@ -101,6 +101,9 @@ class Backend {
                              float eps, const Tensor& next_weight, const Tensor& next_out) = 0;
   // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
+  // t[i] = center + spread * uniform_hash(seed, i) for F32 or BF16 t, the same values on every
+  // backend (synthetic weights for benchmarks and tests).
+  virtual void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) = 0;
   // Samples I64 tokens [B, 1], row r from row r of F32 logits [B, V] (or from the one row of
   // logits [1, V], shared by every row) with params[r] of per-row params [B] (backend memory).
   // Each row's seed is read from params (see sampling_params.h).

@@ -61,7 +61,8 @@ void validate_tensors(const ModelConfig& c, const TensorSource& source) {
   }
 }
 
-static Tensor upload_inv_freq(const std::vector<float>& inv, Backend& backend) {
+Tensor upload_rope_inv_freq(const LayerConfig& layer, Backend& backend) {
+  const std::vector<float> inv = layer.rope_inv_freq();
   Tensor t = backend.alloc(DType::F32, int64_t(inv.size()), 1);
   backend.upload(inv.data(), t);
   return t;
@@ -104,7 +105,7 @@ ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Back
     lw.down_proj = get(p + "mlp.down_proj.weight");
     lw.post_ffn_norm = get(p + "post_feedforward_layernorm.weight");
     lw.layer_scalar = get(p + "layer_scalar");
-    lw.rope_inv_freq = upload_inv_freq(l.rope_inv_freq(), backend);
+    lw.rope_inv_freq = upload_rope_inv_freq(l, backend);
     w.layers.push_back(std::move(lw));
   }
   return w;

@@ -37,5 +37,7 @@ void validate_tensors(const ModelConfig& c, const TensorSource& source);
 // Validates, then uploads every tensor with backend.upload_weight, reporting progress on stderr
 // when the weights are large (see util/progress.h).
 ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend);
+// A layer's RoPE inverse frequencies (LayerConfig::rope_inv_freq) on the backend, F32 [head_dim/2, 1].
+Tensor upload_rope_inv_freq(const LayerConfig& layer, Backend& backend);
 
 }  // namespace g4

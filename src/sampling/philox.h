@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "sampling/host_device.h"
+#include "util/host_device.h"
 
 namespace g4 {
 

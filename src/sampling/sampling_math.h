@@ -20,7 +20,7 @@
 #pragma once
 #include <cstdint>
 
-#include "sampling/host_device.h"
+#include "util/host_device.h"
 #include "sampling/philox.h"
 
 #if !defined(__CUDA_ARCH__)

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "sampling/host_device.h"
+#include "util/host_device.h"
 
 namespace g4 {
 

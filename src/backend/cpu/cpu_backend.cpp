@@ -6,12 +6,13 @@
 #include <cstring>
 #include <vector>
 
-#include "quant/quantize.h"
 #include "format/tensor_source.h"
+#include "quant/quantize.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/uniform_hash.h"
 
 namespace g4 {
 
@@ -278,6 +279,20 @@ void CpuBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
     for (int64_t i = b; i < e; ++i) {
       const float z = x.as<float>()[i];
       out.as<float>()[i] = cap > 0 ? cap * std::tanh(z / cap) : z;
+    }
+  });
+}
+
+void CpuBackend::fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) {
+  G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32 or BF16 tensors only");
+  pool_.parallel_for(t.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float v = center + spread * uniform_hash(seed, uint64_t(i));
+      if (t.dtype == DType::F32) {
+        t.as<float>()[i] = v;
+      } else {
+        t.as<uint16_t>()[i] = f32_to_bf16(v);
+      }
     }
   });
 }

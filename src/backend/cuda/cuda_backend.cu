@@ -13,7 +13,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/memory_meter.h"
 #include "format/tensor_source.h"
-#include "sampling/cuda_sampler.h"
+#include "backend/cuda/cuda_sampler.h"
 #include "sampling/sampling_params.h"
 
 namespace g4 {
@@ -132,7 +132,7 @@ class CudaBackend final : public Backend {
 
   void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
     expect_dtype(table, DType::BF16, "embedding table");
-    // SPEC §1: the scale is a bf16 number when the activations are bf16 (as in transformers).
+    // docs/DESIGN.md §2: the scale is a bf16 number when the activations are bf16 (as in transformers).
     const float scale_bf16 = __bfloat162float(__float2bfloat16(scale));
     launch_embed(ptr<bf16>(table), ptr<int32_t>(ids), ids.rows, out.cols, scale_bf16, ptr<bf16>(out), stream_);
   }
@@ -261,6 +261,15 @@ class CudaBackend final : public Backend {
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
     expect_dtype(out, DType::F32, "softcap output");
     launch_softcap(ptr<bf16>(x), x.numel(), cap, ptr<float>(out), stream_);
+  }
+
+  void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override {
+    G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32 or BF16 tensors only");
+    if (t.dtype == DType::F32) {
+      launch_fill_uniform(ptr<float>(t), t.numel(), center, spread, seed, stream_);
+    } else {
+      launch_fill_uniform(ptr<bf16>(t), t.numel(), center, spread, seed, stream_);
+    }
   }
 
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override {

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "util/uniform_hash.h"
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
@@ -290,14 +291,6 @@ __global__ void convert_weight_kernel(const void* src, DType dtype, int64_t row_
 __global__ void advance_step_kernel(const int64_t* token, int32_t* ids, int32_t* positions) {
   ids[0] = int32_t(token[0]);
   positions[0] += 1;
-}
-
-__device__ float uniform_hash(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i;  // splitmix64 finaliser of (seed, index)
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
 }
 
 template <typename T>

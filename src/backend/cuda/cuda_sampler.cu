@@ -25,7 +25,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
-#include "sampling/cuda_sampler.h"
+#include "backend/cuda/cuda_sampler.h"
 #include "sampling/sampling_math.h"
 #include "util/error.h"
 
