@@ -253,6 +253,20 @@ TEST_F(CudaOps, Softcap) {
   expect_close(capped, "softcap");
 }
 
+// Synthetic weights are the same numbers on either backend: F32 bit for bit, BF16 the same rounding.
+TEST_F(CudaOps, FillUniformGivesTheSameValuesAsTheCpu) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Both t{cpu_.alloc(dtype, 37, 1001), gpu_->alloc(dtype, 37, 1001)};
+    cpu_.fill_uniform(t.cpu, 0.25f, 0.5f, 1234);
+    gpu_->fill_uniform(t.gpu, 0.25f, 0.5f, 1234);
+    const std::vector<float> c = read(cpu_, t.cpu), g = read(*gpu_, t.gpu);
+    EXPECT_EQ(c, g) << dtype_name(dtype);
+    EXPECT_GE(*std::min_element(c.begin(), c.end()), -0.25f);
+    EXPECT_LT(*std::max_element(c.begin(), c.end()), 0.75f);
+    EXPECT_GT(*std::max_element(c.begin(), c.end()) - *std::min_element(c.begin(), c.end()), 0.9f) << "spread";
+  }
+}
+
 // A sequence of chunks through one layer's cache: decode steps and prefill chunks, ring wrap.
 struct AttentionCase {
   int heads, kv_heads, head_dim, window;
