@@ -1,6 +1,7 @@
 // A counter-based uniform number in [-1, 1) from (seed, index): a splitmix64 finaliser. Used to fill
 // tensors with random values identically on every backend (Backend::fill_uniform).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "util/host_device.h"
@@ -13,6 +14,11 @@ G4_HOST_DEVICE float uniform_hash(uint64_t seed, uint64_t i) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   return float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+
+// center + spread * uniform_hash(seed, i), one rounding on every backend (nvcc would fuse it anyway).
+G4_HOST_DEVICE float uniform_fill_value(uint64_t seed, uint64_t i, float center, float spread) {
+  return fmaf(spread, uniform_hash(seed, i), center);
 }
 
 }  // namespace g4

@@ -287,7 +287,7 @@ void CpuBackend::fill_uniform(const Tensor& t, float center, float spread, uint6
   G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32 or BF16 tensors only");
   pool_.parallel_for(t.numel(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const float v = center + spread * uniform_hash(seed, uint64_t(i));
+      const float v = uniform_fill_value(seed, uint64_t(i), center, spread);
       if (t.dtype == DType::F32) {
         t.as<float>()[i] = v;
       } else {

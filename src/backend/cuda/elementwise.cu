@@ -296,7 +296,7 @@ __global__ void advance_step_kernel(const int64_t* token, int32_t* ids, int32_t*
 template <typename T>
 __global__ void fill_uniform_kernel(T* dst, int64_t n, float center, float spread, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = T(center + spread * uniform_hash(seed, uint64_t(i)));
+    dst[i] = T(uniform_fill_value(seed, uint64_t(i), center, spread));
 }
 
 }  // namespace
