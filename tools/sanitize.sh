@@ -33,6 +33,8 @@ if [[ -n $fuzz_runs ]]; then
   exec ctest --test-dir "$build" --output-on-failure --verbose -j"$jobs" -R "Fuzz|MutatedModelFiles"
 fi
 
-# Every CPU test runs: none is too slow under the sanitizers (the slowest, CpuSampler.FullVocabularyRow,
-# takes about 35 s on a loaded 2-core machine). CUDA tests skip in this CPU-only build.
-exec ctest --test-dir "$build" --output-on-failure -j"$jobs"
+# Every CPU test runs but the 4 096-position oracle with the 31B head sizes: float32 attention over
+# 4 096 positions takes 4 minutes per mode under the sanitizers on 2 cores (42 s for all three
+# modes in the plain build). Its sibling with the published layout runs the same ring-cache and
+# long-prompt paths here in ~12 s a mode. CUDA tests skip in this CPU-only build.
+exec ctest --test-dir "$build" --output-on-failure -j"$jobs" -E "LongContext.*long_31b_heads"

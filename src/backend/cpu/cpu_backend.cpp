@@ -118,8 +118,13 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 // G4_HOT_LOOP clone vectorises the conversion for its own target; other types use decode_row.
 static inline void widen_weight_row(const Tensor& w, int64_t row, float* out) {
   if (w.dtype != DType::BF16) return widen_row(w, row, out);
-  const auto* in = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_size());
-  for (int64_t i = 0; i < w.cols; ++i) out[i] = bf16_to_f32(in[i]);
+  // memcpy: a GGUF or safetensors row may sit at an odd address; it compiles to a plain load.
+  const uint8_t* in = static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_size();
+  for (int64_t i = 0; i < w.cols; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, sizeof h);
+    out[i] = bf16_to_f32(h);
+  }
 }
 
 // y[:, n] = x w[n]^T for the weight rows n in [b, e).
