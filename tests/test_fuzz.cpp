@@ -6,6 +6,8 @@
 // crashed are kept in tests/fuzz-corpus/ and replayed first.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +61,18 @@ bool load_and_run(const std::string& path) {
 
 struct Tally {
   uint64_t runs = 0, accepted = 0;
+  // Runs one input: it loads (run returns true), or fails with g4::Error; anything else escaping
+  // is a defect.
+  void attempt(const std::string& what, const std::function<bool()>& run) {
+    ++runs;
+    try {
+      accepted += run();
+    } catch (const Error& e) {
+      if (std::getenv("G4_FUZZ_VERBOSE")) std::printf("%s: %s\n", what.c_str(), e.what());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": escaped " << typeid(e).name() << ": " << e.what();
+    }
+  }
   void print(const char* what) const {
     std::printf("%s: %llu inputs, %llu loaded, the rest rejected with g4::Error\n", what,
                 static_cast<unsigned long long>(runs), static_cast<unsigned long long>(accepted));
@@ -92,16 +106,7 @@ TEST(Fuzz, CheckpointDirectory) {
   const SafetensorsParts parts = split_safetensors(weights);
   write_text(dir + "/model.safetensors", weights);
   Tally tally;
-  auto attempt = [&](const std::string& what) {
-    ++tally.runs;
-    try {
-      tally.accepted += load_and_run(dir);
-    } catch (const Error& e) {
-      if (std::getenv("G4_FUZZ_VERBOSE")) std::printf("%s: %s\n", what.c_str(), e.what());
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << what << ": escaped " << typeid(e).name() << ": " << e.what();
-    }
-  };
+  auto attempt = [&](const std::string& what) { tally.attempt(what, [&] { return load_and_run(dir); }); };
   for (const std::string& seed : test::fuzz_corpus("checkpoint")) {  // config.json files
     write_text(dir + "/config.json", read_text(seed));
     attempt(seed);
@@ -172,14 +177,7 @@ TEST(Fuzz, GgufModel) {
   const std::string path = dir + "/mutated.gguf";
   Tally tally;
   auto attempt = [&](const std::string& file, const std::string& what) {
-    ++tally.runs;
-    try {
-      tally.accepted += load_and_run(file);
-    } catch (const Error& e) {
-      if (std::getenv("G4_FUZZ_VERBOSE")) std::printf("%s: %s\n", what.c_str(), e.what());
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << what << ": escaped " << typeid(e).name() << ": " << e.what();
-    }
+    tally.attempt(what, [&] { return load_and_run(file); });
   };
   for (const std::string& file : test::fuzz_corpus("gguf")) attempt(file, file);
   test::Mutator mutator(test::fuzz_seed(2));
@@ -252,14 +250,7 @@ TEST(Fuzz, TokenizerJson) {
   const json parsed = json::parse(seed);
   Tally tally;
   auto attempt = [&](const std::string& text, const std::string& what) {
-    ++tally.runs;
-    try {
-      tally.accepted += tokenize_with(text);
-    } catch (const Error& e) {
-      if (std::getenv("G4_FUZZ_VERBOSE")) std::printf("%s: %s\n", what.c_str(), e.what());
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << what << ": escaped " << typeid(e).name() << ": " << e.what();
-    }
+    tally.attempt(what, [&] { return tokenize_with(text); });
   };
   for (const std::string& file : test::fuzz_corpus("tokenizer")) attempt(read_text(file), file);
   test::Mutator mutator(test::fuzz_seed(3));

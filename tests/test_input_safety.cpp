@@ -195,6 +195,14 @@ std::string misaligned_gguf(const std::string& source, const std::string& dir) {
   return "";
 }
 
+// The CPU logits of a few tokens of the model at `path` (a tiny fixture or its export).
+std::vector<float> short_logits(const std::string& path) {
+  CpuBackend backend(1);
+  auto model = load_model(path, backend);
+  Session s(*model, backend, SessionOptions{8, 0});
+  return s.logits_all(std::vector<int32_t>{2, 17, 99, 5});
+}
+
 // GGUF allows general.alignment 1: rope_freqs was read through a float pointer and BF16 weights
 // through a uint16_t pointer (misaligned loads, undefined behaviour).
 TEST(InputSafety, GgufWithAlignmentOneLoadsAndMatches) {
@@ -204,14 +212,7 @@ TEST(InputSafety, GgufWithAlignmentOneLoadsAndMatches) {
   export_gguf(HfCheckpoint(test::fixture_dir("tiny-31b-style")), dir + "/model.gguf", options);
   const std::string odd = misaligned_gguf(dir + "/model.gguf", dir);
   ASSERT_FALSE(odd.empty());
-  CpuBackend backend(1);
-  const std::vector<int32_t> tokens{2, 17, 99, 5};
-  auto logits = [&](const std::string& path) {
-    auto model = load_model(path, backend);
-    Session s(*model, backend, SessionOptions{8, 0});
-    return s.logits_all(tokens);
-  };
-  EXPECT_EQ(logits(odd), logits(dir + "/model.gguf"));
+  EXPECT_EQ(short_logits(odd), short_logits(dir + "/model.gguf"));
 }
 
 // safetensors puts no alignment on tensor data: a header whose length is odd puts BF16 weights at
@@ -234,14 +235,7 @@ TEST(InputSafety, SafetensorsAtOddOffsetsLoadAndMatch) {
     out.write(reinterpret_cast<const char*>(&odd_len), 8);
     out << text << data;
   }
-  CpuBackend backend(1);
-  const std::vector<int32_t> tokens{2, 17, 99, 5};
-  auto logits = [&](const std::string& path) {
-    auto model = load_model(path, backend);
-    Session s(*model, backend, SessionOptions{8, 0});
-    return s.logits_all(tokens);
-  };
-  EXPECT_EQ(logits(dir), logits(fixture));
+  EXPECT_EQ(short_logits(dir), short_logits(fixture));
 }
 
 // --- special files --------------------------------------------------------------------------------
