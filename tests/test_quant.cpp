@@ -113,6 +113,70 @@ TEST(QuantGolden, RmsErrorTable) {
   }
 }
 
+// stress.txt: llama.cpp's results on kStressRows generated rows (the generator must stay identical to
+// tools/llamacpp_golden.cpp's; it uses integer hashing and exact float steps only).
+constexpr int64_t kStressRows = 2048;
+float stress_value(uint64_t i) {
+  uint64_t z = i + 0x9e3779b97f4a7c15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float t = float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+  const uint64_t row = i / kCols, block = (i % kCols) / 32;
+  const float scale = float(1u << (row % 16)) * (1.0f / 4096.0f);
+  switch (row % 4) {
+    case 0: return scale * t;
+    case 1: return scale * t * t * t;
+    case 2: return (z & 63) == 0 ? 16.0f * scale * t : scale * t;
+    default: return (row / 4 + block) % 3 == 0 ? 0.0f : scale * (t + 0.75f);
+  }
+}
+
+uint64_t fnv1a(const void* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 0x100000001b3ull;
+  return h;
+}
+
+struct StressResult {
+  std::string bytes_hash, floats_hash;
+  double rms = 0;
+};
+
+StressResult llama_stress(DType t) {
+  std::ifstream in(std::string(G4_FIXTURES_DIR) + "/quant/stress.txt");
+  std::string name;
+  StressResult r;
+  while (in >> name >> r.bytes_hash >> r.floats_hash >> r.rms)
+    if (name == dtype_name(t)) return r;
+  ADD_FAILURE() << "stress.txt has no " << dtype_name(t);
+  return {};
+}
+
+std::string hex(uint64_t h) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
+// Half a million values a type, 2048 K-quant super-blocks: enough for the scale searches to take
+// most of their branches (the 8 golden rows alone leave some untouched).
+TEST(QuantGolden, StressRowsMatchLlamaCppBitForBit) {
+  std::vector<float> x(size_t(kStressRows * kCols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = stress_value(i);
+  std::printf("| type | g4 RMS, stress rows | llama.cpp RMS, stress rows |\n|---|---|---|\n");
+  for (DType t : kBlockTypes) {
+    const StressResult llama = llama_stress(t);
+    const std::vector<uint8_t> bytes = encode(t, x, kStressRows, kCols);
+    EXPECT_EQ(hex(fnv1a(bytes.data(), bytes.size())), llama.bytes_hash) << dtype_name(t) << ": encode differs";
+    const std::vector<float> y = decode(t, bytes, kStressRows, kCols);
+    EXPECT_EQ(hex(fnv1a(y.data(), y.size() * 4)), llama.floats_hash) << dtype_name(t) << ": decode differs";
+    const double rms = rms_error(x.data(), y.data(), int64_t(x.size()));
+    EXPECT_LE(rms, llama.rms * (1 + 1e-8)) << dtype_name(t);  // llama.cpp's RMS is printed to 9 digits
+    std::printf("| %s | %.9g | %.9g |\n", dtype_name(t).c_str(), rms, llama.rms);
+  }
+}
+
 TEST(Quant, RowBytesFollowGgmlBlocks) {
   EXPECT_EQ(row_bytes(DType::Q8_0, 64), 68u);
   EXPECT_EQ(row_bytes(DType::Q4_0, 64), 36u);

@@ -4,6 +4,10 @@
 //   <TYPE>.q        llama.cpp's quantization of those rows (ggml_quantize_chunk, no importance
 //                   matrix: the reference quantize_row_<type>_ref)
 //   <TYPE>.f32      llama.cpp's dequantization of <TYPE>.q (the type traits' to_float)
+//   stress.txt      per type, FNV-1a hashes of llama.cpp's bytes and floats for kStressRows rows
+//                   that tests/test_quant.cpp regenerates exactly (integer hashing and exact float
+//                   steps, no libm), and llama.cpp's RMS error on them: many more blocks than the
+//                   files above could hold, so the quantizers' searches meet most of their branches.
 // The rows are fixed by a seeded generator, but the tests only read the files, so they do not
 // depend on this program's random numbers being reproducible elsewhere.
 #include <cmath>
@@ -42,6 +46,30 @@ std::vector<float> make_inputs() {
   return x;
 }
 
+// Must stay identical to stress_value in tests/test_quant.cpp.
+constexpr int kStressRows = 2048;
+float stress_value(uint64_t i) {
+  uint64_t z = i + 0x9e3779b97f4a7c15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float t = float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // uniform in [-1, 1)
+  const uint64_t row = i / kCols, block = (i % kCols) / 32;
+  const float scale = float(1u << (row % 16)) * (1.0f / 4096.0f);          // 2^-12 .. 2^3
+  switch (row % 4) {
+    case 0: return scale * t;                                             // uniform
+    case 1: return scale * t * t * t;                                     // peaked at zero
+    case 2: return (z & 63) == 0 ? 16.0f * scale * t : scale * t;        // outliers
+    default: return (row / 4 + block) % 3 == 0 ? 0.0f : scale * (t + 0.75f);  // zero blocks, offset
+  }
+}
+
+uint64_t fnv1a(const void* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 0x100000001b3ull;
+  return h;
+}
+
 void write_file(const std::string& path, const void* data, size_t bytes) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f || std::fwrite(data, 1, bytes, f) != bytes || std::fclose(f) != 0) {
@@ -63,6 +91,9 @@ int main(int argc, char** argv) {
 
   const ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
                              GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+  std::vector<float> sx(size_t(kStressRows) * kCols);
+  for (size_t i = 0; i < sx.size(); ++i) sx[i] = stress_value(i);
+  std::string stress;
   for (ggml_type t : types) {
     const size_t row = ggml_row_size(t, kCols);
     std::vector<uint8_t> q(row * kRows);
@@ -80,6 +111,19 @@ int main(int argc, char** argv) {
     write_file(out + "/" + upper + ".q", q.data(), q.size());
     write_file(out + "/" + upper + ".f32", y.data(), y.size() * 4);
     std::printf("%-5s %zu bytes a row\n", upper.c_str(), row);
+
+    std::vector<uint8_t> sq(row * kStressRows);
+    ggml_quantize_chunk(t, sx.data(), sq.data(), 0, kStressRows, kCols, nullptr);
+    std::vector<float> sy(sx.size());
+    ggml_get_type_traits(t)->to_float(sq.data(), sy.data(), int64_t(sy.size()));
+    double sum = 0;
+    for (size_t i = 0; i < sx.size(); ++i) sum += (double(sx[i]) - sy[i]) * (double(sx[i]) - sy[i]);
+    char line[160];
+    std::snprintf(line, sizeof line, "%s %016llx %016llx %.9g\n", upper.c_str(),
+                  (unsigned long long)fnv1a(sq.data(), sq.size()), (unsigned long long)fnv1a(sy.data(), sy.size() * 4),
+                  std::sqrt(sum / double(sx.size())));
+    stress += line;
   }
+  write_file(out + "/stress.txt", stress.data(), stress.size());
   return 0;
 }
