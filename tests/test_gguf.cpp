@@ -261,7 +261,7 @@ class Bytes {
   std::vector<uint8_t> data;
 };
 
-constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8;
+constexpr uint32_t kF32 = 0, kQ8_0 = 8;
 
 TEST(GgufMalformed, HandMadeValidFileParses) {
   Bytes b;
@@ -270,6 +270,24 @@ TEST(GgufMalformed, HandMadeValidFileParses) {
   const GgufFile file = parse_bytes(b.data);
   EXPECT_EQ(file.tensors().size(), 2u);
   EXPECT_EQ(file.tensors()[1].bytes, 68u);
+}
+
+// llama.cpp's block types read as g4 dtypes with ggml's block sizes (community files hold these).
+TEST(GgufMalformed, BlockTypesParseWithGgmlSizes) {
+  const struct { GgmlType type; DType dtype; uint64_t bytes; } cases[] = {
+      {GgmlType::Q4_0, DType::Q4_0, 2 * 8 * 18},  {GgmlType::Q4_1, DType::Q4_1, 2 * 8 * 20},
+      {GgmlType::Q5_0, DType::Q5_0, 2 * 8 * 22},  {GgmlType::Q5_1, DType::Q5_1, 2 * 8 * 24},
+      {GgmlType::Q8_0, DType::Q8_0, 2 * 8 * 34},  {GgmlType::Q4_K, DType::Q4_K, 2 * 144},
+      {GgmlType::Q5_K, DType::Q5_K, 2 * 176},     {GgmlType::Q6_K, DType::Q6_K, 2 * 210}};
+  for (const auto& c : cases) {
+    Bytes b;
+    b.header(1, 0).tensor("w", {256, 2}, uint32_t(c.type), 0).pad().zeros(c.bytes);
+    const GgufFile file = parse_bytes(b.data);
+    EXPECT_EQ(file.tensors()[0].dtype, c.dtype) << dtype_name(c.dtype);
+    EXPECT_EQ(file.tensors()[0].bytes, c.bytes) << dtype_name(c.dtype);
+    EXPECT_EQ(ggml_type_of(c.dtype), c.type) << dtype_name(c.dtype);
+    expect_error(std::vector<uint8_t>(b.data.begin(), b.data.end() - 1), "runs past the end");
+  }
 }
 
 TEST(GgufMalformed, BadMagicAndVersion) {
@@ -327,7 +345,8 @@ TEST(GgufMalformed, BadTensorTable) {
   expect_error(one({uint64_t(1) << 40, uint64_t(1) << 40}, kF32, 0, 32), "dimensions overflow");
   expect_error(one({8, 0}, kF32, 0, 32), "has dimension 0");
   expect_error(one({1, 1, 1, 1, 1}, kF32, 0, 32), "5 dimensions");
-  expect_error(one({32}, kQ4_0, 0, 32), "tensor 'w' has GGML type 2 (Q4_0), which g4 does not support");
+  expect_error(one({256}, 10, 0, 96), "tensor 'w' has GGML type 10 (Q2_K), which g4 does not support");
+  expect_error(one({128}, uint32_t(GgmlType::Q4_K), 0, 160), "Q4_K needs its innermost dimension to be a multiple of 256");
   expect_error(one({33}, kQ8_0, 0, 64), "multiple of 32");
   Bytes overlap;
   overlap.header(2, 0).tensor("a", {16}, kF32, 0).tensor("b", {16}, kF32, 32).pad().zeros(128);

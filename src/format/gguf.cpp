@@ -173,12 +173,20 @@ DType dtype_of_ggml(uint32_t ggml_type, const std::string& tensor) {
     case GgmlType::F16: return DType::F16;
     case GgmlType::BF16: return DType::BF16;
     case GgmlType::Q8_0: return DType::Q8_0;
+    case GgmlType::Q4_0: return DType::Q4_0;
+    case GgmlType::Q4_1: return DType::Q4_1;
+    case GgmlType::Q5_0: return DType::Q5_0;
+    case GgmlType::Q5_1: return DType::Q5_1;
+    case GgmlType::Q4_K: return DType::Q4_K;
+    case GgmlType::Q5_K: return DType::Q5_K;
+    case GgmlType::Q6_K: return DType::Q6_K;
   }
   throw Error("tensor '" + tensor + "' has GGML type " + ggml_type_name(ggml_type) +
-              ", which g4 does not support (supported: F32, F16, BF16, Q8_0)");
+              ", which g4 does not support (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
+              "Q5_K, Q6_K)");
 }
 
-// Bytes of a tensor with GGUF dims, or a clear error on overflow or a partial Q8_0 block.
+// Bytes of a tensor with GGUF dims, or a clear error on overflow or a partial block.
 uint64_t tensor_bytes(const std::vector<uint64_t>& dims, DType dtype, const std::string& tensor) {
   const uint64_t limit = uint64_t(std::numeric_limits<int64_t>::max());
   uint64_t rows = 1;
@@ -186,9 +194,9 @@ uint64_t tensor_bytes(const std::vector<uint64_t>& dims, DType dtype, const std:
     G4_CHECK(rows <= limit / dims[i], "tensor '" + tensor + "': dimensions overflow");
     rows *= dims[i];
   }
-  G4_CHECK(dtype != DType::Q8_0 || dims[0] % uint64_t(kQ8BlockSize) == 0,
-           "tensor '" + tensor + "': Q8_0 needs its innermost dimension to be a multiple of 32, got " +
-               std::to_string(dims[0]));
+  G4_CHECK(dims[0] % uint64_t(block_size(dtype)) == 0,
+           "tensor '" + tensor + "': " + dtype_name(dtype) + " needs its innermost dimension to be a multiple of " +
+               std::to_string(block_size(dtype)) + ", got " + std::to_string(dims[0]));
   G4_CHECK(dims[0] <= limit / 8, "tensor '" + tensor + "': dimensions overflow");
   const uint64_t row = row_bytes(dtype, int64_t(dims[0]));
   G4_CHECK(row == 0 || rows <= limit / row, "tensor '" + tensor + "': dimensions overflow");
@@ -288,6 +296,13 @@ GgmlType ggml_type_of(DType t) {
     case DType::F16: return GgmlType::F16;
     case DType::BF16: return GgmlType::BF16;
     case DType::Q8_0: return GgmlType::Q8_0;
+    case DType::Q4_0: return GgmlType::Q4_0;
+    case DType::Q4_1: return GgmlType::Q4_1;
+    case DType::Q5_0: return GgmlType::Q5_0;
+    case DType::Q5_1: return GgmlType::Q5_1;
+    case DType::Q4_K: return GgmlType::Q4_K;
+    case DType::Q5_K: return GgmlType::Q5_K;
+    case DType::Q6_K: return GgmlType::Q6_K;
     default: throw Error("g4 does not store " + dtype_name(t) + " tensors in GGUF files");
   }
 }

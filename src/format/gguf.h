@@ -105,7 +105,11 @@ class GgufMetadata {
 };
 
 // ggml's tensor type numbers for the types g4 stores.
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, BF16 = 30 };
+// ggml's type ids (ggml.h) for the types g4 reads.
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30
+};
 
 GgmlType ggml_type_of(DType t);  // throws for dtypes GGUF tensors cannot hold in g4
 std::string ggml_type_name(uint32_t ggml_type);

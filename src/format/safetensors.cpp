@@ -62,7 +62,14 @@ const char* dtype_string(DType t) {
     case DType::BF16: return "BF16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
-    case DType::Q8_0: break;
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: break;  // GGUF block formats have no safetensors dtype
   }
   throw Error("safetensors cannot store " + dtype_name(t));
 }

@@ -1,37 +1,15 @@
 #include "quant/quantize.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "quant/block_formats.h"
 #include "util/error.h"
 #include "util/half.h"
 
 namespace g4 {
 
 namespace {
-
-void encode_q8_0_block(const float* x, uint8_t* block) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < kQ8BlockSize; ++i) {
-    G4_CHECK(std::isfinite(x[i]), "Q8_0 cannot hold the non-finite value " + std::to_string(x[i]));
-    amax = std::max(amax, std::fabs(x[i]));
-  }
-  const float d = amax / 127.0f;
-  const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
-  const uint16_t d16 = f32_to_f16(d);
-  std::memcpy(block, &d16, 2);
-  int8_t* q = reinterpret_cast<int8_t*>(block + 2);
-  for (int64_t i = 0; i < kQ8BlockSize; ++i) q[i] = int8_t(std::roundf(x[i] * inverse));
-}
-
-void decode_q8_0_block(const uint8_t* block, float* out) {
-  uint16_t d16;
-  std::memcpy(&d16, block, 2);
-  const float d = f16_to_f32(d16);
-  const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
-  for (int64_t i = 0; i < kQ8BlockSize; ++i) out[i] = d * float(q[i]);
-}
 
 uint16_t encode_f16(float x) {
   const uint16_t h = f32_to_f16(x);
@@ -49,6 +27,16 @@ uint16_t load_u16(const void* row, int64_t i) {
   return v;
 }
 
+const BlockCodec& codec_for_row(DType dtype, int64_t n, bool encoding) {
+  const BlockCodec* codec = block_codec(dtype);
+  if (!codec)
+    throw Error(encoding ? "cannot store weights as " + dtype_name(dtype)
+                         : "cannot use a " + dtype_name(dtype) + " tensor as a weight");
+  G4_CHECK(n % codec->block_size == 0, dtype_name(dtype) + " rows need a multiple of " +
+                                           std::to_string(codec->block_size) + " elements, got " + std::to_string(n));
+  return *codec;
+}
+
 }  // namespace
 
 void encode_row(DType dtype, const float* x, int64_t n, void* out) {
@@ -60,13 +48,13 @@ void encode_row(DType dtype, const float* x, int64_t n, void* out) {
     case DType::F16:
       for (int64_t i = 0; i < n; ++i) store_u16(out, i, encode_f16(x[i]));
       return;
-    case DType::Q8_0:
-      G4_CHECK(n % kQ8BlockSize == 0, "Q8_0 rows need a multiple of 32 elements, got " + std::to_string(n));
-      for (int64_t b = 0; b < n / kQ8BlockSize; ++b)
-        encode_q8_0_block(x + b * kQ8BlockSize, static_cast<uint8_t*>(out) + b * kQ8BlockBytes);
-      return;
-    default: throw Error("cannot store weights as " + dtype_name(dtype));
+    default: break;
   }
+  const BlockCodec& codec = codec_for_row(dtype, n, true);
+  for (int64_t i = 0; i < n; ++i)
+    G4_CHECK(std::isfinite(x[i]), dtype_name(dtype) + " cannot hold the non-finite value " + std::to_string(x[i]));
+  for (int64_t b = 0; b < n / codec.block_size; ++b)
+    codec.encode(x + b * codec.block_size, static_cast<uint8_t*>(out) + b * codec.block_bytes);
 }
 
 void decode_row(DType dtype, const void* in, int64_t n, float* out) {
@@ -78,12 +66,19 @@ void decode_row(DType dtype, const void* in, int64_t n, float* out) {
     case DType::F16:
       for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_u16(in, i));
       return;
-    case DType::Q8_0:
-      for (int64_t b = 0; b < n / kQ8BlockSize; ++b)
-        decode_q8_0_block(static_cast<const uint8_t*>(in) + b * kQ8BlockBytes, out + b * kQ8BlockSize);
-      return;
-    default: throw Error("cannot use a " + dtype_name(dtype) + " tensor as a weight");
+    default: break;
   }
+  const BlockCodec& codec = codec_for_row(dtype, n, false);
+  for (int64_t b = 0; b < n / codec.block_size; ++b)
+    codec.decode(static_cast<const uint8_t*>(in) + b * codec.block_bytes, out + b * codec.block_size);
+}
+
+int64_t first_nonfinite_block(DType dtype, const void* in, int64_t n) {
+  const BlockCodec* codec = block_codec(dtype);
+  if (!codec) return -1;
+  for (int64_t b = 0; b < n / codec->block_size; ++b)
+    if (!codec->scales_finite(static_cast<const uint8_t*>(in) + b * codec->block_bytes)) return b;
+  return -1;
 }
 
 }  // namespace g4

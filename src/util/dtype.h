@@ -6,14 +6,22 @@
 
 namespace g4 {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, I64 };
+// Q* are GGUF's block formats (llama.cpp's ggml types): a row is a sequence of blocks, each block a
+// fixed number of weights stored in a fixed number of bytes (src/quant/block_formats.h has layouts).
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
 
-// Q8_0 (GGUF's layout): blocks of 32 weights, each block = f16 scale + 32 int8 values.
+// Q8_0: blocks of 32 weights, each block = f16 scale + 32 int8 values.
 inline constexpr int64_t kQ8BlockSize = 32;
 inline constexpr int64_t kQ8BlockBytes = 34;
+// K-quants group 256 weights in a super-block.
+inline constexpr int64_t kQkBlockSize = 256;
 
 std::string dtype_name(DType t);
-// Bytes of one row of `cols` elements (Q8_0 needs cols % 32 == 0).
+// Weights a block holds (1 for element types) and the bytes it takes.
+int64_t block_size(DType t);
+size_t block_bytes(DType t);
+inline bool is_block_quantized(DType t) { return block_size(t) > 1; }
+// Bytes of one row of `cols` elements; throws unless cols is a multiple of the block size.
 size_t row_bytes(DType t, int64_t cols);
 
 }  // namespace g4

@@ -1,0 +1,78 @@
+// Pieces the block codecs share (internal to src/quant/): f16 fields at unaligned addresses,
+// llama.cpp's rounding, nibble packing and the 6-bit scale/min packing of Q4_K and Q5_K.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "quant/block_formats.h"
+#include "util/half.h"
+
+namespace g4::quant {
+
+// Blocks are packed back to back (18, 22, 210 bytes...), so fields go through memcpy.
+inline float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+inline void store_f16(uint8_t* p, float x) {
+  const uint16_t h = f32_to_f16(x);
+  std::memcpy(p, &h, 2);
+}
+inline bool f16_finite(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return (h & 0x7c00u) != 0x7c00u;
+}
+
+// Round to nearest, ties to even, by adding 1.5 * 2^23 so the float unit rounds: the K-quant
+// reference uses this exact trick, and results must match it for every input it can see
+// (|x| < 2^22).
+inline int nearest_int(float x) {
+  const float shifted = x + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, 4);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// out[i] = lo[i] | hi[i] << 4 (values < 16): every 4-bit layout puts one run of weights in the low
+// nibbles and the next run in the high nibbles.
+inline void pack_nibbles(const uint8_t* lo, const uint8_t* hi, int n, uint8_t* out) {
+  for (int i = 0; i < n; ++i) out[i] = uint8_t((lo[i] & 0xF) | (hi[i] << 4));
+}
+inline void unpack_nibbles(const uint8_t* in, int n, uint8_t* lo, uint8_t* hi) {
+  for (int i = 0; i < n; ++i) {
+    lo[i] = in[i] & 0xF;
+    hi[i] = in[i] >> 4;
+  }
+}
+
+// Q4_K/Q5_K: 8 sub-blocks, each a 6-bit scale and a 6-bit min, in 12 bytes. Sub-blocks 0-3 hold
+// their values in the low 6 bits of bytes j (scale) and j+4 (min); sub-blocks 4-7 put the low 4 bits
+// in byte j+4 and their top 2 bits in the spare top bits of bytes j-4 (scale) and j (min).
+inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *min = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+// Writes sub-block j's scale and min (both < 64); sub-blocks must be written in order 0..7.
+inline void set_scale_min_k4(int j, uint8_t scale, uint8_t min, uint8_t* q) {
+  if (j < 4) {
+    q[j] = scale;
+    q[j + 4] = min;
+  } else {
+    q[j + 4] = uint8_t((scale & 0xF) | ((min & 0xF) << 4));
+    q[j - 4] |= uint8_t((scale >> 4) << 6);
+    q[j] |= uint8_t((min >> 4) << 6);
+  }
+}
+
+// The codecs of each family (legacy_blocks.cpp, k_blocks.cpp), for block_codec's table.
+extern const BlockCodec kQ8_0Codec, kQ4_0Codec, kQ4_1Codec, kQ5_0Codec, kQ5_1Codec;
+extern const BlockCodec kQ4_KCodec, kQ5_KCodec, kQ6_KCodec;
+
+}  // namespace g4::quant
