@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "model/gguf_model.h"
 #include "support/fixtures.h"
 
@@ -19,6 +21,25 @@ test::CommandResult stdout_of(const std::string& arguments) {
   test::CommandResult r;
   r.exit_code = test::run_command("( " + std::string(G4_BINARY) + " " + arguments + " 2>/dev/null )", &r.output);
   return r;
+}
+
+// A quantized export: inspect shows each type's share and the bits per weight; run says which
+// types it loads.
+TEST(Cli, QuantizedFilesShowTheirTypes) {
+  const std::string path = test::temp_dir("cli_q4_k") + "/demo-q4_k.gguf";
+  const test::CommandResult exported = test::run_g4("export --model-dir '" + std::string(G4_FIXTURES_DIR) +
+                                                    "/demo/hf' --output '" + path + "' --weights q4_k");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const test::CommandResult inspected = test::run_g4("inspect '" + path + "'");
+  ASSERT_EQ(inspected.exit_code, 0) << inspected.output;
+  const auto j = nlohmann::json::parse(inspected.output);
+  EXPECT_EQ(j["types"]["Q4_K"]["tensors"], 41);
+  EXPECT_EQ(j["types"]["Q8_0"]["tensors"], 1);  // the embedding keeps 8 bits
+  EXPECT_GT(j["bits_per_weight"].get<double>(), 4.5);
+  EXPECT_LT(j["bits_per_weight"].get<double>(), 6.0);
+  const test::CommandResult run = test::run_g4("run -m '" + path + "' -p hi -n 4 --temperature 0");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("weights: F32 x44, Q4_K x41, Q8_0 x1"), std::string::npos) << run.output;
 }
 
 TEST(Cli, Version) {

@@ -131,8 +131,8 @@ TEST_P(GgufExport, HalfPrecisionExportsReloadExactly) {
 }
 
 // A checkpoint directory holding `source`'s tensors widened to F32, with the fixture's config.
-std::string f32_checkpoint(const std::string& fixture, const TensorSource& source, const std::string& tag) {
-  const std::string dir = test::temp_dir("gguf_widened_" + fixture + "_" + tag);
+std::string f32_checkpoint(const std::string& checkpoint_dir, const TensorSource& source, const std::string& tag) {
+  const std::string dir = test::temp_dir("gguf_widened_" + tag);
   std::vector<std::vector<float>> values;
   std::vector<HostTensor> tensors;
   for (const std::string& name : source.names()) {
@@ -147,11 +147,46 @@ std::string f32_checkpoint(const std::string& fixture, const TensorSource& sourc
     tensors.push_back(f);
   }
   write_safetensors(dir + "/model.safetensors", tensors);
-  std::ifstream in(test::fixture_dir(fixture) + "/config.json");
+  std::ifstream in(checkpoint_dir + "/config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   config["torch_dtype"] = "float32";
   std::ofstream(dir + "/config.json") << config.dump();
   return dir;
+}
+
+// The 4-, 5- and 6-bit block types on the trained demo model (its 256-wide rows fit the K-quants'
+// 256-weight blocks): every matrix but the embedding is stored in the type (the embedding stays
+// Q8_0), the CPU computes exactly what the dequantized weights compute, and the logits stay near
+// transformers' float64 reference by a bound that grows as the bits shrink.
+TEST(GgufQuantizedExport, BlockTypesRunTheirDequantizedWeights) {
+  const test::Reference ref = test::load_demo_reference();
+  const std::string demo = std::string(G4_FIXTURES_DIR) + "/demo/hf";
+  // Relative L2 against float64 measured 2026-12-01 (CPU): Q6_K 0.012, Q5_K 0.025, Q5_1 0.026,
+  // Q5_0 0.028, Q4_K 0.048, Q4_1 0.052, Q4_0 0.057; the bounds are about twice those.
+  const std::pair<DType, double> cases[] = {{DType::Q6_K, 0.03}, {DType::Q5_K, 0.05}, {DType::Q5_1, 0.05},
+                                            {DType::Q5_0, 0.05}, {DType::Q4_K, 0.1},  {DType::Q4_1, 0.1},
+                                            {DType::Q4_0, 0.12}};
+  for (const auto& [type, bound] : cases) {
+    const std::string name = dtype_name(type);
+    const std::string path = test::temp_dir("gguf_demo_" + name) + "/demo.gguf";
+    ExportOptions options;
+    options.weights = type;
+    export_gguf(HfCheckpoint(demo), path, options);
+    const GgufModel model(path);
+    EXPECT_EQ(model.find("embed_tokens.weight")->dtype, DType::Q8_0) << name;
+    EXPECT_EQ(model.find("layers.0.mlp.down_proj.weight")->dtype, type) << name;
+    EXPECT_EQ(model.find("layers.5.self_attn.q_proj.weight")->dtype, type) << name;
+    const std::vector<float> logits = gguf_logits(path, ref);
+    CpuBackend backend(2);
+    auto dequantized = load_model(f32_checkpoint(demo, model, "demo_" + name), backend);
+    SessionOptions o;
+    o.max_seq_len = ref.positions + 1;
+    EXPECT_LE(test::max_abs_diff(logits, Session(*dequantized, backend, o).logits_all(ref.tokens)), kF32Tolerance)
+        << name;
+    const double error = test::relative_l2(test::stored_rows(logits, ref), ref.logits);
+    std::printf("  demo %s: relative L2 %.3g against transformers float64\n", name.c_str(), error);
+    EXPECT_LE(error, bound) << name;
+  }
 }
 
 // Files written before RoPE went float32 for every dtype carry `g4.rope_dtype` ("BF16" for bf16
@@ -197,7 +232,7 @@ TEST_P(GgufExport, Q8_0ExportIsWithinTheFormatBound) {
   }
   const std::vector<float> logits = gguf_logits(path, ref);
   CpuBackend backend(2);
-  auto dequantised = load_model(f32_checkpoint(GetParam(), model, "q8_0"), backend);
+  auto dequantised = load_model(f32_checkpoint(test::fixture_dir(GetParam()), model, GetParam() + "_q8_0"), backend);
   SessionOptions o;
   o.max_seq_len = ref.positions + 1;
   EXPECT_LE(test::max_abs_diff(logits, Session(*dequantised, backend, o).logits_all(ref.tokens)), kF32Tolerance);
@@ -283,7 +318,67 @@ TEST(GgufLayout, Q8_0FallsBackForRaggedInFeatures) {
   EXPECT_TRUE(note.empty());
   EXPECT_EQ(stored_dtype({64}, DType::BF16, DType::Q8_0, &note), DType::F32);
   EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, std::nullopt, &note), DType::BF16);
-  EXPECT_THROW(parse_weight_dtype("q4_0"), Error);
+  // K-quants need 256-wide rows: Q8_0 when 32 divides them, F16 otherwise.
+  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, DType::Q4_K, &note), DType::Q8_0);
+  EXPECT_NE(note.find("64 is not a multiple of 256"), std::string::npos) << note;
+  EXPECT_EQ(stored_dtype({64, 48}, DType::BF16, DType::Q4_0, &note), DType::F16);
+  EXPECT_EQ(stored_dtype({64, 256}, DType::BF16, DType::Q4_K, &note), DType::Q4_K);
+  // The embedding keeps 8 bits under a narrower type.
+  EXPECT_EQ(stored_dtype({64, 256}, DType::BF16, DType::Q4_K, &note, /*embedding=*/true), DType::Q8_0);
+  EXPECT_NE(note.find("embedding stays Q8_0"), std::string::npos) << note;
+  EXPECT_EQ(parse_weight_dtype("q4_k"), DType::Q4_K);
+  EXPECT_EQ(parse_weight_dtype("q6_k"), DType::Q6_K);
+  try {
+    parse_weight_dtype("q2_k");
+    ADD_FAILURE() << "q2_k accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q4_0"), std::string::npos) << e.what();
+  }
+}
+
+// A block whose f16 scale is NaN (a corrupt or hostile file) is refused at load, naming the tensor,
+// instead of turning the model's output into NaN.
+TEST(GgufQuantizedExport, ANanBlockScaleIsAClearError) {
+  const std::string path = export_fixture("tiny-31b-style", DType::Q4_0, "q4_0_nan");
+  uint64_t at = 0;
+  {
+    const GgufFile file(path);
+    const GgufTensorInfo* q = file.find_tensor("blk.1.attn_q.weight");
+    ASSERT_TRUE(q && q->dtype == DType::Q4_0);
+    at = file.data_offset() + q->offset + 3 * block_bytes(DType::Q4_0);  // block 3's scale
+  }
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(at));
+  const uint16_t nan = 0x7E00;
+  f.write(reinterpret_cast<const char*>(&nan), 2);
+  f.close();
+  CpuBackend backend(1);
+  try {
+    load_model(path, backend);
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'layers.1.self_attn.q_proj.weight': block 3 has a NaN or infinite scale"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A bf16 GPU cannot run 4-bit weights yet: loading says which tensor and type before allocating.
+TEST(GgufQuantizedExport, ABackendThatCannotRunATypeSaysSoAtLoad) {
+  class Bf16Only : public CpuBackend {
+   public:
+    Bf16Only() : CpuBackend(1) {}
+    bool runs_weight_dtype(DType t) const override { return t == DType::Q8_0 || !is_block_quantized(t); }
+  };
+  const std::string path = export_fixture("tiny-31b-style", DType::Q4_0, "q4_0");
+  Bf16Only backend;
+  try {
+    load_model(path, backend);
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is Q4_0, which the cpu backend does not run"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(backend.peak_memory_bytes(), 0u) << "nothing allocated before the check";
 }
 
 TEST(GgufProgram, FlagsAndTokenizerTravelWithTheFile) {
@@ -386,7 +481,7 @@ TEST(GgufCli, ExportErrorsLeaveNoFile) {
   };
   const std::vector<Case> cases = {
       {"--model-dir " + dir + "/missing --output " + output, "does not exist"},
-      {"--model-dir " + fixture + " --output " + output + " --weights q4_0", "--weights must be one of"},
+      {"--model-dir " + fixture + " --output " + output + " --weights q2_k", "--weights must be one of"},
       {"--model-dir " + fixture + " --output " + output + " --max-seq-len 100000", "max_seq_len 100000"},
       {"--model-dir " + fixture + " --output " + dir + "/no/such/dir/out.gguf", "cannot write"},
   };

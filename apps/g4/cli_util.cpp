@@ -1,6 +1,7 @@
 #include "cli_util.h"
 
 #include <charconv>
+#include <cstdio>
 #include <iostream>
 #include <iterator>
 
@@ -20,6 +21,31 @@ ModelImage demo_model() {
 void use_model_or_demo(EngineOptions& options, const std::string& model_path) {
   options.model_path = model_path;
   if (model_path.empty()) options.model_image = demo_model();
+}
+
+WeightTypes weight_types(const GgufFile& file) {
+  WeightTypes w;
+  uint64_t weights = 0, bytes = 0;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    uint64_t n = 1;
+    for (uint64_t d : t.dims) n *= d;
+    TypeUse& use = w.by_type[dtype_name(t.dtype)];
+    ++use.tensors;
+    use.weights += n;
+    use.bytes += t.bytes;
+    weights += n;
+    bytes += t.bytes;
+  }
+  w.bits_per_weight = weights ? 8.0 * double(bytes) / double(weights) : 0.0;
+  return w;
+}
+
+std::string WeightTypes::summary() const {
+  std::string s;
+  for (const auto& [type, use] : by_type) s += (s.empty() ? "" : ", ") + type + " x" + std::to_string(use.tensors);
+  char bits[48];
+  std::snprintf(bits, sizeof bits, " (%.2f bits per weight)", bits_per_weight);
+  return s + bits;
 }
 
 std::vector<int32_t> parse_id_list(const std::string& text) {

@@ -1,9 +1,11 @@
 // Small helpers shared by the g4 sub-commands.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "format/gguf.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 
@@ -14,6 +16,19 @@ namespace g4::cli {
 ModelImage demo_model();
 // The model the sub-commands run: `model_path`, or the embedded demo model when it is empty.
 void use_model_or_demo(EngineOptions& options, const std::string& model_path);
+
+// The tensor types of a GGUF file: per type the tensor count, weights and bytes, and the file's
+// bits per weight (g4 inspect prints them; g4 run and chat say which types they load).
+struct TypeUse {
+  int tensors = 0;
+  uint64_t weights = 0, bytes = 0;
+};
+struct WeightTypes {
+  std::map<std::string, TypeUse> by_type;
+  double bits_per_weight = 0;
+  std::string summary() const;  // "Q4_K x41, Q8_0 x1, F32 x44 (5.25 bits per weight)"
+};
+WeightTypes weight_types(const GgufFile& file);
 
 // Parses "1,2,3" into ids; throws g4::Error naming the bad element.
 std::vector<int32_t> parse_id_list(const std::string& text);

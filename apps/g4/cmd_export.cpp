@@ -16,6 +16,7 @@ namespace {
 
 struct ExportCommandOptions {
   std::string model_dir, output, weights;
+  bool quantize_embedding = false;
   bool sample = false;
   int64_t max_seq_len = 0;
 };
@@ -37,6 +38,7 @@ void run_export(const ExportCommandOptions& o) {
   options.use_sampling = o.sample;
   options.max_seq_len = o.max_seq_len;
   if (!o.weights.empty()) options.weights = parse_weight_dtype(o.weights);
+  options.quantize_embedding = o.quantize_embedding;
   G4_CHECK(o.max_seq_len >= 0, "--max-seq-len must be positive");
   HfCheckpoint checkpoint(o.model_dir);
   // A terminal gets a progress bar; logs get one line per tensor.
@@ -70,7 +72,10 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--output", opts->output, "The model file to write (.gguf)")->required();
   cmd->add_flag("--sample", opts->sample, "Make a sampling program (forward returns the sampled token)");
   cmd->add_option("--weights", opts->weights,
-                  "Matrix dtype: f32, bf16, f16 or q8_0 (default: each matrix's checkpoint dtype); norms stay f32");
+                  "Matrix dtype: f32, bf16, f16, q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1 or q4_0 (default: each "
+                  "matrix's checkpoint dtype); norms stay f32, the embedding stays q8_0 under fewer than 8 bits");
+  cmd->add_flag("--quantize-embedding,--quantize_embedding", opts->quantize_embedding,
+                "Store the token embedding in --weights' type even below 8 bits");
   cmd->add_option("--max-seq-len,--max_seq_len", opts->max_seq_len,
                   "Context size (default: min(max_position_embeddings, 4096))");
   cmd->callback([opts] { run_export(*opts); });

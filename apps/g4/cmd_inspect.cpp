@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "format/gguf.h"
 
@@ -45,8 +46,13 @@ void run_inspect(const std::string& path, bool full) {
   for (const GgufTensorInfo& t : file.tensors())
     tensors.push_back({{"name", t.name}, {"type", dtype_name(t.dtype)}, {"dims", t.dims}, {"offset", t.offset},
                        {"bytes", t.bytes}});
+  const WeightTypes w = weight_types(file);
+  json types = json::object();
+  for (const auto& [type, use] : w.by_type)
+    types[type] = {{"tensors", use.tensors}, {"weights", use.weights}, {"bytes", use.bytes}};
   const json out = {{"file", path}, {"version", file.version()}, {"alignment", file.alignment()},
-                    {"data_offset", file.data_offset()}, {"metadata", metadata}, {"tensors", tensors}};
+                    {"data_offset", file.data_offset()}, {"bits_per_weight", w.bits_per_weight},
+                    {"types", types}, {"metadata", metadata}, {"tensors", tensors}};
   std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
 }
 

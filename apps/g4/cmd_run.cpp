@@ -42,7 +42,7 @@ std::vector<int32_t> prompt_ids(const RunOptions& o, const std::optional<Tokeniz
 }
 
 void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r, const EffectiveSampling& sampling,
-                  const Backend& backend) {
+                  const Backend& backend, const std::string& model_path) {
   const double prefill_tps = r.prefill_seconds > 0 ? double(prompt.size()) / r.prefill_seconds : 0;
   const double decode_tps =
       r.decode_seconds > 0 && r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0;
@@ -53,6 +53,9 @@ void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r,
                r.stop_token >= 0 ? " (stopped at a stop token)" : r.context_full ? " (context full)" : "",
                r.prefill_seconds, prefill_tps, decode_tps, peak_host_mib(), backend.name().c_str(),
                double(backend.peak_memory_bytes()) / double(1 << 20));
+  // Which weight types the model file holds (a checkpoint directory or the demo: its own dtype).
+  if (std::filesystem::is_regular_file(model_path))
+    std::fprintf(stderr, "weights: %s\n", weight_types(GgufFile(model_path)).summary().c_str());
 }
 
 void run(const RunOptions& o) {
@@ -92,7 +95,7 @@ void run(const RunOptions& o) {
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);  // the text before the report, also when stdout is a pipe
-  print_report(request.prompt, result, sampling, engine->backend());
+  print_report(request.prompt, result, sampling, engine->backend(), o.gen.model_path);
 }
 
 }  // namespace

@@ -66,6 +66,8 @@ class Backend {
   // Make a weight usable by matmul/embed/norm ops. `storage` is the type the caller wants kept
   // (the file's type, or F32); the backend may pick its own (e.g. CUDA keeps BF16).
   virtual Tensor upload_weight(const HostTensor& w) = 0;
+  // Whether upload_weight takes weights stored as `t`; loaders ask before allocating anything.
+  virtual bool runs_weight_dtype(DType t) const = 0;
 
   // ---- ops ----
   // out[i] = table[ids[i]] * scale (scale applied in the activation dtype).

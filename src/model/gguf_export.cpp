@@ -3,6 +3,7 @@
 #include "model/generation_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -48,7 +49,8 @@ std::vector<PlannedTensor> plan_tensors(const HfCheckpoint& checkpoint, const Ex
     PlannedTensor p;
     p.source = *checkpoint.find(spec.name);
     p.plan = {gguf_tensor_name(spec.name), spec.shape,
-              stored_dtype(spec.shape, p.source.dtype, options.weights, &p.note)};
+              stored_dtype(spec.shape, p.source.dtype, options.weights, &p.note,
+                           spec.name == "embed_tokens.weight" && !options.quantize_embedding)};
     planned.push_back(std::move(p));
   }
   auto factors = std::make_shared<std::vector<float>>(rope_freq_factors(c));
@@ -103,22 +105,45 @@ std::optional<std::string> read_tokenizer_json(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+constexpr DType kWeightDtypes[] = {DType::F32,  DType::BF16, DType::F16,  DType::Q8_0, DType::Q6_K, DType::Q5_K,
+                                   DType::Q5_1, DType::Q5_0, DType::Q4_K, DType::Q4_1, DType::Q4_0};
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// Fewer than 8 bits a weight: the embedding (also the tied LM head) stays Q8_0, as the reference
+// design's quantizer keeps it, unless the caller asks for it explicitly.
+bool below_8_bits(DType t) { return is_block_quantized(t) && t != DType::Q8_0; }
+
+}  // namespace
+
 DType parse_weight_dtype(const std::string& name) {
-  if (name == "f32") return DType::F32;
-  if (name == "bf16") return DType::BF16;
-  if (name == "f16") return DType::F16;
-  if (name == "q8_0") return DType::Q8_0;
-  throw Error("--weights must be one of f32, bf16, f16, q8_0 (got '" + name + "')");
+  std::string known;
+  for (DType t : kWeightDtypes) {
+    if (lower(dtype_name(t)) == name) return t;
+    known += (known.empty() ? "" : ", ") + lower(dtype_name(t));
+  }
+  throw Error("--weights must be one of " + known + " (got '" + name + "')");
 }
 
 DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested,
-                   std::string* note) {
+                   std::string* note, bool embedding) {
   note->clear();
   if (shape.size() != 2) return DType::F32;
-  const DType want = requested.value_or(source);
-  if (want == DType::Q8_0 && shape[1] % kQ8BlockSize != 0) {
-    *note = "in-features " + std::to_string(shape[1]) + " is not a multiple of 32: F16 instead of Q8_0";
-    return DType::F16;
+  DType want = requested.value_or(source);
+  if (embedding && below_8_bits(want)) {
+    *note = "the token embedding stays Q8_0 (8 bits)";
+    want = DType::Q8_0;
+  }
+  if (is_block_quantized(want) && shape[1] % block_size(want) != 0) {
+    const DType fallback = shape[1] % kQ8BlockSize == 0 && want != DType::Q8_0 ? DType::Q8_0 : DType::F16;
+    *note = "in-features " + std::to_string(shape[1]) + " is not a multiple of " + std::to_string(block_size(want)) +
+            ": " + dtype_name(fallback) + " instead of " + dtype_name(want);
+    return fallback;
   }
   return want;
 }

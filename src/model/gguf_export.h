@@ -17,6 +17,7 @@ struct ExportOptions {
   bool use_sampling = false;     // g4.use_sampling: the program returns a sampled token
   std::optional<DType> weights;  // dtype of the matrices; nullopt keeps each one's checkpoint dtype
   int64_t max_seq_len = 0;       // 0: min(max_position_embeddings, 4096)
+  bool quantize_embedding = false;  // below-8-bit weights for the embedding too (else it stays Q8_0)
 };
 
 // One tensor as written.
@@ -35,13 +36,17 @@ struct ExportResult {
   bool tokenizer_embedded = false;
 };
 
-// "f32", "bf16", "f16" or "q8_0"; throws g4::Error listing the choices otherwise.
+// "f32", "bf16", "f16", "q8_0", "q6_k", "q5_k", "q5_1", "q5_0", "q4_k", "q4_1" or "q4_0"; throws
+// g4::Error listing the choices otherwise.
 DType parse_weight_dtype(const std::string& name);
 
 // The dtype a tensor is stored as: 1-D tensors (norms, scalars) stay F32, matrices take `requested`
-// (nullopt: `source`), except that Q8_0 needs in-features % 32 == 0 and falls back to F16, as
-// llama.cpp's converter does; *note then says so.
-DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested, std::string* note);
+// (nullopt: `source`), except that a block type needs in-features divisible by its block size
+// (32, or 256 for K-quants) and falls back to Q8_0 (or F16 when 32 does not divide them either), as
+// llama.cpp's quantizer does, and that the `embedding` stays Q8_0 under a type of fewer than 8 bits;
+// *note then says why.
+DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested, std::string* note,
+                   bool embedding = false);
 
 // Writes `checkpoint` to `output` (via a unique temporary name beside it, renamed at the end;
 // nothing is left at either path on failure). Embeds <checkpoint dir>/tokenizer.json when present. Calls on_tensor

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "quant/quantize.h"
 #include "util/error.h"
 #include "util/progress.h"
 
@@ -54,10 +55,14 @@ void validate_tensors(const ModelConfig& c, const TensorSource& source) {
     G4_CHECK(t, "missing tensor '" + spec.name + "' (expected shape " + shape_string(spec.shape) + ")");
     G4_CHECK(t->shape == spec.shape, "tensor '" + spec.name + "' has shape " + shape_string(t->shape) +
                                          ", the config implies " + shape_string(spec.shape));
-    G4_CHECK(t->dtype == DType::F32 || t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::Q8_0,
+    G4_CHECK(t->dtype == DType::F32 || t->dtype == DType::BF16 || t->dtype == DType::F16 || is_block_quantized(t->dtype),
              "tensor '" + spec.name + "' has unsupported dtype " + dtype_name(t->dtype));
-    G4_CHECK(t->dtype != DType::Q8_0 || t->shape.size() == 2,
-             "tensor '" + spec.name + "': Q8_0 is only supported for matrices");
+    G4_CHECK(!is_block_quantized(t->dtype) || t->shape.size() == 2,
+             "tensor '" + spec.name + "': " + dtype_name(t->dtype) + " is only supported for matrices, not norms");
+    if (is_block_quantized(t->dtype)) {
+      const int64_t bad = first_nonfinite_block(t->dtype, t->data, t->numel());
+      G4_CHECK(bad < 0, "tensor '" + spec.name + "': block " + std::to_string(bad) + " has a NaN or infinite scale");
+    }
   }
 }
 
@@ -74,7 +79,13 @@ constexpr uint64_t kProgressThresholdBytes = uint64_t(1) << 30;
 ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend) {
   validate_tensors(c, source);
   uint64_t total = 0;
-  for (const auto& spec : expected_tensors(c)) total += source.find(spec.name)->bytes;
+  for (const auto& spec : expected_tensors(c)) {
+    const HostTensor& t = *source.find(spec.name);
+    G4_CHECK(backend.runs_weight_dtype(t.dtype), "tensor '" + spec.name + "' is " + dtype_name(t.dtype) +
+                                                     ", which the " + backend.name() +
+                                                     " backend does not run yet (the cpu backend does)");
+    total += t.bytes;
+  }
   std::optional<Progress> progress;
   if (total >= kProgressThresholdBytes) progress.emplace("loading weights (" + backend.name() + ")", total, "B");
   auto get = [&](const std::string& name) {

@@ -29,6 +29,7 @@ class CpuBackend : public Backend {
   void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
                      const Tensor& next_weight, const Tensor& next_out) override;
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
+  bool runs_weight_dtype(DType) const override { return true; }  // every row codec decodes to F32
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override;
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
   void synchronize() override {}

@@ -130,6 +130,11 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  // Weights are converted to BF16 at upload; the 4/5/6-bit block types have no converter yet.
+  bool runs_weight_dtype(DType t) const override {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
+  }
+
   void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
     expect_dtype(table, DType::BF16, "embedding table");
     // docs/DESIGN.md §2: the scale is a bf16 number when the activations are bf16 (as in transformers).
