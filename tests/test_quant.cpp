@@ -15,6 +15,7 @@
 
 #include "quant/block_formats.h"
 #include "quant/quantize.h"
+#include "support/quant_stress_rows.h"
 #include "util/error.h"
 
 namespace g4 {
@@ -113,24 +114,9 @@ TEST(QuantGolden, RmsErrorTable) {
   }
 }
 
-// stress.txt: llama.cpp's results on kStressRows generated rows (the generator must stay identical to
-// tools/llamacpp_golden.cpp's; it uses integer hashing and exact float steps only).
-constexpr int64_t kStressRows = 2048;
-float stress_value(uint64_t i) {
-  uint64_t z = i + 0x9e3779b97f4a7c15ull;  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const float t = float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
-  const uint64_t row = i / kCols, block = (i % kCols) / 32;
-  const float scale = float(1u << (row % 16)) * (1.0f / 4096.0f);
-  switch (row % 4) {
-    case 0: return scale * t;
-    case 1: return scale * t * t * t;
-    case 2: return (z & 63) == 0 ? 16.0f * scale * t : scale * t;
-    default: return (row / 4 + block) % 3 == 0 ? 0.0f : scale * (t + 0.75f);
-  }
-}
+// stress.txt: llama.cpp's results on the generated rows of support/quant_stress_rows.h.
+constexpr int64_t kStressRows = test::kQuantStressRows;
+static_assert(test::kQuantStressCols == kCols, "the stress rows have the golden rows' width");
 
 uint64_t fnv1a(const void* data, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -163,7 +149,7 @@ std::string hex(uint64_t h) {
 // most of their branches (the 8 golden rows alone leave some untouched).
 TEST(QuantGolden, StressRowsMatchLlamaCppBitForBit) {
   std::vector<float> x(size_t(kStressRows * kCols));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = stress_value(i);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = test::quant_stress_value(i);
   std::printf("| type | g4 RMS, stress rows | llama.cpp RMS, stress rows |\n|---|---|---|\n");
   for (DType t : kBlockTypes) {
     const StressResult llama = llama_stress(t);

@@ -4,7 +4,7 @@
 //   <TYPE>.q        llama.cpp's quantization of those rows (ggml_quantize_chunk, no importance
 //                   matrix: the reference quantize_row_<type>_ref)
 //   <TYPE>.f32      llama.cpp's dequantization of <TYPE>.q (the type traits' to_float)
-//   stress.txt      per type, FNV-1a hashes of llama.cpp's bytes and floats for kStressRows rows
+//   stress.txt      per type, FNV-1a hashes of llama.cpp's bytes and floats for g4::test::kQuantStressRows rows
 //                   that tests/test_quant.cpp regenerates exactly (integer hashing and exact float
 //                   steps, no libm), and llama.cpp's RMS error on them: many more blocks than the
 //                   files above could hold, so the quantizers' searches meet most of their branches.
@@ -16,6 +16,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "quant_stress_rows.h"
 
 #include "ggml.h"
 
@@ -46,23 +48,6 @@ std::vector<float> make_inputs() {
   return x;
 }
 
-// Must stay identical to stress_value in tests/test_quant.cpp.
-constexpr int kStressRows = 2048;
-float stress_value(uint64_t i) {
-  uint64_t z = i + 0x9e3779b97f4a7c15ull;  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const float t = float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // uniform in [-1, 1)
-  const uint64_t row = i / kCols, block = (i % kCols) / 32;
-  const float scale = float(1u << (row % 16)) * (1.0f / 4096.0f);          // 2^-12 .. 2^3
-  switch (row % 4) {
-    case 0: return scale * t;                                             // uniform
-    case 1: return scale * t * t * t;                                     // peaked at zero
-    case 2: return (z & 63) == 0 ? 16.0f * scale * t : scale * t;        // outliers
-    default: return (row / 4 + block) % 3 == 0 ? 0.0f : scale * (t + 0.75f);  // zero blocks, offset
-  }
-}
 
 uint64_t fnv1a(const void* data, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -91,8 +76,8 @@ int main(int argc, char** argv) {
 
   const ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
                              GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-  std::vector<float> sx(size_t(kStressRows) * kCols);
-  for (size_t i = 0; i < sx.size(); ++i) sx[i] = stress_value(i);
+  std::vector<float> sx(size_t(g4::test::kQuantStressRows) * kCols);
+  for (size_t i = 0; i < sx.size(); ++i) sx[i] = g4::test::quant_stress_value(i);
   std::string stress;
   for (ggml_type t : types) {
     const size_t row = ggml_row_size(t, kCols);
@@ -112,8 +97,8 @@ int main(int argc, char** argv) {
     write_file(out + "/" + upper + ".f32", y.data(), y.size() * 4);
     std::printf("%-5s %zu bytes a row\n", upper.c_str(), row);
 
-    std::vector<uint8_t> sq(row * kStressRows);
-    ggml_quantize_chunk(t, sx.data(), sq.data(), 0, kStressRows, kCols, nullptr);
+    std::vector<uint8_t> sq(row * g4::test::kQuantStressRows);
+    ggml_quantize_chunk(t, sx.data(), sq.data(), 0, g4::test::kQuantStressRows, kCols, nullptr);
     std::vector<float> sy(sx.size());
     ggml_get_type_traits(t)->to_float(sq.data(), sy.data(), int64_t(sy.size()));
     double sum = 0;

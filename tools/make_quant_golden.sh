@@ -15,7 +15,7 @@ cmake -S "$src" -B "$build" -DGGML_CUDA=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -
   -DCMAKE_BUILD_TYPE=Release >/dev/null 2>&1
 cmake --build "$build" -j2 --target ggml-base >/dev/null
 lib=$(find "$build" -name 'libggml-base.so*' -o -name 'libggml-base.a' | head -n1)
-c++ -std=c++17 -O2 -I"$src/ggml/include" "$root/tools/llamacpp_golden.cpp" "$lib" -Wl,-rpath,"$(dirname "$lib")" \
+c++ -std=c++17 -O2 -I"$src/ggml/include" -I"$root/tests/support" "$root/tools/llamacpp_golden.cpp" "$lib" -Wl,-rpath,"$(dirname "$lib")" \
   -o "$build/llamacpp_golden"
 mkdir -p "$out"
 "$build/llamacpp_golden" "$out"
