@@ -318,9 +318,12 @@ TEST(GgufLayout, Q8_0FallsBackForRaggedInFeatures) {
   EXPECT_TRUE(note.empty());
   EXPECT_EQ(stored_dtype({64}, DType::BF16, DType::Q8_0, &note), DType::F32);
   EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, std::nullopt, &note), DType::BF16);
-  // K-quants need 256-wide rows: Q8_0 when 32 divides them, F16 otherwise.
-  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, DType::Q4_K, &note), DType::Q8_0);
-  EXPECT_NE(note.find("64 is not a multiple of 256"), std::string::npos) << note;
+  // K-quants need 256-wide rows; llama.cpp's fallbacks: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0.
+  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, DType::Q4_K, &note), DType::Q5_0);
+  EXPECT_NE(note.find("64 is not a multiple of 256: Q5_0 instead of Q4_K"), std::string::npos) << note;
+  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, DType::Q5_K, &note), DType::Q5_1);
+  EXPECT_EQ(stored_dtype({64, 64}, DType::BF16, DType::Q6_K, &note), DType::Q8_0);
+  EXPECT_EQ(stored_dtype({64, 48}, DType::BF16, DType::Q6_K, &note), DType::F16);
   EXPECT_EQ(stored_dtype({64, 48}, DType::BF16, DType::Q4_0, &note), DType::F16);
   EXPECT_EQ(stored_dtype({64, 256}, DType::BF16, DType::Q4_K, &note), DType::Q4_K);
   // The embedding keeps 8 bits under a narrower type.
@@ -333,6 +336,40 @@ TEST(GgufLayout, Q8_0FallsBackForRaggedInFeatures) {
     ADD_FAILURE() << "q2_k accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("q4_0"), std::string::npos) << e.what();
+  }
+}
+
+// llama.cpp's Q4_K_M per-tensor choice: Q6_K for the output matrix and for attn_v / ffn_down in the
+// first and last eighth of the layers and every third layer between, Q4_K elsewhere. For the 31B
+// shape (60 layers, 50 of them with a v_proj) and for the demo model's export.
+TEST(GgufQuantizedExport, Q4_K_MChoosesLlamaCppsTypes) {
+  ExportOptions o;
+  o.weights = DType::Q4_K;
+  o.q4_k_m = true;
+  auto down = [&](int layer) {
+    return requested_dtype("layers." + std::to_string(layer) + ".mlp.down_proj.weight", o, 60, 0, 50);
+  };
+  for (int layer : {0, 6, 9, 12, 51, 52, 59}) EXPECT_EQ(down(layer), DType::Q6_K) << layer;
+  for (int layer : {7, 8, 10, 11, 50}) EXPECT_EQ(down(layer), DType::Q4_K) << layer;
+  auto v = [&](int index) { return requested_dtype("layers.3.self_attn.v_proj.weight", o, 60, index, 50); };
+  for (int index : {0, 5, 8, 43, 49}) EXPECT_EQ(v(index), DType::Q6_K) << index;
+  for (int index : {6, 7, 9, 42}) EXPECT_EQ(v(index), DType::Q4_K) << index;
+  EXPECT_EQ(requested_dtype("embed_tokens.weight", o, 60, 0, 50), DType::Q6_K);
+  EXPECT_EQ(requested_dtype("layers.3.self_attn.q_proj.weight", o, 60, 0, 50), DType::Q4_K);
+  EXPECT_EQ(requested_dtype("layers.3.mlp.gate_proj.weight", o, 60, 0, 50), DType::Q4_K);
+
+  const std::string path = test::temp_dir("gguf_demo_q4_k_m") + "/demo.gguf";
+  export_gguf(HfCheckpoint(std::string(G4_FIXTURES_DIR) + "/demo/hf"), path, o);
+  const GgufModel model(path);
+  EXPECT_EQ(model.find("embed_tokens.weight")->dtype, DType::Q8_0);  // 8 bits unless asked otherwise
+  for (int layer = 0; layer < 6; ++layer) {
+    const std::string p = "layers." + std::to_string(layer) + ".";
+    EXPECT_EQ(model.find(p + "mlp.down_proj.weight")->dtype, layer == 2 || layer == 5 ? DType::Q6_K : DType::Q4_K)
+        << layer;
+    if (layer < 5)  // five sliding layers have a v_proj: the 3rd and the 5th get more bits
+      EXPECT_EQ(model.find(p + "self_attn.v_proj.weight")->dtype, layer == 2 || layer == 4 ? DType::Q6_K : DType::Q4_K)
+          << layer;
+    EXPECT_EQ(model.find(p + "mlp.up_proj.weight")->dtype, DType::Q4_K) << layer;
   }
 }
 

@@ -37,7 +37,8 @@ void run_export(const ExportCommandOptions& o) {
   ExportOptions options;
   options.use_sampling = o.sample;
   options.max_seq_len = o.max_seq_len;
-  if (!o.weights.empty()) options.weights = parse_weight_dtype(o.weights);
+  options.q4_k_m = o.weights == "q4_k_m";
+  if (!o.weights.empty()) options.weights = parse_weight_dtype(options.q4_k_m ? "q4_k" : o.weights);
   options.quantize_embedding = o.quantize_embedding;
   G4_CHECK(o.max_seq_len >= 0, "--max-seq-len must be positive");
   HfCheckpoint checkpoint(o.model_dir);
@@ -72,8 +73,9 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--output", opts->output, "The model file to write (.gguf)")->required();
   cmd->add_flag("--sample", opts->sample, "Make a sampling program (forward returns the sampled token)");
   cmd->add_option("--weights", opts->weights,
-                  "Matrix dtype: f32, bf16, f16, q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1 or q4_0 (default: each "
-                  "matrix's checkpoint dtype); norms stay f32, the embedding stays q8_0 under fewer than 8 bits");
+                  "Matrix dtype: f32, bf16, f16, q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, or q4_k_m "
+                  "(llama.cpp's mix of q4_k and q6_k) (default: each matrix's checkpoint dtype); norms stay f32, the "
+                  "embedding stays q8_0 under fewer than 8 bits");
   cmd->add_flag("--quantize-embedding,--quantize_embedding", opts->quantize_embedding,
                 "Store the token embedding in --weights' type even below 8 bits");
   cmd->add_option("--max-seq-len,--max_seq_len", opts->max_seq_len,

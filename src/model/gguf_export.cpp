@@ -45,11 +45,15 @@ std::vector<PlannedTensor> plan_tensors(const HfCheckpoint& checkpoint, const Ex
   const ModelConfig& c = checkpoint.config();
   validate_tensors(c, checkpoint);
   std::vector<PlannedTensor> planned;
+  const int v_count = int(std::count_if(c.layers.begin(), c.layers.end(), [](const LayerConfig& l) { return !l.k_eq_v; }));
+  int v_index = 0;
   for (const TensorSpec& spec : expected_tensors(c)) {
     PlannedTensor p;
     p.source = *checkpoint.find(spec.name);
+    const std::optional<DType> requested = requested_dtype(spec.name, options, c.num_layers(), v_index, v_count);
+    if (spec.name.ends_with("self_attn.v_proj.weight")) ++v_index;
     p.plan = {gguf_tensor_name(spec.name), spec.shape,
-              stored_dtype(spec.shape, p.source.dtype, options.weights, &p.note,
+              stored_dtype(spec.shape, p.source.dtype, requested, &p.note,
                            spec.name == "embed_tokens.weight" && !options.quantize_embedding)};
     planned.push_back(std::move(p));
   }
@@ -127,7 +131,7 @@ DType parse_weight_dtype(const std::string& name) {
     if (lower(dtype_name(t)) == name) return t;
     known += (known.empty() ? "" : ", ") + lower(dtype_name(t));
   }
-  throw Error("--weights must be one of " + known + " (got '" + name + "')");
+  throw Error("--weights must be one of " + known + " or q4_k_m (got '" + name + "')");
 }
 
 DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested,
@@ -140,12 +144,31 @@ DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optiona
     want = DType::Q8_0;
   }
   if (is_block_quantized(want) && shape[1] % block_size(want) != 0) {
-    const DType fallback = shape[1] % kQ8BlockSize == 0 && want != DType::Q8_0 ? DType::Q8_0 : DType::F16;
+    // llama.cpp's quantizer's fallbacks: a K-quant to the 32-block type of about the same size,
+    // then F16 when 32 does not divide the rows either.
+    DType fallback = want == DType::Q4_K ? DType::Q5_0 : want == DType::Q5_K ? DType::Q5_1
+                     : want == DType::Q6_K ? DType::Q8_0 : DType::F16;
+    if (shape[1] % block_size(fallback) != 0) fallback = DType::F16;
     *note = "in-features " + std::to_string(shape[1]) + " is not a multiple of " + std::to_string(block_size(want)) +
             ": " + dtype_name(fallback) + " instead of " + dtype_name(want);
     return fallback;
   }
   return want;
+}
+
+std::optional<DType> requested_dtype(const std::string& name, const ExportOptions& options, int layers,
+                                     int v_index, int v_count) {
+  if (!options.q4_k_m) return options.weights;
+  // llama.cpp's Q4_K_M: Q4_K, with Q6_K for the output matrix and for attn_v and ffn_down in the
+  // first and last eighth of the layers and every third one between (its use_more_bits).
+  auto more_bits = [](int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
+  if (name == "lm_head.weight" || name == "embed_tokens.weight") return DType::Q6_K;
+  if (name.ends_with("self_attn.v_proj.weight")) return more_bits(v_index, v_count) ? DType::Q6_K : DType::Q4_K;
+  if (name.ends_with("mlp.down_proj.weight")) {
+    const int layer = std::stoi(name.substr(name.find('.') + 1));
+    return more_bits(layer, layers) ? DType::Q6_K : DType::Q4_K;
+  }
+  return DType::Q4_K;
 }
 
 ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& output, const ExportOptions& options,

@@ -18,6 +18,7 @@ struct ExportOptions {
   std::optional<DType> weights;  // dtype of the matrices; nullopt keeps each one's checkpoint dtype
   int64_t max_seq_len = 0;       // 0: min(max_position_embeddings, 4096)
   bool quantize_embedding = false;  // below-8-bit weights for the embedding too (else it stays Q8_0)
+  bool q4_k_m = false;              // llama.cpp's Q4_K_M mix of Q4_K and Q6_K (weights is then Q4_K)
 };
 
 // One tensor as written.
@@ -42,11 +43,17 @@ DType parse_weight_dtype(const std::string& name);
 
 // The dtype a tensor is stored as: 1-D tensors (norms, scalars) stay F32, matrices take `requested`
 // (nullopt: `source`), except that a block type needs in-features divisible by its block size
-// (32, or 256 for K-quants) and falls back to Q8_0 (or F16 when 32 does not divide them either), as
-// llama.cpp's quantizer does, and that the `embedding` stays Q8_0 under a type of fewer than 8 bits;
-// *note then says why.
+// (32, or 256 for K-quants) and falls back as llama.cpp's quantizer does (Q4_K to Q5_0, Q5_K to
+// Q5_1, Q6_K to Q8_0, then F16), and that the `embedding` stays Q8_0 under a type of fewer than 8
+// bits; *note then says why.
 DType stored_dtype(const std::vector<int64_t>& shape, DType source, std::optional<DType> requested, std::string* note,
                    bool embedding = false);
+// The type a checkpoint tensor (Hugging Face text name) is asked for: options.weights, or under
+// options.q4_k_m llama.cpp's Q4_K_M choice for it (v_index: the tensor's place among the
+// v_proj tensors, v_count of them, as llama.cpp counts attn_v). stored_dtype then applies the
+// fallbacks and the embedding rule.
+std::optional<DType> requested_dtype(const std::string& name, const ExportOptions& options, int layers, int v_index,
+                                     int v_count);
 
 // Writes `checkpoint` to `output` (via a unique temporary name beside it, renamed at the end;
 // nothing is left at either path on failure). Embeds <checkpoint dir>/tokenizer.json when present. Calls on_tensor
