@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 
 #include <algorithm>
 #include <cstdio>
@@ -169,11 +170,18 @@ GgufValue extreme_gguf_value(test::Mutator& m, const GgufValue& old) {
 
 TEST(Fuzz, GgufModel) {
   const std::string dir = test::temp_dir("fuzz_gguf");
-  ExportOptions options;
-  options.weights = DType::BF16;
-  export_gguf(HfCheckpoint(test::fixture_dir("tiny-31b-style")), dir + "/seed.gguf", options);
-  const GgufFile seed(dir + "/seed.gguf");
-  const std::string seed_bytes = read_text(dir + "/seed.gguf");
+  // Two seeds: bf16 weights, and 4-bit blocks (Q4_0 matrices, a Q8_0 embedding) whose scales the
+  // byte mutations below also reach.
+  std::vector<std::unique_ptr<GgufFile>> seeds;
+  std::vector<std::string> seed_texts;
+  for (DType type : {DType::BF16, DType::Q4_0}) {
+    ExportOptions options;
+    options.weights = type;
+    const std::string file = dir + "/seed-" + dtype_name(type) + ".gguf";
+    export_gguf(HfCheckpoint(test::fixture_dir("tiny-31b-style")), file, options);
+    seeds.push_back(std::make_unique<GgufFile>(file));
+    seed_texts.push_back(read_text(file));
+  }
   const std::string path = dir + "/mutated.gguf";
   Tally tally;
   auto attempt = [&](const std::string& file, const std::string& what) {
@@ -183,9 +191,16 @@ TEST(Fuzz, GgufModel) {
   test::Mutator mutator(test::fuzz_seed(2));
   const uint64_t runs = test::fuzz_runs(300);
   for (uint64_t run = 0; run < runs; ++run) {
-    if (mutator.next() % 4 == 0) {  // bytes of the metadata and tensor table
+    const size_t which = mutator.pick(seeds.size());
+    const GgufFile& seed = *seeds[which];
+    const std::string& seed_bytes = seed_texts[which];
+    if (const uint64_t kind = mutator.next() % 4; kind <= 1) {  // bytes of the header, or of the weights
       std::vector<uint8_t> bytes(seed_bytes.begin(), seed_bytes.end());
-      mutator.mutate_bytes(bytes, 0, seed.data_offset());
+      if (kind == 0) {
+        mutator.mutate_bytes(bytes, 0, seed.data_offset());
+      } else {
+        mutator.mutate_bytes(bytes, seed.data_offset(), bytes.size());
+      }
       write_text(path, std::string(bytes.begin(), bytes.end()));
     } else {  // values, keys and shapes, written by the writer so that the container stays valid
       std::vector<std::pair<std::string, GgufValue>> entries = seed.metadata().entries();
