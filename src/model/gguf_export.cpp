@@ -1,6 +1,7 @@
 #include "model/gguf_export.h"
 
 #include "model/generation_config.h"
+#include "model/gguf_tokenizer.h"
 
 #include <algorithm>
 #include <cctype>
@@ -179,9 +180,20 @@ ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& outp
   GgufMetadata metadata = gemma4_metadata(checkpoint.config(), result.program);
   write_generation_defaults(read_generation_config(checkpoint.dir()), metadata);
   if (auto tokenizer = read_tokenizer_json(checkpoint.dir())) {
+    // g4 reads tokenizer.huggingface.json; llama.cpp reads the tokenizer.ggml.* keys.
+    // A tokenizer llama.cpp's gemma4 one cannot express still travels for g4; the reason is kept.
+    try {
+      GgufMetadata ggml;
+      write_ggml_tokenizer(*tokenizer, checkpoint.config().vocab_size, ggml);
+      for (const auto& [key, value] : ggml.entries()) metadata.set(key, value);
+    } catch (const Error& e) {
+      result.ggml_tokenizer_skipped = e.what();
+    }
     metadata.set(gguf_key::kTokenizerJson, std::move(*tokenizer));
     result.tokenizer_embedded = true;
   }
+  if (auto chat_template = read_chat_template(checkpoint.dir()))
+    metadata.set(gguf_key::kChatTemplate, std::move(*chat_template));
   std::vector<GgufTensorPlan> plans;
   for (const PlannedTensor& p : planned) plans.push_back(p.plan);
   GgufWriter writer(output, metadata, std::move(plans));

@@ -35,6 +35,7 @@ struct ExportResult {
   size_t tensor_count = 0;
   uint64_t file_bytes = 0;
   bool tokenizer_embedded = false;
+  std::string ggml_tokenizer_skipped;  // why no tokenizer.ggml.* keys were written ("" when they were)
 };
 
 // "f32", "bf16", "f16", "q8_0", "q6_k", "q5_k", "q5_1", "q5_0", "q4_k", "q4_1" or "q4_0"; throws
@@ -56,7 +57,8 @@ std::optional<DType> requested_dtype(const std::string& name, const ExportOption
                                      int v_count);
 
 // Writes `checkpoint` to `output` (via a unique temporary name beside it, renamed at the end;
-// nothing is left at either path on failure). Embeds <checkpoint dir>/tokenizer.json when present. Calls on_tensor
+// nothing is left at either path on failure). Embeds <checkpoint dir>/tokenizer.json when present,
+// both as itself and as llama.cpp's tokenizer.ggml.* keys, and the chat template when there is one. Calls on_tensor
 // after each tensor is written.
 ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& output, const ExportOptions& options,
                          const std::function<void(const ExportedTensor&)>& on_tensor = {});

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "model/gguf_tokenizer.h"
 #include "util/error.h"
 
 namespace g4 {
@@ -327,8 +328,16 @@ GgufModel::GgufModel(const std::string& path) : GgufModel(GgufFile(path)) {}
 GgufModel::GgufModel(GgufFile file) : file_(std::move(file)) {
   config_ = gemma4_config(file_);
   program_ = program_flags(file_.metadata(), config_);
-  if (file_.metadata().find(gguf_key::kTokenizerJson))
+  if (file_.metadata().find(gguf_key::kTokenizerJson)) {
     tokenizer_json_ = file_.metadata().get_string(gguf_key::kTokenizerJson);
+  } else {
+    // Files from llama.cpp's converter carry only the tokenizer.ggml.* keys.
+    try {
+      tokenizer_json_ = tokenizer_json_from_ggml(file_.metadata());
+    } catch (const Error& e) {
+      throw Error("GGUF file '" + file_.name() + "': " + e.what());
+    }
+  }
   for (const GgufTensorInfo& info : file_.tensors()) {
     const std::string canonical = canonical_tensor_name(info.name);
     if (canonical.empty()) continue;

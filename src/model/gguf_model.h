@@ -76,7 +76,8 @@ class GgufModel : public TensorSource {
   const GgufFile& file() const { return file_; }
   const ModelConfig& config() const { return config_; }
   const ProgramFlags& program() const { return program_; }
-  // The checkpoint's tokenizer.json text (tokenizer.huggingface.json); nullopt when not embedded.
+  // The checkpoint's tokenizer.json text (tokenizer.huggingface.json), else the equivalent of the
+  // file's tokenizer.ggml.* keys (gguf_tokenizer.h); nullopt when the file has neither.
   const std::optional<std::string>& tokenizer_json() const { return tokenizer_json_; }
 
   const HostTensor* find(const std::string& name) const override;
