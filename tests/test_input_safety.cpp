@@ -38,20 +38,13 @@
 namespace g4 {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 json fixture_config() {
   return json::parse(std::ifstream(test::fixture_dir("tiny-31b-style") + "/config.json"));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // --- config.json numbers --------------------------------------------------------------------------

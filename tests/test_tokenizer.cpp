@@ -26,6 +26,8 @@
 namespace g4 {
 namespace {
 
+using test::error_of;
+
 using Ids = std::vector<int32_t>;
 
 constexpr int32_t kFirstByteId = 4;  // <0x00> .. <0xFF> are ids 4 .. 259
@@ -86,15 +88,6 @@ nlohmann::json toy_tokenizer_json() {
 const Tokenizer& toy() {
   static const Tokenizer tokenizer = Tokenizer::from_json(toy_tokenizer_json().dump());
   return tokenizer;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no g4::Error thrown)";
 }
 
 TEST(Tokenizer, LowestRankMergesFirst) {

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/error.h"
 #include "util/files.h"
 
 namespace g4::test {
@@ -159,6 +160,15 @@ std::string shared_artifact(const std::string& name, const std::function<void(co
   }
   close(fd);
   return path.string();
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no g4::Error thrown)";
 }
 
 std::string write_floats(const std::vector<float>& values, const std::string& name) {

@@ -64,6 +64,8 @@ bool gpu_required();
     GTEST_SKIP() << "no CUDA GPU (or built without CUDA): skipped";                                    \
   } while (0)
 
+// The message of the g4::Error that `action` throws, or "(no g4::Error thrown)".
+std::string error_of(const std::function<void()>& action);
 // Writes `values` (float32, native order) to a file `name` in a fresh temp_dir; returns its path.
 std::string write_floats(const std::vector<float>& values, const std::string& name);
 // Runs a shell command, returns its exit status and combined stdout+stderr.
