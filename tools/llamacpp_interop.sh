@@ -4,7 +4,8 @@
 #   cp -r ../shared/tools/llamacpp .llamacpp && .llamacpp/fetch.sh .llamacpp   # source, kept out of git
 #   tools/llamacpp_interop.sh [LLAMA_SRC=.llamacpp/src] [BUILD=/tmp/llama-cpu] [G4=build/g4]
 #                             [MODEL_DIR=tests/fixtures/demo/hf] [TYPES="bf16 q8_0 q4_0"]
-# Environment: PROMPT (default below), N (tokens, default 32), OUT (files, default a temp dir).
+# Environment: PROMPT (default below), N (tokens, default 32), OUT (files, default a temp dir),
+# JOBS (build jobs, default nproc).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 src=${1:-$root/.llamacpp/src}
@@ -20,7 +21,7 @@ out=${OUT:-$(mktemp -d)}
 if [ ! -x "$build/bin/llama-completion" ]; then
   cmake -S "$src" -B "$build" -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$build" -j2 --target llama-completion >/dev/null
+  cmake --build "$build" -j"${JOBS:-$(nproc)}" --target llama-completion >/dev/null
 fi
 for t in $types; do
   file=$out/model-$t.gguf
