@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # llama.cpp runs g4's exports: exports a checkpoint in each weight type, runs llama.cpp's
 # llama-completion and g4 greedily on the same raw prompt, and prints both texts.
-#   cp -r ../shared/tools/llamacpp .llamacpp && .llamacpp/fetch.sh .llamacpp   # source, kept out of git
+#   llama.cpp release v0.5.0 source in .llamacpp/src, kept out of git (e.g. from the npm package
+#   node-llama-cpp 3.22.1, which ships it as a git bundle); never committed
 #   tools/llamacpp_interop.sh [LLAMA_SRC=.llamacpp/src] [BUILD=/tmp/llama-cpu] [G4=build/g4]
 #                             [MODEL_DIR=tests/fixtures/demo/hf] [TYPES="bf16 q8_0 q4_0"]
 # Environment: PROMPT (default below), N (tokens, default 32), OUT (files, default a temp dir),

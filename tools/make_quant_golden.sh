@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates tests/fixtures/quant/ from the real llama.cpp (its ggml-base library, CPU only):
-#   cp -r ../shared/tools/llamacpp .llamacpp && .llamacpp/fetch.sh .llamacpp   # source, kept out of git
+#   llama.cpp release v0.5.0 source in .llamacpp/src, kept out of git (e.g. from the npm package
+#   node-llama-cpp 3.22.1, which ships it as a git bundle); never committed
 #   tools/make_quant_golden.sh [LLAMA_SRC=.llamacpp/src] [BUILD=/tmp/llama-cpu]
 # GGML_NATIVE=OFF keeps ggml's reference code free of FMA contractions, as g4's quant code is, so
 # the quantizers' float arithmetic is the same on both sides.
