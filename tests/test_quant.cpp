@@ -15,6 +15,7 @@
 
 #include "quant/block_formats.h"
 #include "quant/quantize.h"
+#include "support/fixtures.h"
 #include "support/quant_stress_rows.h"
 #include "util/error.h"
 
@@ -208,20 +209,10 @@ TEST(Quant, ZeroRowsStayZero) {
 TEST(QuantBadInput, RowLengthNotAMultipleOfTheBlock) {
   std::vector<float> x(300, 1.0f);
   std::vector<uint8_t> bytes(1024);
-  try {
-    encode_row(DType::Q4_K, x.data(), 300, bytes.data());
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Q4_K rows need a multiple of 256 elements, got 300"), std::string::npos)
-        << e.what();
-  }
-  try {
-    decode_row(DType::Q4_0, bytes.data(), 40, x.data());
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Q4_0 rows need a multiple of 32 elements, got 40"), std::string::npos)
-        << e.what();
-  }
+  const std::string encode = test::error_of([&] { encode_row(DType::Q4_K, x.data(), 300, bytes.data()); });
+  EXPECT_NE(encode.find("Q4_K rows need a multiple of 256 elements, got 300"), std::string::npos) << encode;
+  const std::string decode = test::error_of([&] { decode_row(DType::Q4_0, bytes.data(), 40, x.data()); });
+  EXPECT_NE(decode.find("Q4_0 rows need a multiple of 32 elements, got 40"), std::string::npos) << decode;
   EXPECT_THROW(row_bytes(DType::Q6_K, 128), Error);
 }
 
