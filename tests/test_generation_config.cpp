@@ -1,5 +1,5 @@
-// A checkpoint's generation_config.json becomes the model file's g4.generation.* defaults, which
-// g4 run uses for the sampling flags the user does not give.
+// A checkpoint's generation_config.json becomes the model file's sampling defaults (llama.cpp's
+// general.sampling.* keys), which g4 run uses for the sampling flags the user does not give.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -60,6 +60,34 @@ TEST(GenerationConfig, ExportedAndUsedByRun) {
   EXPECT_EQ(ids("--seed 1"), ids("--seed 2"));
   EXPECT_EQ(ids("--seed 1"), ids("--temperature 0 --seed 3"));
   EXPECT_NE(ids("--seed 1 --temperature 2 --top_k 0"), ids("--seed 2 --temperature 2 --top_k 0"));
+}
+
+TEST(GenerationConfig, FileKeysAreLlamaCppsAndEarlierG4Files) {
+  GenerationDefaults d;
+  d.temperature = 0.5f;
+  d.top_k = 40;
+  d.min_p = 0.05f;
+  GgufMetadata written;
+  write_generation_defaults(d, written);
+  // llama.cpp's converter and common/ use these keys and types (f32, i32).
+  EXPECT_EQ(written.get_float("general.sampling.temp"), 0.5);
+  EXPECT_EQ(written.get("general.sampling.top_k").type(), GgufType::I32);
+  EXPECT_FALSE(written.find("general.sampling.top_p"));
+  const auto back = read_generation_defaults(written);
+  EXPECT_EQ(back.temperature, 0.5f);
+  EXPECT_EQ(back.top_k, 40);
+  EXPECT_FALSE(back.top_p.has_value());
+  EXPECT_EQ(back.min_p, 0.05f);
+
+  GgufMetadata legacy;  // a file exported by an earlier g4
+  legacy.set("g4.generation.top_p", GgufValue(0.9f));
+  legacy.set("g4.generation.temperature", GgufValue(0.7f));
+  legacy.set("general.sampling.temp", GgufValue(0.25f));  // llama.cpp's key wins where both exist
+  const auto old = read_generation_defaults(legacy);
+  EXPECT_EQ(old.top_p, 0.9f);
+  EXPECT_EQ(old.temperature, 0.25f);
+  legacy.set("general.sampling.top_k", GgufValue(std::string("many")));
+  EXPECT_THROW(read_generation_defaults(legacy), Error);
 }
 
 }  // namespace

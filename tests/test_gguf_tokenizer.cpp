@@ -10,7 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend_factory.h"
 #include "model/gguf_export.h"
+#include "model/loader.h"
 #include "model/gguf_model.h"
 #include "model/gguf_tokenizer.h"
 #include "model/hf_checkpoint.h"
@@ -250,6 +252,27 @@ TEST(GgufTokenizer, ChatTemplateFromJinjaOrTokenizerConfig) {
   EXPECT_EQ(read_chat_template(dir), "{{ bos_token }}");
   std::ofstream(dir + "/chat_template.jinja") << "J";
   EXPECT_EQ(read_chat_template(dir), "J");
+}
+
+// The chat template travels through the file and back; a template in another model family's format
+// (Gemma 3's <start_of_turn>) gets a note, since g4 always formats Gemma 4's turns.
+TEST(GgufTokenizer, ChatTemplateIsReadBackAndAForeignOneIsNoted) {
+  const GgufFile demo(demo_export());
+  const std::string prompt = " run -n 1 --temperature 0 -p hello --model_path ";
+  for (const std::string& chat_template : {std::string("{{ bos_token }}<|turn>user\n{{ m }}<turn|>"),
+                                           std::string("{{ bos_token }}<start_of_turn>user\n{{ m }}<end_of_turn>")}) {
+    GgufMetadata m = demo.metadata();
+    m.set(gguf_key::kChatTemplate, chat_template);
+    const std::string path = rewrite(demo_export(), m, "chat_template");
+    auto backend = make_backend("cpu");
+    EXPECT_EQ(load_program(path, *backend).chat_template, chat_template);
+    const bool foreign = chat_template.find("<|turn>") == std::string::npos;
+    const test::CommandResult run = test::run_g4(prompt + path);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(run.output.find("chat template is not Gemma 4's") != std::string::npos, foreign) << run.output;
+    const test::CommandResult raw = test::run_g4(prompt + path + " --raw_prompt");
+    EXPECT_EQ(raw.output.find("chat template is not Gemma 4's"), std::string::npos) << raw.output;
+  }
 }
 
 }  // namespace

@@ -28,32 +28,12 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
-SEED = 20261130
+from demo_corpus import SEED, read_fortunes, validation_count
+from gemma_style_tokenizer import FIRST_BYTE_ID, tokenizer_spec
+
 VOCAB = 4096
 SEQ = 256
-FIRST_BYTE_ID = 238  # <0x00> .. <0xFF> at Gemma's ids 238..493
-GEMMA4_SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 46: "<|tool>", 47: "<tool|>",
-                   48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>", 51: "<tool_response|>",
-                   52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>", 105: "<|turn>",
-                   106: "<turn|>"}
 CHAT_PREFIX = "<|turn>user\n{}<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
-
-
-def read_fortunes(corpus_dir):
-    items = []
-    for name in sorted(os.listdir(corpus_dir)):
-        path = os.path.join(corpus_dir, name)
-        # fortune's index files (.dat), its .u8 links and the licence are not quotes
-        if name.isupper() or name.endswith((".dat", ".u8")) or os.path.islink(path) or not os.path.isfile(path):
-            continue
-        text = open(path, encoding="utf-8", errors="replace").read()
-        topic = name.replace("-", " ")
-        for block in text.split("\n%\n"):
-            block = block.strip("\n")
-            if 0 < len(block) <= 1200:
-                items.append((topic, block))
-    random.Random(SEED).shuffle(items)
-    return items
 
 
 def train_tokenizer(texts):
@@ -65,36 +45,9 @@ def train_tokenizer(texts):
     trainer = trainers.BpeTrainer(vocab_size=learned_size, limit_alphabet=160, show_progress=False)
     learner.train_from_iterator(texts, trainer=trainer)
     learned = json.loads(learner.to_str())["model"]
-    vocab = {}
-    for i in range(FIRST_BYTE_ID):
-        vocab[GEMMA4_SPECIALS.get(i, f"<unused{i}>")] = i
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = FIRST_BYTE_ID + b
-    for piece, _ in sorted(learned["vocab"].items(), key=lambda kv: kv[1]):
-        if piece not in vocab:
-            vocab[piece] = len(vocab)
+    pieces = [piece for piece, _ in sorted(learned["vocab"].items(), key=lambda kv: kv[1])]
     merges = [m.split(" ") if isinstance(m, str) else m for m in learned["merges"]]
-    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, s in sorted(GEMMA4_SPECIALS.items())]
-    spec = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
-        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
-                          "invert": False},
-        "post_processor": {"type": "TemplateProcessing",
-                           "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
-                                      {"Sequence": {"id": "A", "type_id": 0}}],
-                           "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
-                                    {"Sequence": {"id": "A", "type_id": 0}},
-                                    {"Sequence": {"id": "B", "type_id": 1}}],
-                           "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
-    }
+    spec = tokenizer_spec(pieces, merges)
     text = json.dumps(spec, ensure_ascii=False)
     return Tokenizer.from_str(text), text
 
@@ -160,7 +113,7 @@ def main():
     items = read_fortunes(corpus_dir)
     tok, tok_json = train_tokenizer([body for _, body in items])
     data = examples(tok, items)
-    split = len(data) // 20
+    split = validation_count(len(data))
     val, train = data[:split], data[split:]
     print(f"fortunes: {len(items)}, train {len(train)}, validation {len(val)}, "
           f"tokens {sum(map(len, data))}", flush=True)

@@ -164,6 +164,7 @@ void chat(const ChatOptions& o) {
   check_generation_flags(o.gen);
   std::unique_ptr<Engine> engine = open_engine(o.gen);
   const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
+  note_foreign_chat_template(*engine);
   G4_CHECK(tokenizer, "chat needs a tokenizer: the model has none embedded; pass --tokenizer_path");
   const EffectiveSampling sampling = effective_sampling(o.gen, engine->generation_defaults());
   const bool interactive = isatty(STDIN_FILENO);

@@ -34,10 +34,11 @@ void check_prompt_flags(const RunOptions& o) {
   G4_CHECK(!o.prompt_tokens_flag->count() || !o.prompt_tokens.empty(), "--prompt_tokens is empty: give ids such as 2,105");
 }
 
-std::vector<int32_t> prompt_ids(const RunOptions& o, const std::optional<Tokenizer>& tokenizer) {
+std::vector<int32_t> prompt_ids(const RunOptions& o, const std::optional<Tokenizer>& tokenizer, const Engine& engine) {
   if (o.prompt_tokens_flag->count()) return parse_id_list(o.prompt_tokens);
   G4_CHECK(tokenizer, "no tokenizer: the model has none embedded; pass --tokenizer_path or --prompt_tokens");
   const std::string text = o.prompt_file_flag->count() ? read_input(o.prompt_file) : o.prompt;
+  if (!o.raw_prompt) note_foreign_chat_template(engine);
   return encode_prompt(*tokenizer, text, o.raw_prompt, o.gen.bos_id);
 }
 
@@ -64,7 +65,7 @@ void run(const RunOptions& o) {
   std::unique_ptr<Engine> engine = open_engine(o.gen);
   const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
   GenerationRequest request;
-  request.prompt = prompt_ids(o, tokenizer);
+  request.prompt = prompt_ids(o, tokenizer, *engine);
   engine->session().check_input(request.prompt, 0);
   // Only once nothing can fail any more: the random seed line belongs to a run that happens.
   const EffectiveSampling sampling = effective_sampling(o.gen, engine->generation_defaults());

@@ -10,6 +10,7 @@ inline constexpr int kFailure = 1;
 inline constexpr const char* kVersion = "0.1.0";
 
 void add_logits_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_chat_command(CLI::App& app);

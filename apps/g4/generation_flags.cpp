@@ -144,6 +144,14 @@ std::optional<Tokenizer> open_tokenizer(const GenerationFlags& f, const Engine& 
   return std::nullopt;
 }
 
+void note_foreign_chat_template(const Engine& engine) {
+  const std::optional<std::string>& t = engine.chat_template();
+  if (!t || t->find("<|turn>") != std::string::npos) return;
+  std::fprintf(stderr,
+               "note: the model's chat template is not Gemma 4's (it has no <|turn>); g4 formats the prompt in "
+               "Gemma 4's chat format (--raw_prompt sends the text as it is)\n");
+}
+
 std::vector<int32_t> stop_ids(const GenerationFlags& f, const Engine& engine) {
   std::vector<int32_t> ids = {f.eos_id};
   ids.insert(ids.end(), kGemma4StopTokenIds.begin(), kGemma4StopTokenIds.end());

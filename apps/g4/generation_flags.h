@@ -52,6 +52,10 @@ std::string describe_sampling(const EffectiveSampling& sampling);
 // --tokenizer_path, else the model's own; nullopt when neither exists.
 std::optional<Tokenizer> open_tokenizer(const GenerationFlags& flags, const Engine& engine);
 
+// Prints a note on stderr when the model carries a chat template that is not Gemma 4's format
+// (no "<|turn>"): g4 formats conversations in Gemma 4's format whatever the file says.
+void note_foreign_chat_template(const Engine& engine);
+
 // The ids that end a reply: --eos_id, Gemma 4's <turn|> and <|tool_response>, the model's own.
 std::vector<int32_t> stop_ids(const GenerationFlags& flags, const Engine& engine);
 

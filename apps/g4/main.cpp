@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   g4::cli::add_run_command(app);
   g4::cli::add_chat_command(app);
   g4::cli::add_logits_command(app);
+  g4::cli::add_perplexity_command(app);
   g4::cli::add_bench_command(app);
   g4::cli::add_export_command(app);
   g4::cli::add_inspect_command(app);

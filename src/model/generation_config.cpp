@@ -11,10 +11,19 @@ namespace g4 {
 
 namespace {
 
-constexpr const char* kTemperature = "g4.generation.temperature";
-constexpr const char* kTopK = "g4.generation.top_k";
-constexpr const char* kTopP = "g4.generation.top_p";
-constexpr const char* kMinP = "g4.generation.min_p";
+// llama.cpp's keys (its converter writes them from generation_config.json and its tools read them);
+// files exported by earlier g4 versions carry the same values under g4.generation.*.
+constexpr const char* kTemperature = "general.sampling.temp";
+constexpr const char* kTopK = "general.sampling.top_k";
+constexpr const char* kTopP = "general.sampling.top_p";
+constexpr const char* kMinP = "general.sampling.min_p";
+constexpr const char* kLegacyPrefix = "g4.generation.";
+
+// The key holding a default: llama.cpp's, else its g4.generation.<name> predecessor; nullptr if neither.
+const char* key_of_default(const GgufMetadata& m, const char* key, const std::string& legacy_key) {
+  if (m.find(key)) return key;
+  return m.find(legacy_key) ? legacy_key.c_str() : nullptr;
+}
 
 template <typename T>
 std::optional<T> field(const nlohmann::json& j, const char* key, const std::string& path) {
@@ -51,10 +60,14 @@ void write_generation_defaults(const GenerationDefaults& d, GgufMetadata& m) {
 
 GenerationDefaults read_generation_defaults(const GgufMetadata& m) {
   GenerationDefaults d;
-  if (m.find(kTemperature)) d.temperature = float(m.get_float(kTemperature));
-  if (m.find(kTopK)) d.top_k = int32_t(m.get_int(kTopK));
-  if (m.find(kTopP)) d.top_p = float(m.get_float(kTopP));
-  if (m.find(kMinP)) d.min_p = float(m.get_float(kMinP));
+  const std::string legacy_temperature = std::string(kLegacyPrefix) + "temperature",
+                    legacy_top_k = std::string(kLegacyPrefix) + "top_k",
+                    legacy_top_p = std::string(kLegacyPrefix) + "top_p",
+                    legacy_min_p = std::string(kLegacyPrefix) + "min_p";
+  if (const char* k = key_of_default(m, kTemperature, legacy_temperature)) d.temperature = float(m.get_float(k));
+  if (const char* k = key_of_default(m, kTopK, legacy_top_k)) d.top_k = int32_t(m.get_int(k));
+  if (const char* k = key_of_default(m, kTopP, legacy_top_p)) d.top_p = float(m.get_float(k));
+  if (const char* k = key_of_default(m, kMinP, legacy_min_p)) d.min_p = float(m.get_float(k));
   return d;
 }
 

@@ -1,5 +1,6 @@
 // A checkpoint's sampling defaults (Hugging Face generation_config.json), which `g4 run` uses for
-// any sampling flag the user does not give (docs/DESIGN.md §3). Model files keep them as g4.generation.*.
+// any sampling flag the user does not give (docs/DESIGN.md §3). Model files keep them under
+// llama.cpp's general.sampling.* keys (g4.generation.* in files of earlier g4 versions, still read).
 #pragma once
 #include <cstdint>
 #include <optional>

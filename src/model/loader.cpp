@@ -4,6 +4,7 @@
 
 #include "model/hf_checkpoint.h"
 #include "model/gguf_model.h"
+#include "model/gguf_tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
 
@@ -22,6 +23,8 @@ LoadedProgram load_gguf(const GgufModel& file, Backend& backend) {
   out.program = file.program();
   out.tokenizer_json = file.tokenizer_json();
   out.generation = read_generation_defaults(file.file().metadata());
+  if (file.file().metadata().find(gguf_key::kChatTemplate))
+    out.chat_template = file.file().metadata().get_string(gguf_key::kChatTemplate);
   return out;
 }
 
@@ -37,6 +40,7 @@ LoadedProgram load_program(const std::string& path, Backend& backend) {
     out.program = default_program_flags(checkpoint.config(), false);
     out.tokenizer_json = read_file_if_exists((std::filesystem::path(path) / "tokenizer.json").string());
     out.generation = read_generation_config(path);
+    out.chat_template = read_chat_template(path);
     return out;
   }
   return load_gguf(GgufModel(path), backend);

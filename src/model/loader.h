@@ -22,6 +22,9 @@ struct LoadedProgram {
   ProgramFlags program;  // a checkpoint directory is a logits (non-sample) program
   std::optional<std::string> tokenizer_json;  // embedded, or the directory's tokenizer.json
   GenerationDefaults generation;              // the checkpoint's sampling defaults
+  // The file's tokenizer.chat_template (or the directory's chat template). g4 renders Gemma 4's
+  // chat format natively; the template says whether a file expects that format (docs/DESIGN.md §5).
+  std::optional<std::string> chat_template;
 };
 LoadedProgram load_program(const std::string& path, Backend& backend);
 

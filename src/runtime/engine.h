@@ -39,6 +39,7 @@ class Engine {
   bool use_sampling() const { return loaded_.program.use_sampling; }
   const std::optional<std::string>& tokenizer_json() const { return loaded_.tokenizer_json; }
   const GenerationDefaults& generation_defaults() const { return loaded_.generation; }
+  const std::optional<std::string>& chat_template() const { return loaded_.chat_template; }
   Backend& backend() { return *backend_; }
   Session& session() { return *session_; }
 
