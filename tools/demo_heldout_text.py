@@ -17,7 +17,10 @@ def main():
     items = read_fortunes(corpus_dir)
     validation = items[:validation_count(len(items))]
     with open(out_file, "w", encoding="utf-8") as f:
-        f.write("\n\n".join(body for _, body in validation[:quotes]) + "\n")
+        # One line, single spaces: llama.cpp's gemma4 tokenizer pre-splits at newlines where the
+        # demo's tokenizer.json (and transformers) merge across them, so text with newlines would
+        # give the two runtimes different tokens to score (docs/DESIGN.md §5).
+        f.write(" ".join(" ".join(body.split()) for _, body in validation[:quotes]) + "\n")
     print(f"{min(quotes, len(validation))} of {len(validation)} validation quotes -> {out_file}")
 
 

@@ -46,11 +46,14 @@ def tokenizer_spec(pieces, merges):
 
 
 if __name__ == "__main__":
-    # A tokenizer of exactly VOCAB ids with no merges (placeholder pieces after the byte tokens):
+    # A tokenizer of exactly VOCAB ids with three merges (llama.cpp refuses a BPE without merges)
+    # and placeholder pieces after them, for the random fixtures:
     #   python3 tools/gemma_style_tokenizer.py VOCAB OUT.json
     import json, sys
     vocab_size = int(sys.argv[1])
-    first_piece = FIRST_BYTE_ID + 256
-    assert vocab_size >= first_piece, f"a Gemma-style vocabulary needs at least {first_piece} ids"
-    spec = tokenizer_spec([f"<piece{i}>" for i in range(first_piece, vocab_size)], [])
+    pieces = ["▁", "t", "h", "e", "th", "▁t", "he"]
+    first_placeholder = FIRST_BYTE_ID + 256 + len(pieces)
+    assert vocab_size >= first_placeholder, f"a Gemma-style vocabulary needs at least {first_placeholder} ids"
+    pieces += [f"<piece{i}>" for i in range(first_placeholder, vocab_size)]
+    spec = tokenizer_spec(pieces, [["t", "h"], ["▁", "t"], ["h", "e"]])
     open(sys.argv[2], "w", encoding="utf-8").write(json.dumps(spec, ensure_ascii=False))

@@ -1,6 +1,6 @@
 // Golden logits from llama.cpp itself (built against its libllama; compiled by
 // tools/gpu_llamacpp_golden.sh, never part of g4): evaluates comma-separated token ids in one batch
-// from an empty cache and writes every position's logits as float32 [position][vocab].
+// from an empty cache on the CPU and writes every position's logits as float32 [position][vocab].
 //   llamacpp_logits MODEL.gguf IDS_FILE OUT.f32
 #include <cstdio>
 #include <fstream>
@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = cp.n_batch = cp.n_ubatch = uint32_t(ids.size());
   cp.n_threads = cp.n_threads_batch = 8;
+  // float32 K/V and no flash attention: the logits of the file's weights in float32 arithmetic
+  // (llama.cpp's default f16 cache alone moves them by ~5e-4 relative L2).
+  cp.type_k = cp.type_v = GGML_TYPE_F32;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) return 1;
   llama_batch batch = llama_batch_init(int32_t(ids.size()), 0, 1);
