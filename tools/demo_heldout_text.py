@@ -20,7 +20,7 @@ def main():
         # One line, single spaces: llama.cpp's gemma4 tokenizer pre-splits at newlines where the
         # demo's tokenizer.json (and transformers) merge across them, so text with newlines would
         # give the two runtimes different tokens to score (docs/DESIGN.md §5).
-        f.write(" ".join(" ".join(body.split()) for _, body in validation[:quotes]) + "\n")
+        f.write(" ".join(" ".join(body.split()) for _, body in validation[:quotes]))
     print(f"{min(quotes, len(validation))} of {len(validation)} validation quotes -> {out_file}")
 
 

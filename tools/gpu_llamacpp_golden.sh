@@ -85,5 +85,5 @@ tar cf "$OUT/demo-gguf.tar" demo/demo-q8_0.gguf demo/demo-q4_0.gguf demo/demo-q4
 tar cf "$OUT/demo-logits-native.tar" --exclude='*-f32.llama.f32' demo/*.llama.f32
 tar cf "$OUT/demo-logits-f32.tar" demo/*-f32.llama.f32
 tar cf "$OUT/tiny.tar" --exclude='*-f32.gguf' tiny/*.gguf tiny/*.llama.f32
-tar cf "$OUT/text.tar" log.txt demo/*.txt demo/*.log tiny/*.log
+tar cf "$OUT/text.tar" log.txt demo/*.txt demo/*.log tiny/*.txt tiny/*.log
 ls -la "$OUT"

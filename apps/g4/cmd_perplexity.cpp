@@ -1,6 +1,7 @@
 // g4 perplexity: a model's perplexity on a text and, against a base model, the KL divergence of its
 // next-token distributions, measured as llama.cpp's llama-perplexity does (runtime/perplexity.h),
 // so that quantized files can be compared across the two runtimes.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -37,9 +38,9 @@ void run_perplexity(const PerplexityFlags& f) {
   for (const int32_t id : tokenizer.encode(read_input(f.text_file), false)) tokens.push_back(id);
 
   auto backend = make_backend(f.backend);
-  SessionOptions so;
-  so.max_seq_len = f.measure.n_ctx;
   auto model = load_model(f.model_path, *backend);
+  SessionOptions so;
+  so.max_seq_len = std::max(f.measure.n_ctx, min_max_seq_len(model->config()));
   G4_CHECK(f.measure.bos_id >= 0 && f.measure.bos_id < model->config().vocab_size,
            "--bos_id " + std::to_string(f.measure.bos_id) + " is outside the model's vocabulary");
   Session session(*model, *backend, so);
