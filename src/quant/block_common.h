@@ -1,5 +1,5 @@
 // Pieces the block codecs share (internal to src/quant/): f16 fields at unaligned addresses,
-// llama.cpp's rounding, nibble packing and the 6-bit scale/min packing of Q4_K and Q5_K.
+// llama.cpp's rounding and nibble packing (the K-quants' 6-bit scales are in quant/k_scales.h).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -44,30 +44,6 @@ inline void unpack_nibbles(const uint8_t* in, int n, uint8_t* lo, uint8_t* hi) {
   for (int i = 0; i < n; ++i) {
     lo[i] = in[i] & 0xF;
     hi[i] = in[i] >> 4;
-  }
-}
-
-// Q4_K/Q5_K: 8 sub-blocks, each a 6-bit scale and a 6-bit min, in 12 bytes. Sub-blocks 0-3 hold
-// their values in the low 6 bits of bytes j (scale) and j+4 (min); sub-blocks 4-7 put the low 4 bits
-// in byte j+4 and their top 2 bits in the spare top bits of bytes j-4 (scale) and j (min).
-inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    *min = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-// Writes sub-block j's scale and min (both < 64); sub-blocks must be written in order 0..7.
-inline void set_scale_min_k4(int j, uint8_t scale, uint8_t min, uint8_t* q) {
-  if (j < 4) {
-    q[j] = scale;
-    q[j + 4] = min;
-  } else {
-    q[j + 4] = uint8_t((scale & 0xF) | ((min & 0xF) << 4));
-    q[j - 4] |= uint8_t((scale >> 4) << 6);
-    q[j] |= uint8_t((min >> 4) << 6);
   }
 }
 

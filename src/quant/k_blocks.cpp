@@ -1,5 +1,5 @@
 // The K-quants: super-blocks of 256 weights with per-sub-block scales.
-//   Q4_K / Q5_K: d, dmin (f16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32 (block_common.h),
+//   Q4_K / Q5_K: d, dmin (f16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32 (quant/k_scales.h),
 //     [Q5_K: qh, 32 bytes: bit 2c / 2c+1 of qh[l] is the 5th bit of weight l / l+32 of chunk c],
 //     qs, 128 bytes: chunk c of 64 weights keeps weight l in the low nibble of byte 32c+l and
 //     weight 32+l in the high nibble. w = d·scale·q − dmin·min.
@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "quant/block_common.h"
+#include "quant/k_scales.h"
 
 namespace g4::quant {
 namespace {
@@ -120,14 +121,14 @@ struct KBlock {
       // uint8_t first, then the clamp: the reference's order (it matters only for huge ratios).
       const uint8_t ls = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
       const uint8_t lm = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
-      set_scale_min_k4(j, ls, lm, packed);
+      set_k_scale_min(j, ls, lm, packed);
     }
     store_f16(block, max_scale / 63.0f);
     store_f16(block + 2, max_min / 63.0f);
     // Requantise against the rounded scales; a sub-block whose scale rounded to 0 keeps the search's L.
     for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      get_scale_min_k4(j, packed, &sc, &m);
+      int sc, m;
+      k_scale_min(j, packed, &sc, &m);
       const float d = load_f16(block) * float(sc);
       if (!d) continue;
       const float dm = load_f16(block + 2) * float(m);
@@ -154,8 +155,8 @@ struct KBlock {
       for (int i = 0; i < kSuper; ++i) q[i] |= uint8_t(((qh[i % 32] >> (i / 32)) & 1) << 4);
     }
     for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      get_scale_min_k4(j, block + kScales, &sc, &m);
+      int sc, m;
+      k_scale_min(j, block + kScales, &sc, &m);
       const float scale = d * float(sc);
       const float min = dmin * float(m);
       for (int i = 0; i < kSub; ++i) out[kSub * j + i] = scale * float(q[kSub * j + i]) - min;
