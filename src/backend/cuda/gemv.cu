@@ -4,10 +4,9 @@
 // the few activation rows are re-read through L1. Launched with PDL: a warp asks L2 for the head
 // of its weight row before the kernel waits for the activations, overlapping the previous
 // kernel's tail.
-#include <type_traits>
-
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -15,15 +14,8 @@ namespace g4 {
 
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
+constexpr int kWarpsPerBlock = kGemvWarpsPerBlock;
 constexpr int kUnroll = 4;  // independent 16-byte weight loads in flight per lane
-
-// Weights are read exactly once per step: bypass L1 so the activations stay resident there.
-__device__ inline uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 template <int T>
 __device__ inline void accumulate(const uint4& weights, const uint4* x, int64_t x_vecs_per_row, int64_t i,
@@ -39,12 +31,9 @@ __device__ inline void accumulate(const uint4& weights, const uint4* x, int64_t 
   }
 }
 
-// Asks L2 for the first bytes of a warp's weight row, the ones its first loads will read; issued
-// before pdl_wait() (weights depend on no earlier kernel), holding no registers while it waits.
+// The bytes of a warp's weight row that its first loads will read.
 __device__ inline void prefetch_row_head(const bf16* row, int64_t K, int lane) {
-  constexpr int kLineElems = 64;  // 128-byte lines
-  const int64_t head = min(K, int64_t(32 * kUnroll * 8));
-  if (lane * kLineElems < head) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + lane * kLineElems));
+  prefetch_l2(row, 2 * min(K, int64_t(32 * kUnroll * 8)), lane);
 }
 
 // acc[r][t] = x[t] · rows[r] for every token t and each of R weight rows, summed over the warp
@@ -82,22 +71,13 @@ __device__ inline void warp_rows_dot(const uint4* const (&rows)[R], const uint4*
     for (int t = 0; t < T; ++t) acc[r][t] = warp_reduce<SumOp>(acc[r][t]);
 }
 
-// The targets of one launch; block b serves target s when first_block[s] <= b < first_block[s + 1]
-// (unused targets have no blocks).
-struct GemvLaunch {
-  GemvTarget targets[kMaxGemvTargets];
-  unsigned first_block[kMaxGemvTargets + 1];
-};
-
 template <int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, GemvLaunch launch, int64_t K) {
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void gemv_kernel(const bf16* x, GemvTargets<GemvTarget> launch, int64_t K) {
   pdl_launch_dependents();
-  // Selected by value, not by a dynamic index, which would copy the parameters to local memory.
-  const int s = blockIdx.x >= launch.first_block[2] ? 2 : blockIdx.x >= launch.first_block[1] ? 1 : 0;
-  const GemvTarget target = s == 0 ? launch.targets[0] : s == 1 ? launch.targets[1] : launch.targets[2];
+  unsigned block_in_target;
+  const GemvTarget target = gemv_target(launch, &block_in_target);
   const int lane = threadIdx.x & 31;
-  const unsigned first_block = s == 0 ? 0u : s == 1 ? launch.first_block[1] : launch.first_block[2];
-  const int64_t row = int64_t(blockIdx.x - first_block) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = int64_t(block_in_target) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= target.rows) return;
   const bf16* wrow = target.w + row * K;
   prefetch_row_head(wrow, K, lane);
@@ -135,35 +115,14 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void gated_gelu_kernel(const b
   }
 }
 
-// Calls f(std::integral_constant<int, T>{}): the kernels keep one accumulator per token in registers,
-// so the token count is a template parameter.
-template <typename F>
-void with_token_count(int64_t T, F&& f) {
-  switch (T) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    default: throw Error("gemv: " + std::to_string(T) + " tokens is more than kMaxGemvTokens");
-  }
-}
-
 unsigned blocks_for_rows(int64_t N) { return unsigned(ceil_div(N, kWarpsPerBlock)); }
 
 }  // namespace
 
 void launch_gemv(const bf16* x, const GemvTarget* targets, int count, int64_t T, int64_t K, cudaStream_t stream) {
   G4_CHECK(K % 8 == 0, "gemv: K must be a multiple of 8");
-  G4_CHECK(count >= 1 && count <= kMaxGemvTargets, "gemv: 1 to kMaxGemvTargets matrices per launch");
-  GemvLaunch launch{};
-  for (int s = 0; s < kMaxGemvTargets; ++s) {  // targets past `count` start after the last block: never chosen
-    if (s < count) launch.targets[s] = targets[s];
-    launch.first_block[s + 1] = launch.first_block[s] + (s < count ? blocks_for_rows(targets[s].rows) : 0);
-  }
+  const GemvTargets<GemvTarget> launch =
+      plan_gemv_targets(targets, count, [](const GemvTarget& t) { return blocks_for_rows(t.rows); });
   with_token_count(T, [&](auto tokens) {
     launch_kernel("gemv_kernel", gemv_kernel<decltype(tokens)::value>, launch.first_block[kMaxGemvTargets],
                   kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, launch, K);
