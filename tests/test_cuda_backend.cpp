@@ -20,20 +20,18 @@
 #include "quant/quantize.h"
 #include "model/loader.h"
 #include "format/tensor_source.h"
-#include "runtime/decode_graph.h"
 #include "runtime/session.h"
 #include "sampling/sampling_params.h"
+#include "support/cuda_vs_cpu.h"
 #include "support/fixtures.h"
+#include "support/generation.h"
 #include "util/error.h"
 #include "util/half.h"
-#ifdef G4_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace g4 {
 namespace {
 
-// Op by op, the CUDA backend against the CPU backend.
+// The bf16 bound on a trained model (docs/DESIGN.md, "Oracles").
 constexpr double kRelativeL2 = 1e-2;
 // The bf16 rule on random-weight fixtures (docs/DESIGN.md, "Oracles"): transformers itself, run in
 // bf16 on them, lands at relative L2 0.07-0.21 (each fixture's reference.json, measured by
@@ -47,87 +45,13 @@ constexpr int64_t kLongSequence = 1000;
 // Greedy tokens must agree wherever the reference's top-2 logit margin exceeds this.
 constexpr double kGreedyMargin = test::kClearMargin;
 
-std::unique_ptr<Backend> cuda_backend_or_null() {
-#ifdef G4_HAVE_CUDA
-  if (cuda_device_count() > 0) return make_cuda_backend();
-#endif
-  return nullptr;
-}
+using test::Both;
+using test::cuda_backend_or_null;
+using test::random_values;
+using test::relative_l2;
+using CudaOps = test::CudaVsCpu;
 
 #define REQUIRE_GPU(backend) G4_SKIP_OR_FAIL_WITHOUT_GPU(backend)
-
-using test::relative_l2;
-
-std::vector<float> random_values(size_t n, float spread, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-spread, spread);
-  std::vector<float> v(n);
-  for (float& x : v) x = bf16_to_f32(f32_to_bf16(dist(rng)));  // both backends see the same inputs
-  return v;
-}
-
-// The same activation on the CPU (F32) and the GPU (bf16).
-struct Both {
-  Tensor cpu, gpu;
-};
-
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override { REQUIRE_GPU(gpu_); }
-
-  Both activation(int64_t rows, int64_t cols, const std::vector<float>& v) {
-    Both b{cpu_.alloc(DType::F32, rows, cols), gpu_->alloc(DType::BF16, rows, cols)};
-    cpu_.upload(v.data(), b.cpu);
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-    gpu_->upload(h.data(), b.gpu);
-    return b;
-  }
-  Both activation(int64_t rows, int64_t cols, float spread = 1.0f) {
-    return activation(rows, cols, random_values(size_t(rows * cols), spread, seed_++));
-  }
-  // Same raw bytes on both backends (ids, positions, F32 tables).
-  Both raw(DType dtype, int64_t rows, int64_t cols, const void* data) {
-    Both b{cpu_.alloc(dtype, rows, cols), gpu_->alloc(dtype, rows, cols)};
-    cpu_.upload(data, b.cpu);
-    gpu_->upload(data, b.gpu);
-    return b;
-  }
-  // A weight stored as `dtype` in a host tensor (1-D when rows == 0), uploaded to both.
-  Both weight(int64_t rows, int64_t cols, DType dtype, float center = 0.0f, float spread = 0.5f) {
-    std::vector<float> v = random_values(size_t(std::max<int64_t>(rows, 1) * cols), spread, seed_++);
-    for (float& x : v) x += center;
-    auto bytes = std::make_shared<std::vector<uint8_t>>(row_bytes(dtype, cols) * size_t(std::max<int64_t>(rows, 1)));
-    for (int64_t r = 0; r < std::max<int64_t>(rows, 1); ++r)
-      encode_row(dtype, v.data() + r * cols, cols, bytes->data() + size_t(r) * row_bytes(dtype, cols));
-    HostTensor h;
-    h.name = "test";
-    h.dtype = dtype;
-    h.shape = rows ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{cols};
-    h.data = bytes->data();
-    h.bytes = bytes->size();
-    h.owner = bytes;
-    return {cpu_.upload_weight(h), gpu_->upload_weight(h)};
-  }
-  std::vector<float> read(Backend& be, const Tensor& t) {
-    std::vector<float> out(size_t(t.numel()));
-    if (t.dtype == DType::BF16) {
-      std::vector<uint16_t> h(out.size());
-      be.download(t, h.data());
-      for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_f32(h[i]);
-    } else {
-      be.download(t, out.data());
-    }
-    return out;
-  }
-  void expect_close(const Both& b, const std::string& what) {
-    EXPECT_LE(relative_l2(read(*gpu_, b.gpu), read(cpu_, b.cpu)), kRelativeL2) << what;
-  }
-
-  CpuBackend cpu_{2};
-  std::unique_ptr<Backend> gpu_ = cuda_backend_or_null();
-  uint32_t seed_ = 1;
-};
 
 TEST_F(CudaOps, EmbedScalesInTheActivationDtype) {
   Both table = weight(50, 64, DType::F32);
@@ -553,18 +477,6 @@ TEST_P(CudaFixture, HiddenStatesAgreeWithTheCpuLayerByLayer) {
   }
 }
 
-// Greedy generation from a prompt prefix, n tokens, on any backend.
-std::vector<int64_t> generate(Session& s, std::span<const int32_t> prompt, SamplingParams p, int n) {
-  s.prefill(prompt);
-  std::vector<int64_t> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(s.sample(p));
-    p.seed += 1;
-    if (i + 1 < n) s.decode(int32_t(out.back()));
-  }
-  return out;
-}
-
 // The top-2 margin of the last logits of a session.
 double top2_margin(Session& s) {
   std::vector<float> l = s.last_logits_host();
@@ -605,18 +517,11 @@ TEST_P(CudaFixture, GraphDecodeEqualsPlainDecode) {
   const int n = int(ref_.positions) - 12;
   for (SamplingParams p : {SamplingParams{0.0f, 1.0f, 0.0f, 0, 3}, SamplingParams{1.0f, 0.95f, 0.0f, 64, 3}}) {
     Session plain = new_session(*gpu_, *model_);
-    const std::vector<int64_t> want = generate(plain, prompt, p, n);
+    const std::vector<int64_t> want = test::generate_plain(plain, prompt, p, n);
     const std::vector<float> want_logits = plain.last_logits_host();
 
     Session s = new_session(*gpu_, *model_);
-    s.prefill(prompt);
-    std::vector<int64_t> got = {s.sample(p)};
-    DecodeGraph graph(s);
-    SamplingParams next = p;
-    next.seed += 1;
-    graph.start(int32_t(got.back()), next);
-    while (int(got.size()) < n) got.push_back(graph.next());
-    EXPECT_EQ(got, want) << "temperature " << p.temperature;
+    EXPECT_EQ(test::generate_with_graph(s, prompt, p, n), want) << "temperature " << p.temperature;
     EXPECT_EQ(s.position(), plain.position());
     EXPECT_LE(relative_l2(s.last_logits_host(), want_logits), 1e-5);
   }
