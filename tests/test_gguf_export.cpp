@@ -392,7 +392,7 @@ TEST(GgufQuantizedExport, ANanBlockScaleIsAClearError) {
       << error;
 }
 
-// A bf16 GPU cannot run 4-bit weights yet: loading says which tensor and type before allocating.
+// A backend that cannot run a weight type: loading says which tensor and type before allocating.
 TEST(GgufQuantizedExport, ABackendThatCannotRunATypeSaysSoAtLoad) {
   class Bf16Only : public CpuBackend {
    public:

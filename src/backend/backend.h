@@ -16,7 +16,7 @@
 
 namespace g4 {
 
-struct HostTensor;  // model/tensor_source.h
+struct HostTensor;  // format/tensor_source.h
 struct SamplingParams;  // sampling/sampling_params.h
 
 // One layer's KV cache: K and V rows [capacity, kv_heads*head_dim]. Position p lives in row
@@ -68,6 +68,11 @@ class Backend {
   virtual Tensor upload_weight(const HostTensor& w) = 0;
   // Whether upload_weight takes weights stored as `t`; loaders ask before allocating anything.
   virtual bool runs_weight_dtype(DType t) const = 0;
+  // Bytes of backend memory upload_weight(w) will allocate, and the memory free for allocations:
+  // loaders check that the weights fit before allocating any (on the CPU, weights are used in
+  // place from the mapped file and memory is not limited here).
+  virtual size_t weight_bytes_on_backend(const HostTensor& w) const = 0;
+  virtual size_t free_memory_bytes() const = 0;
 
   // ---- ops ----
   // out[i] = table[ids[i]] * scale (scale applied in the activation dtype).
@@ -103,8 +108,10 @@ class Backend {
                              float eps, const Tensor& next_weight, const Tensor& next_out) = 0;
   // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
-  // t[i] = center + spread * uniform_hash(seed, i) for F32 or BF16 t, the same values on every
-  // backend (synthetic weights for benchmarks and tests).
+  // t[i] = center + spread * uniform_hash(seed, i) for F32 or BF16 t; for a block-quantized t
+  // (center 0), GGUF block i = random_block(t.dtype, random_block_scales(t.dtype, spread), seed, i)
+  // (quant/random_blocks.h): weights spread over about ±spread. The same values on every backend
+  // (synthetic weights for benchmarks and tests).
   virtual void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) = 0;
   // Samples I64 tokens [B, 1], row r from row r of F32 logits [B, V] (or from the one row of
   // logits [1, V], shared by every row) with params[r] of per-row params [B] (backend memory).

@@ -8,6 +8,7 @@
 
 #include "format/tensor_source.h"
 #include "quant/quantize.h"
+#include "quant/random_blocks.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"
@@ -291,7 +292,16 @@ void CpuBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
 }
 
 void CpuBackend::fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) {
-  G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32 or BF16 tensors only");
+  if (is_block_quantized(t.dtype)) {
+    G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
+    const RandomBlockScales scales = random_block_scales(t.dtype, spread);
+    const size_t block = block_bytes(t.dtype);
+    pool_.parallel_for(int64_t(t.bytes() / block), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) random_block(t.dtype, scales, seed, uint64_t(i), t.as<uint8_t>() + size_t(i) * block);
+    });
+    return;
+  }
+  G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32, BF16 or block-quantized tensors only");
   pool_.parallel_for(t.numel(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float v = uniform_fill_value(seed, uint64_t(i), center, spread);

@@ -1,6 +1,7 @@
 // The CPU backend: float32 arithmetic, weights used in place from the mapped file (F32, BF16,
-// F16 or Q8_0, widened to float32 row by row), multi-threaded with a ThreadPool.
+// F16 or a GGUF block type, widened to float32 row by row), multi-threaded with a ThreadPool.
 #pragma once
+#include <cstdint>
 #include <memory>
 
 #include "backend/backend.h"
@@ -30,6 +31,8 @@ class CpuBackend : public Backend {
                      const Tensor& next_weight, const Tensor& next_out) override;
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   bool runs_weight_dtype(DType) const override { return true; }  // every row codec decodes to F32
+  size_t weight_bytes_on_backend(const HostTensor&) const override { return 0; }  // used in place
+  size_t free_memory_bytes() const override { return SIZE_MAX; }
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override;
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
   void synchronize() override {}

@@ -1,5 +1,6 @@
-// The CUDA backend: bf16 weights and activations, float32 accumulation, every op enqueued on one
-// stream (download is the only synchronisation), on-device sampling, and one capturable graph.
+// The CUDA backend: bf16 activations, bf16 or packed block-quantized weights (packed_blocks.h),
+// float32 accumulation, every op enqueued on one stream (download is the only synchronisation),
+// on-device sampling, and one capturable graph.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -11,6 +12,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/packed_kernels.h"
 #include "backend/memory_meter.h"
 #include "format/tensor_source.h"
 #include "backend/cuda/cuda_sampler.h"
@@ -27,7 +29,10 @@ void cublas_check(cublasStatus_t status, const char* call) {
 #define G4_CUBLAS(call) cublas_check((call), #call)
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
-constexpr size_t kStagingBytes = size_t(64) << 20;  // host weights pass through here to be widened
+constexpr size_t kStagingBytes = size_t(64) << 20;  // host weights pass through here to be widened or packed
+// Prefill over packed weights dequantizes chunks of rows into a bf16 scratch of this size, small
+// enough to stay in L2 (50 MB on an H200) while the chunk's GEMM reads it.
+constexpr size_t kDequantizedBytes = size_t(16) << 20;
 constexpr int kDecodeSplits = 256;                     // most split-K partitions of decode attention
 
 template <typename T>
@@ -37,6 +42,21 @@ void expect_dtype(const Tensor& t, DType want, const char* what) {
   G4_CHECK(t.dtype == want, std::string("cuda backend: ") + what + " must be " + dtype_name(want) + ", got " +
                                 dtype_name(t.dtype));
 }
+
+// A weight matrix: bf16, or packed in a block type.
+void expect_weight(const Tensor& t, const char* what) {
+  if (!is_block_quantized(t.dtype)) expect_dtype(t, DType::BF16, what);
+}
+
+// How upload_weight stores a weight: matrices in a block type stay packed, other matrices become
+// bf16, 1-D tensors (norm weights, layer scalars) float32.
+DType storage_dtype(const HostTensor& w) {
+  if (w.shape.size() < 2) return DType::F32;
+  return is_block_quantized(w.dtype) ? w.dtype : DType::BF16;
+}
+
+int64_t weight_rows(const HostTensor& w) { return w.shape.size() >= 2 ? w.shape[0] : 1; }
+int64_t weight_cols(const HostTensor& w) { return w.shape.empty() ? 1 : w.numel() / weight_rows(w); }
 
 // A norm weight or scalar (F32 on this backend), or nullptr when `t` is empty.
 const float* optional_f32(const Tensor& t, const char* what) {
@@ -88,6 +108,7 @@ class CudaBackend final : public Backend {
     t.owner = memory_.track(p, bytes, [](void* q) { cudaFree(q); });
     t.data = p;
     G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
+    if (is_block_quantized(dtype)) reserve_packed_scratch(cols);
     return t;
   }
 
@@ -104,15 +125,15 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Matrices become bf16; 1-D tensors (norm weights, layer scalars) float32.
+  // Streamed through a device staging buffer in chunks of rows, widened (launch_convert_weight) or
+  // packed (launch_pack_rows) into place.
   Tensor upload_weight(const HostTensor& w) override {
-    const int64_t rows = w.shape.size() >= 2 ? w.shape[0] : 1;
-    const int64_t cols = w.shape.empty() ? 1 : w.numel() / rows;
+    const int64_t rows = weight_rows(w), cols = weight_cols(w);
     G4_CHECK(row_bytes(w.dtype, cols) * size_t(rows) == w.bytes,
              "tensor '" + w.name + "': byte size does not match its shape and dtype");
-    const bool keep_f32 = w.shape.size() < 2;
-    Tensor t = alloc(keep_f32 ? DType::F32 : DType::BF16, rows, cols);
-    if (w.dtype == t.dtype) {
+    const DType storage = storage_dtype(w);
+    Tensor t = alloc(storage, rows, cols);
+    if (w.dtype == storage && !is_block_quantized(storage)) {
       upload(w.data, t);
       return t;
     }
@@ -124,21 +145,37 @@ class CudaBackend final : public Backend {
       const int64_t n = std::min(chunk, rows - r);
       G4_CUDA(cudaMemcpyAsync(staging_.data, static_cast<const uint8_t*>(w.data) + size_t(r) * src_row,
                               size_t(n) * src_row, cudaMemcpyHostToDevice, stream_));
-      launch_convert_weight(staging_.data, w.dtype, n, cols, static_cast<uint8_t*>(t.data) + size_t(r) * t.row_size(),
-                            keep_f32, stream_);
+      if (is_block_quantized(storage))
+        launch_pack_rows(storage, ptr<uint8_t>(staging_), r, n, ptr<uint8_t>(t), rows, cols, stream_);
+      else
+        launch_convert_weight(staging_.data, w.dtype, n, cols, static_cast<uint8_t*>(t.data) + size_t(r) * t.row_size(),
+                              storage == DType::F32, stream_);
     }
     return t;
   }
 
-  // Weights are converted to BF16 at upload; the 4/5/6-bit block types have no converter yet.
   bool runs_weight_dtype(DType t) const override {
-    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || is_block_quantized(t);
+  }
+
+  size_t weight_bytes_on_backend(const HostTensor& w) const override {
+    return row_bytes(storage_dtype(w), weight_cols(w)) * size_t(weight_rows(w));
+  }
+
+  size_t free_memory_bytes() const override {
+    size_t free_bytes = 0, total = 0;
+    G4_CUDA(cudaMemGetInfo(&free_bytes, &total));
+    return free_bytes;
   }
 
   void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
-    expect_dtype(table, DType::BF16, "embedding table");
+    expect_weight(table, "embedding table");
+    G4_CHECK(out.cols == table.cols && out.rows == ids.rows, "embed: the output must be [tokens, table columns]");
     // docs/DESIGN.md §2: the scale is a bf16 number when the activations are bf16 (as in transformers).
     const float scale_bf16 = __bfloat162float(__float2bfloat16(scale));
+    if (is_block_quantized(table.dtype))
+      return launch_embed_packed(table.dtype, ptr<uint8_t>(table), table.rows, table.cols, ptr<int32_t>(ids), ids.rows,
+                                 scale_bf16, ptr<bf16>(out), stream_);
     launch_embed(ptr<bf16>(table), ptr<int32_t>(ids), ids.rows, out.cols, scale_bf16, ptr<bf16>(out), stream_);
   }
 
@@ -150,37 +187,69 @@ class CudaBackend final : public Backend {
 
   void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override {
     expect_dtype(x, DType::BF16, "matmul input");
-    expect_dtype(w, DType::BF16, "matmul weight");
+    expect_weight(w, "matmul weight");
     G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
              "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
+    if (is_block_quantized(w.dtype)) {
+      if (T <= kMaxGemvTokens) {
+        const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
+        launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, stream_);
+        return;
+      }
+      // Prefill: chunks of rows dequantized into the L2-sized scratch, each chunk's GEMM writing its
+      // columns of y. (A tensor-core kernel reading the packed tiles itself would skip the scratch.)
+      const int64_t chunk = dequantized_rows_per_chunk(K);
+      for (int64_t r = 0; r < N; r += chunk) {
+        const int64_t n = std::min(chunk, N - r);
+        launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), N, K, r, n, ptr<bf16>(dequantized_), stream_);
+        gemm(dequantized_.data, x.data, ptr<bf16>(y) + r, n, T, K, N);
+      }
+      return;
+    }
     if (T <= kMaxGemvTokens && K % 8 == 0) {
       const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y), N};
       launch_gemv(ptr<bf16>(x), &target, 1, T, K, stream_);
       return;
     }
-    // Column-major view: y^T [N, T] = w [N, K] (stored as K x N, transposed) · x^T [K, T].
-    const float one = 1.0f, zero = 0.0f;
-    G4_CUBLAS(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w.data, CUDA_R_16BF,
-                           int(K), x.data, CUDA_R_16BF, int(K), &zero, y.data, CUDA_R_16BF, int(N),
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    gemm(w.data, x.data, ptr<bf16>(y), N, T, K, N);
   }
 
-  // A few tokens: the matrices' rows in one GEMV launch; otherwise one GEMM each.
+  // A few tokens: the matrices of each weight type in one GEMV launch (a Q4_K_M file's v_proj may
+  // be Q6_K beside Q4_K q and k), the input quantized once for all packed ones; otherwise one
+  // matmul each.
   void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
     // A weight without its output goes to Backend::matmuls, whose check names it.
-    const bool one_launch = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && x.cols % 8 == 0 && ws.size() <= size_t(kMaxGemvTargets) &&
-                            std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) { return w.cols == x.cols; });
-    if (!one_launch) return Backend::matmuls(x, ws, ys);
+    const bool few_tokens = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && ws.size() <= size_t(kMaxGemvTargets) &&
+                            std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) {
+                              return w.cols == x.cols && (is_block_quantized(w.dtype) || x.cols % 8 == 0);
+                            });
+    if (!few_tokens) return Backend::matmuls(x, ws, ys);
     expect_dtype(x, DType::BF16, "matmul input");
-    GemvTarget targets[kMaxGemvTargets];
+    const packed::ActivationBlock* quantized = nullptr;
+    bool launched[kMaxGemvTargets] = {};
     for (size_t i = 0; i < ws.size(); ++i) {
-      expect_dtype(ws[i], DType::BF16, "matmul weight");
-      G4_CHECK(ys[i].rows == x.rows && ys[i].cols == ws[i].rows, "matmuls: output shape does not match its weight");
-      targets[i] = GemvTarget{ptr<bf16>(ws[i]), ptr<bf16>(ys[i]), ws[i].rows};
+      if (launched[i]) continue;
+      const DType type = ws[i].dtype;
+      GemvTarget bf16_targets[kMaxGemvTargets];
+      PackedGemvTarget packed_targets[kMaxGemvTargets];
+      int count = 0;
+      for (size_t j = i; j < ws.size(); ++j) {
+        if (ws[j].dtype != type) continue;
+        launched[j] = true;
+        expect_weight(ws[j], "matmul weight");
+        G4_CHECK(ys[j].rows == x.rows && ys[j].cols == ws[j].rows, "matmuls: output shape does not match its weight");
+        bf16_targets[count] = GemvTarget{ptr<bf16>(ws[j]), ptr<bf16>(ys[j]), ws[j].rows};
+        packed_targets[count++] = PackedGemvTarget{ptr<uint8_t>(ws[j]), ptr<bf16>(ys[j]), ws[j].rows};
+      }
+      if (!is_block_quantized(type)) {
+        launch_gemv(ptr<bf16>(x), bf16_targets, count, x.rows, x.cols, stream_);
+        continue;
+      }
+      if (!quantized) quantized = quantized_input(x);
+      launch_packed_gemv(type, quantized, packed_targets, count, x.rows, x.cols, stream_);
     }
-    launch_gemv(ptr<bf16>(x), targets, int(ws.size()), x.rows, x.cols, stream_);
   }
 
   void head_norms(const HeadNorms& n) override {
@@ -233,19 +302,27 @@ class CudaBackend final : public Backend {
 
   void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "gated_gelu input");
-    expect_dtype(w_gate, DType::BF16, "gated_gelu gate weight");
-    expect_dtype(w_up, DType::BF16, "gated_gelu up weight");
+    expect_weight(w_gate, "gated_gelu gate weight");
+    expect_weight(w_up, "gated_gelu up weight");
     G4_CHECK(x.cols == w_gate.cols && x.cols == w_up.cols && w_gate.rows == w_up.rows && out.cols == w_gate.rows &&
                  out.rows == x.rows,
              "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
                  "], w_gate [" + std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
-    if (T <= kMaxGemvTokens && K % 8 == 0) {
-      launch_gated_gelu(ptr<bf16>(x), ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out), T, N, K, stream_);
-      return;
+    if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype) {
+      if (is_block_quantized(w_gate.dtype)) {
+        launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
+                                 ptr<bf16>(out), T, N, K, stream_);
+        return;
+      }
+      if (K % 8 == 0) {
+        launch_gated_gelu(ptr<bf16>(x), ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out), T, N, K, stream_);
+        return;
+      }
     }
-    // Larger chunks: two GEMMs, the up projection into a backend-owned buffer, then the GELU-mul.
-    // A prompt's prefill sizes that buffer before any decode step could be captured.
+    // Larger chunks (or gate and up of different types): two matmuls, the up projection into a
+    // backend-owned buffer, then the GELU-mul. A prompt's prefill sizes that buffer before any
+    // decode step could be captured.
     if (up_.cols != N || up_.rows < T) up_ = alloc(DType::BF16, T, N);
     const Tensor up = up_.rows_view(0, T);
     matmul(x, w_gate, out);
@@ -269,7 +346,11 @@ class CudaBackend final : public Backend {
   }
 
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override {
-    G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32 or BF16 tensors only");
+    if (is_block_quantized(t.dtype)) {
+      G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
+      return launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
+    }
+    G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32, BF16 or block-quantized tensors only");
     if (t.dtype == DType::F32) {
       launch_fill_uniform(ptr<float>(t), t.numel(), center, spread, seed, stream_);
     } else {
@@ -328,6 +409,39 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // y (column-major view y^T [N, T], leading dimension ldy) = w [N, K] · x^T [K, T], all bf16.
+  void gemm(const void* w, const void* x, bf16* y, int64_t N, int64_t T, int64_t K, int64_t ldy) {
+    const float one = 1.0f, zero = 0.0f;
+    G4_CUBLAS(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF, int(K), x,
+                           CUDA_R_16BF, int(K), &zero, y, CUDA_R_16BF, int(ldy), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+  }
+
+  // What matmuls over a packed weight of row length `cols` need, allocated with the weight, never
+  // during a decode step (which a graph may be capturing): the quantized input of up to
+  // kMaxGemvTokens rows, and the bf16 rows a prefill GEMM reads.
+  void reserve_packed_scratch(int64_t cols) {
+    const size_t input_bytes = size_t(kMaxGemvTokens) * size_t(cols / packed::kBlock) * sizeof(packed::ActivationBlock);
+    if (quantized_.bytes() < input_bytes) quantized_ = alloc(DType::I32, 1, int64_t(input_bytes / 4));
+    if (dequantized_.empty()) dequantized_ = alloc(DType::BF16, 1, int64_t(kDequantizedBytes / 2));
+  }
+
+  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32).
+  const packed::ActivationBlock* quantized_input(const Tensor& x) {
+    const size_t bytes = size_t(x.rows) * size_t(x.cols / packed::kBlock) * sizeof(packed::ActivationBlock);
+    G4_CHECK(bytes <= quantized_.bytes(), "packed matmul: input wider than any packed weight");
+    auto* out = ptr<packed::ActivationBlock>(quantized_);
+    launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, out, stream_);
+    return out;
+  }
+
+  // Rows of a K-wide weight that fit the dequantized scratch, a multiple of 64 when more than 64 fit.
+  static int64_t dequantized_rows_per_chunk(int64_t K) {
+    const int64_t rows = int64_t(kDequantizedBytes / (2 * size_t(K)));
+    G4_CHECK(rows >= 1, "packed matmul: rows of " + std::to_string(K) + " values do not fit the prefill scratch");
+    return rows > 64 ? rows / 64 * 64 : rows;
+  }
+
   static void check_head_norms(const HeadNorms& n) {
     for (const Tensor* t : {&n.q, &n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
     expect_dtype(n.inv_freq, DType::F32, "rope inv_freq");
@@ -371,8 +485,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
-  // rope_table_: head_norms' per-token rotations
-  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_;
+  // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
+  // dequantized_: packed weight rows for a prefill GEMM
+  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool sampled_since_check_ = false, capturing_ = false;

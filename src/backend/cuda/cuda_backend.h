@@ -1,4 +1,5 @@
-// The CUDA backend: bf16 weights and activations, float32 accumulation, on-device sampling.
+// The CUDA backend: bf16 activations, bf16 or packed block-quantized weights, float32
+// accumulation, on-device sampling.
 // Only compiled when CUDA is present (G4_HAVE_CUDA).
 #pragma once
 #include <memory>

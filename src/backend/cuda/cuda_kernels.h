@@ -40,7 +40,8 @@ void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, co
                           cudaStream_t stream);
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream);
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream);
-// Widens rows of a weight stored as F32/F16/BF16/Q8_0 into bf16 or float32 (dst_f32).
+// Widens rows of a weight stored as F32/F16/BF16 into bf16 or float32 (dst_f32); block-quantized
+// weights stay packed (packed_kernels.h).
 void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,
                            cudaStream_t stream);
 // ids[0] = int32(token[0]); positions[0] += 1 (the device-side step advance of graph decode).

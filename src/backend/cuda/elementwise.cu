@@ -267,12 +267,7 @@ __device__ float load_weight(const void* src, DType dtype, int64_t row_bytes, in
   switch (dtype) {
     case DType::F32: return reinterpret_cast<const float*>(row)[c];
     case DType::F16: return __half2float(reinterpret_cast<const __half*>(row)[c]);
-    case DType::BF16: return __bfloat162float(reinterpret_cast<const bf16*>(row)[c]);
-    default: {  // Q8_0: blocks of an f16 scale then 32 int8 values
-      const uint8_t* block = row + (c / kQ8BlockSize) * kQ8BlockBytes;
-      const __half d = *reinterpret_cast<const __half*>(block);  // 2-byte aligned: blocks are 34 bytes
-      return __half2float(d) * float(reinterpret_cast<const int8_t*>(block + 2)[c % kQ8BlockSize]);
-    }
+    default: return __bfloat162float(reinterpret_cast<const bf16*>(row)[c]);
   }
 }
 
@@ -355,8 +350,8 @@ void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_
 
 void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,
                            cudaStream_t stream) {
-  G4_CHECK(src_dtype == DType::F32 || src_dtype == DType::F16 || src_dtype == DType::BF16 || src_dtype == DType::Q8_0,
-           "cuda backend: cannot use a " + dtype_name(src_dtype) + " tensor as a weight");
+  G4_CHECK(src_dtype == DType::F32 || src_dtype == DType::F16 || src_dtype == DType::BF16,
+           "cuda backend: cannot widen a " + dtype_name(src_dtype) + " tensor");
   launch_kernel("convert_weight_kernel", convert_weight_kernel, blocks_for(rows * cols, 8), kThreads, 0, stream,
                 Pdl::kOff, src, src_dtype, int64_t(row_bytes(src_dtype, cols)), rows, cols, dst, dst_f32);
 }

@@ -1,0 +1,259 @@
+// The decode matmuls over packed block-quantized weights (layout and per-block arithmetic:
+// packed_blocks.h). The input rows are first quantized per block of 32 to int16 with a float scale
+// (quantize_activations_kernel, once per input, shared by every matrix that reads it); then each
+// warp streams kRowsPerWarp weight rows, lane l taking blocks l, l + 32, ... with kUnroll blocks
+// per row in flight (16-byte quant loads that bypass L1, their scales beside), and every block of
+// every token costs 16 dp2a and a few float operations. The rows of a warp share each activation
+// load, which comes through L1: five 16-byte loads per block and token. Launched with PDL: a warp
+// asks L2 for its first weight bytes before it waits for the input.
+//
+// Geometry: 8 warps per block; matmuls kRowsPerWarp = 2 consecutive rows per warp (a lone last row
+// is read twice and stored once), the gated GELU one row of gate and the same row of up. Token
+// counts 1, 2, 4 and 8 are compiled; 3 runs the 4-token kernel with the 4th token skipped.
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
+
+namespace g4 {
+
+namespace {
+
+using namespace packed;
+
+constexpr int kWarpsPerBlock = kGemvWarpsPerBlock;
+constexpr int kRowsPerWarp = 2;  // rows sharing a warp's activation loads
+constexpr int kUnroll = 2;       // blocks per row in flight per lane
+constexpr int kQuantizeThreads = 128;
+
+// Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where
+// load_block's instantiations exist too but never run.
+struct StreamingLoads {
+  G4_HOST_DEVICE static void load16(const uint8_t* p, uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+    const uint4 v = load_streaming(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#else
+    PlainLoads::load16(p, w);
+#endif
+  }
+  G4_HOST_DEVICE static void load8(const uint8_t* p, uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+#else
+    PlainLoads::load8(p, w);
+#endif
+  }
+  G4_HOST_DEVICE static uint32_t load4(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return PlainLoads::load4(p);
+#endif
+  }
+  G4_HOST_DEVICE static uint32_t load2(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+#else
+    return PlainLoads::load2(p);
+#endif
+  }
+};
+
+// One token's activation block through L1 (the warp's rows and the other warps reread it).
+__device__ inline ActivationBlock load_activation(const ActivationBlock* p) {
+  const uint4* v = reinterpret_cast<const uint4*>(p);
+  ActivationBlock a;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 q = __ldg(v + k);
+    a.q[4 * k] = q.x, a.q[4 * k + 1] = q.y, a.q[4 * k + 2] = q.z, a.q[4 * k + 3] = q.w;
+  }
+  const uint4 scales = __ldg(v + 4);
+  a.d = __uint_as_float(scales.x);
+  a.dsum = __uint_as_float(scales.y);
+  a.sum = int32_t(scales.z);
+  a.sum_lo = int32_t(scales.w);
+  return a;
+}
+
+// acc[r][t] += block b of row r · block b of token t, for the first `tokens` tokens.
+template <DType kType, int T, int R>
+__device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, const ActivationBlock* x, int64_t blocks,
+                                        int tokens, float (&acc)[R][T]) {
+  BlockWeights w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w[r] = unpack_block<kType>(raw[r], int(b % kSubBlocks));
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    if (T > 1 && t >= tokens) break;
+    const ActivationBlock a = load_activation(x + t * blocks + b);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][t] += block_dot<kType>(w[r], a);
+  }
+}
+
+// acc[r][t] = x[t] · rows[r], summed over the warp (every lane gets the sums).
+template <DType kType, int T, int R>
+__device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const ActivationBlock* x,
+                                       int64_t blocks, int tokens, int lane, float (&acc)[R][T]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+  int64_t b = lane;
+  for (; b + 32 * (kUnroll - 1) < blocks; b += 32 * kUnroll) {
+    RawBlock raw[kUnroll][R];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[u][r] = load_block<kType, StreamingLoads>(rows[r], b + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) accumulate_block<kType, T, R>(raw[u], b + 32 * u, x, blocks, tokens, acc);
+  }
+  for (; b < blocks; b += 32) {
+    RawBlock raw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = load_block<kType, StreamingLoads>(rows[r], b);
+    accumulate_block<kType, T, R>(raw, b, x, blocks, tokens, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_reduce<SumOp>(acc[r][t]);
+}
+
+// The quant bytes a row's first loads read.
+template <DType kType>
+__device__ inline void prefetch_first_blocks(const RowRegions<const uint8_t>& row, int64_t blocks, int lane) {
+  prefetch_l2(row.qs, min(blocks, int64_t(32 * kUnroll)) * format_of(kType).qs, lane);
+}
+
+__global__ void quantize_activations_kernel(const bf16* x, int64_t n, ActivationBlock* out) {
+  pdl_launch_dependents();
+  pdl_wait();  // x comes from the previous kernel; `out` may still be read by the GEMV before it
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4* src = reinterpret_cast<const uint4*>(x + i * kBlock);
+    float values[kBlock];
+#pragma unroll
+    for (int k = 0; k < kBlock / 8; ++k) unpack8(src[k], values + 8 * k);
+    ActivationBlock a;
+    quantize_activation_block(values, a);
+    uint4* dst = reinterpret_cast<uint4*>(out + i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dst[k] = make_uint4(a.q[4 * k], a.q[4 * k + 1], a.q[4 * k + 2], a.q[4 * k + 3]);
+    dst[4] = make_uint4(__float_as_uint(a.d), __float_as_uint(a.dsum), uint32_t(a.sum), uint32_t(a.sum_lo));
+  }
+}
+
+template <DType kType, int T>
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gemv_kernel(const ActivationBlock* x,
+                                                                          GemvTargets<PackedGemvTarget> launch,
+                                                                          int64_t K, int tokens) {
+  pdl_launch_dependents();
+  unsigned block_in_target;
+  const PackedGemvTarget target = gemv_target(launch, &block_in_target);
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (int64_t(block_in_target) * kWarpsPerBlock + (threadIdx.x >> 5)) * kRowsPerWarp;
+  if (first >= target.rows) return;
+  const int64_t blocks = K / kBlock;
+  RowRegions<const uint8_t> rows[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    rows[r] = row_regions<kType>(target.w, target.rows, K, min(first + r, target.rows - 1));
+    prefetch_first_blocks<kType>(rows[r], blocks, lane);
+  }
+  pdl_wait();
+  float acc[kRowsPerWarp][T];
+  packed_rows_dot<kType, T, kRowsPerWarp>(rows, x, blocks, tokens, lane, acc);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+      if (first + r < target.rows && t < tokens) target.y[t * target.rows + first + r] = __float2bfloat16(acc[r][t]);
+}
+
+// Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as the
+// separate matmuls store them.
+template <DType kType, int T>
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gated_gelu_kernel(const ActivationBlock* x,
+                                                                                const uint8_t* w_gate,
+                                                                                const uint8_t* w_up, bf16* out,
+                                                                                int64_t N, int64_t K, int tokens) {
+  pdl_launch_dependents();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const int64_t blocks = K / kBlock;
+  const RowRegions<const uint8_t> rows[2] = {row_regions<kType>(w_gate, N, K, row), row_regions<kType>(w_up, N, K, row)};
+  prefetch_first_blocks<kType>(rows[0], blocks, lane);
+  prefetch_first_blocks<kType>(rows[1], blocks, lane);
+  pdl_wait();
+  float acc[2][T];  // gate, up
+  packed_rows_dot<kType, T, 2>(rows, x, blocks, tokens, lane, acc);
+  if (lane != 0) return;
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+    if (t < tokens) out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(acc[0][t])) * round_bf16(acc[1][t]));
+}
+
+// Calls f(std::integral_constant<int, T>{}) with T the compiled token count for `tokens` (1, 2, 4, 8):
+// fewer instantiations of the eight weight types than one per count.
+template <typename F>
+void with_token_bucket(int64_t tokens, F&& f) {
+  G4_CHECK(tokens >= 1 && tokens <= kMaxGemvTokens, "packed gemv: " + std::to_string(tokens) + " tokens");
+  static_assert(kMaxGemvTokens == 8, "the buckets below end at 8 tokens");
+  if (tokens == 1) return f(std::integral_constant<int, 1>{});
+  if (tokens == 2) return f(std::integral_constant<int, 2>{});
+  if (tokens <= 4) return f(std::integral_constant<int, 4>{});
+  return f(std::integral_constant<int, 8>{});
+}
+
+void check_gemv_shape(DType type, int64_t K, const ActivationBlock* x) {
+  G4_CHECK(is_block_quantized(type) && K % block_size(type) == 0,
+           "packed gemv: " + dtype_name(type) + " rows of " + std::to_string(K) + " values");
+  G4_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "packed gemv: the quantized input must be 16-byte aligned");
+}
+
+}  // namespace
+
+void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, ActivationBlock* out, cudaStream_t stream) {
+  G4_CHECK(K % kBlock == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+           "quantize_activations: rows of a multiple of 32 values, 16-byte aligned");
+  const int64_t n = T * (K / kBlock);
+  launch_kernel("quantize_activations_kernel", quantize_activations_kernel, unsigned(ceil_div(n, kQuantizeThreads)),
+                kQuantizeThreads, 0, stream, Pdl::kOn, x, n, out);
+}
+
+void launch_packed_gemv(DType type, const ActivationBlock* x, const PackedGemvTarget* targets, int count, int64_t T,
+                        int64_t K, cudaStream_t stream) {
+  check_gemv_shape(type, K, x);
+  const GemvTargets<PackedGemvTarget> plan = plan_gemv_targets(
+      targets, count, [](const PackedGemvTarget& t) { return ceil_div(t.rows, kWarpsPerBlock * kRowsPerWarp); });
+  with_block_type(type, [&](auto weights) {
+    with_token_bucket(T, [&](auto tokens) {
+      launch_kernel("packed_gemv_kernel", packed_gemv_kernel<decltype(weights)::value, decltype(tokens)::value>,
+                    plan.first_block[kMaxGemvTargets], kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, plan, K, int(T));
+    });
+  });
+}
+
+void launch_packed_gated_gelu(DType type, const ActivationBlock* x, const uint8_t* w_gate, const uint8_t* w_up,
+                              bf16* out, int64_t T, int64_t N, int64_t K, cudaStream_t stream) {
+  check_gemv_shape(type, K, x);
+  with_block_type(type, [&](auto weights) {
+    with_token_bucket(T, [&](auto tokens) {
+      launch_kernel("packed_gated_gelu_kernel",
+                    packed_gated_gelu_kernel<decltype(weights)::value, decltype(tokens)::value>,
+                    unsigned(ceil_div(N, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, w_gate, w_up,
+                    out, N, K, int(T));
+    });
+  });
+}
+
+}  // namespace g4

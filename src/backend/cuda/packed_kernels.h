@@ -1,0 +1,51 @@
+// Launchers of the kernels over packed block-quantized weights (layout: packed_blocks.h). Every
+// launcher enqueues on `stream` and returns at once; pointers are device pointers; `type` is the
+// weight's GGUF type (any of the eight block types), `K` its row length (a multiple of 32; of 256
+// for the K-quants).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/packed_blocks.h"
+
+namespace g4 {
+
+// ---- packed_weights.cu ----
+
+// Packs rows [first_row, first_row + n) of a [rows, cols] tensor from GGUF blocks (n rows of them
+// at `gguf`, device memory) into the packed tensor at `dst`.
+void launch_pack_rows(DType type, const uint8_t* gguf, int64_t first_row, int64_t n, uint8_t* dst, int64_t rows,
+                      int64_t cols, cudaStream_t stream);
+// Fills the packed tensor with random_block(type, random_block_scales(type, spread), seed, i) for
+// every GGUF block i (row-major): the blocks the CPU backend's fill makes.
+void launch_fill_random_blocks(DType type, uint8_t* dst, int64_t rows, int64_t cols, float spread, uint64_t seed,
+                               cudaStream_t stream);
+// out[n, K] (bf16) = rows [first_row, first_row + n) of the packed [rows, K] weight.
+void launch_dequantize_rows(DType type, const uint8_t* w, int64_t rows, int64_t K, int64_t first_row, int64_t n,
+                            bf16* out, cudaStream_t stream);
+// out[t] = bf16(table[ids[t]] * scale) from a packed [rows, hidden] table (as launch_embed).
+void launch_embed_packed(DType type, const uint8_t* table, int64_t rows, int64_t hidden, const int32_t* ids, int64_t T,
+                         float scale, bf16* out, cudaStream_t stream);
+
+// ---- packed_gemv.cu ----
+
+// out[t * (K / 32) + b] = block b of row t of x [T, K], quantized (quantize_activation_block).
+void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, packed::ActivationBlock* out,
+                                 cudaStream_t stream);
+// y_i[T, N_i] = x · w_i^T for 1..kMaxGemvTokens tokens and 1..kMaxGemvTargets packed matrices of
+// one type sharing the quantized input x (launch_quantize_activations' output for [T, K]).
+struct PackedGemvTarget {
+  const uint8_t* w;
+  bf16* y;
+  int64_t rows;  // N_i
+};
+void launch_packed_gemv(DType type, const packed::ActivationBlock* x, const PackedGemvTarget* targets, int count,
+                        int64_t T, int64_t K, cudaStream_t stream);
+// out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
+void launch_packed_gated_gelu(DType type, const packed::ActivationBlock* x, const uint8_t* w_gate,
+                              const uint8_t* w_up, bf16* out, int64_t T, int64_t N, int64_t K, cudaStream_t stream);
+
+}  // namespace g4

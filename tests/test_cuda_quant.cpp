@@ -1,0 +1,286 @@
+// Block-quantized weights on the CUDA backend (kept packed: docs/DESIGN.md, "Quantized weights on
+// the GPU") against the CPU backend over the same GGUF tensors, which decodes them to float32 (the
+// reference of SPEC §6): matmul by the decode GEMV (1-8 tokens) and by the prefill path, the q/k/v
+// launch with mixed types, the gated GELU, embedding rows, random blocks for synthetic weights, a
+// corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k.
+// Skips without a GPU (tests/test_packed_blocks.cpp runs the packed arithmetic on the CPU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/packed_blocks.h"
+#include "model/gguf_export.h"
+#include "model/hf_checkpoint.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "sampling/sampling_params.h"
+#include "support/cuda_vs_cpu.h"
+#include "support/fixtures.h"
+#include "support/generation.h"
+#include "util/half.h"
+
+namespace g4 {
+namespace {
+
+using test::Both;
+using test::relative_l2;
+
+constexpr DType kBlockTypes[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                                 DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// Bounds. Against the CPU's float32 output every op must stay within test::kOpRelativeL2 (1e-2):
+// the CUDA output is bf16, and its rounding alone costs ~1.1e-3 relative L2 (uniform error of half
+// an ulp, 2^-9). Against the CPU's output rounded to bf16, only the GPU's own errors are left:
+// the GEMV's int16 activations, ~1e-5 (tests/test_packed_blocks.cpp), so at most a rare one-ulp
+// difference in rounding; the prefill path's bf16 copy of the weights, ~1.1e-3; the gated GELU's
+// bf16 gate and up before the product, ~1.6e-3. A wrong layout or scale lands near 1.
+constexpr double kGemvVsRoundedCpu = 1e-3;
+constexpr double kPrefillVsRoundedCpu = 4e-3;
+constexpr double kGatedVsRoundedCpu = 6e-3;
+
+std::vector<float> rounded_to_bf16(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+// Row lengths: for the K-quants multiples of 256; for the 32-weight types also lengths that are
+// not (their packed regions are then only 2- or 4-byte aligned).
+std::vector<int64_t> row_lengths(DType t) {
+  if (block_size(t) == kQkBlockSize) return {256, 768};
+  return {96, 352, 512};
+}
+
+class CudaQuant : public test::CudaVsCpu {
+ protected:
+  // y against the CPU's, within kOpRelativeL2 and within `tight` of the CPU's rounded to bf16.
+  void expect_matmul_close(const Both& y, const std::string& what, double tight) {
+    const std::vector<float> got = read(*gpu_, y.gpu), want = read(cpu_, y.cpu);
+    EXPECT_LE(relative_l2(got, want), test::kOpRelativeL2) << what;
+    EXPECT_LE(relative_l2(got, rounded_to_bf16(want)), tight) << what;
+  }
+  void check_matmul(const Both& w, int64_t T, const std::string& what) {
+    Both x = activation(T, w.cpu.cols), y = activation(T, w.cpu.rows);
+    cpu_.matmul(x.cpu, w.cpu, y.cpu);
+    gpu_->matmul(x.gpu, w.gpu, y.gpu);
+    expect_matmul_close(y, what + " T=" + std::to_string(T), T <= 8 ? kGemvVsRoundedCpu : kPrefillVsRoundedCpu);
+  }
+};
+
+// Every type, 1000 rows (not a multiple of a block's rows), every compiled token count of the
+// GEMV (1, 2, 4, 8) and counts that skip tokens of theirs (3, 5), and the prefill path (37).
+TEST_F(CudaQuant, MatmulOfEveryTypeByGemvAndPrefill) {
+  for (DType type : kBlockTypes)
+    for (int64_t K : row_lengths(type)) {
+      const Both w = weight(1000, K, type);
+      for (int64_t T : {1, 2, 3, 5, 8, 37}) check_matmul(w, T, dtype_name(type) + " K=" + std::to_string(K));
+    }
+}
+
+// The 31B shapes: hidden 5376 (the prefill runs three chunks of rows through the dequantized
+// scratch), the MLP's 21504-wide down projection, and an LM head of 262144 rows.
+TEST_F(CudaQuant, MatmulAtTheShapesOf31B) {
+  const Both q4_k = weight(4000, 5376, DType::Q4_K, 0.0f, 0.05f);
+  for (int64_t T : {1, 40}) check_matmul(q4_k, T, "Q4_K [4000, 5376]");
+  const Both q8_0 = weight(600, 21504, DType::Q8_0, 0.0f, 0.02f);
+  for (int64_t T : {1, 9}) check_matmul(q8_0, T, "Q8_0 [600, 21504]");
+  const Both lm_head = weight(262144, 256, DType::Q6_K);
+  for (int64_t T : {1, 2}) check_matmul(lm_head, T, "Q6_K [262144, 256]");
+}
+
+// q/k/v of one input: a Q4_K_M layer (Q6_K v beside Q4_K q and k), and bf16 beside two packed
+// types; one launch per type for a few tokens, matmuls for 9.
+TEST_F(CudaQuant, MatmulsOfOneInputWithMixedTypes) {
+  const DType mixes[][3] = {{DType::Q4_K, DType::Q4_K, DType::Q6_K}, {DType::BF16, DType::Q8_0, DType::Q4_0}};
+  for (const auto& types : mixes)
+    for (int64_t T : {1, 4, 9}) {
+      Both wq = weight(200, 512, types[0]), wk = weight(37, 512, types[1]), wv = weight(64, 512, types[2]);
+      Both x = activation(T, 512), q = activation(T, 200), k = activation(T, 37), v = activation(T, 64);
+      const Tensor cpu_ws[] = {wq.cpu, wk.cpu, wv.cpu}, cpu_ys[] = {q.cpu, k.cpu, v.cpu};
+      const Tensor gpu_ws[] = {wq.gpu, wk.gpu, wv.gpu}, gpu_ys[] = {q.gpu, k.gpu, v.gpu};
+      cpu_.matmuls(x.cpu, cpu_ws, cpu_ys);
+      gpu_->matmuls(x.gpu, gpu_ws, gpu_ys);
+      const double tight = T <= 8 ? kGemvVsRoundedCpu : kPrefillVsRoundedCpu;
+      for (int i = 0; i < 3; ++i) {
+        const Both& out = i == 0 ? q : i == 1 ? k : v;
+        expect_matmul_close(out, "matmuls " + dtype_name(types[i]) + " target " + std::to_string(i) + " T=" +
+                                     std::to_string(T), types[i] == DType::BF16 ? kPrefillVsRoundedCpu : tight);
+      }
+    }
+}
+
+TEST_F(CudaQuant, GatedGeluOfEveryTypeAndOfMixedTypes) {
+  auto check = [&](DType gate_type, DType up_type, int64_t K, int64_t T) {
+    Both w_gate = weight(300, K, gate_type), w_up = weight(300, K, up_type);
+    Both x = activation(T, K, 2.0f), out = activation(T, 300);
+    cpu_.gated_gelu(x.cpu, w_gate.cpu, w_up.cpu, out.cpu);
+    gpu_->gated_gelu(x.gpu, w_gate.gpu, w_up.gpu, out.gpu);
+    expect_matmul_close(out, "gated_gelu " + dtype_name(gate_type) + "/" + dtype_name(up_type) + " K=" +
+                                 std::to_string(K) + " T=" + std::to_string(T),
+                        kGatedVsRoundedCpu);
+  };
+  for (DType type : kBlockTypes)
+    for (int64_t T : {1, 3, 8, 37}) check(type, type, row_lengths(type).front(), T);
+  for (int64_t T : {1, 37}) check(DType::Q4_K, DType::Q6_K, 512, T);  // gate and up of different types
+}
+
+// Embedding rows from a quantized table are the CPU's decoded values times the scale, rounded to
+// bf16 once: with a power-of-two scale, bit for bit.
+TEST_F(CudaQuant, EmbedFromQuantizedTablesBitForBit) {
+  for (DType type : kBlockTypes)
+    for (int64_t cols : row_lengths(type)) {
+      Both table = weight(50, cols, type);
+      const std::vector<int32_t> ids = {3, 0, 49, 17, 3};
+      Both id = raw(DType::I32, 5, 1, ids.data());
+      Both out = activation(5, cols);
+      cpu_.embed(table.cpu, id.cpu, 8.0f, out.cpu);
+      gpu_->embed(table.gpu, id.gpu, 8.0f, out.gpu);
+      EXPECT_EQ(read(*gpu_, out.gpu), rounded_to_bf16(read(cpu_, out.cpu))) << dtype_name(type) << " cols " << cols;
+    }
+}
+
+// Synthetic weights: fill_uniform makes the same blocks on both backends (the CUDA fill packs
+// them), so their matmuls agree as uploaded weights do.
+TEST_F(CudaQuant, RandomBlocksAreTheSameOnBothBackends) {
+  for (DType type : kBlockTypes) {
+    const Both w{cpu_.alloc(type, 300, 512), gpu_->alloc(type, 300, 512)};
+    cpu_.fill_uniform(w.cpu, 0.0f, 0.05f, 77);
+    gpu_->fill_uniform(w.gpu, 0.0f, 0.05f, 77);
+    for (int64_t T : {1, 37}) check_matmul(w, T, "random " + dtype_name(type));
+  }
+}
+
+// The checks above can fail: GGUF bytes put into a packed tensor without packing, or every
+// super-block's scale doubled, are far outside the bound.
+TEST_F(CudaQuant, ACorruptedLayoutOrScaleIsCaught) {
+  const int64_t N = 300, K = 512;
+  const HostTensor h = test::encoded_weight(N, K, DType::Q4_K, test::random_values(size_t(N * K), 0.5f, 5));
+  const Tensor cpu_w = cpu_.upload_weight(h);
+  Tensor unpacked = gpu_->alloc(DType::Q4_K, N, K);
+  gpu_->upload(h.data, unpacked);
+  Tensor scaled = gpu_->upload_weight(h);
+  std::vector<uint8_t> bytes(scaled.bytes());
+  gpu_->download(scaled, bytes.data());
+  const packed::RowRegions<uint8_t> regions = packed::row_regions<DType::Q4_K>(bytes.data(), N, K, 0);
+  for (int64_t s = 0; s < N * K / kQkBlockSize; ++s) {  // f16 d: one more in the exponent doubles it
+    uint16_t d;
+    std::memcpy(&d, regions.super + 16 * s, 2);
+    d = uint16_t(d + 0x0400);
+    std::memcpy(regions.super + 16 * s, &d, 2);
+  }
+  gpu_->upload(bytes.data(), scaled);
+  for (const Tensor& broken : {unpacked, scaled})
+    for (int64_t T : {1, 37}) {
+      Both x = activation(T, K), y = activation(T, N);
+      cpu_.matmul(x.cpu, cpu_w, y.cpu);
+      gpu_->matmul(x.gpu, broken, y.gpu);
+      const double err = relative_l2(read(*gpu_, y.gpu), read(cpu_, y.cpu));  // NaN (garbage scales) fails too
+      EXPECT_FALSE(err <= 0.1) << (broken.data == unpacked.data ? "unpacked" : "scaled") << " T=" << T << ": " << err;
+    }
+}
+
+// ---------------------------------------------------------------- the demo model
+
+struct DemoExport {
+  const char* name;
+  DType weights, embedding;
+  bool q4_k_m;
+};
+
+void PrintTo(const DemoExport& e, std::ostream* os) { *os << e.name; }
+
+// The embedding quantized too (--quantize-embedding), so that its rows come from a packed table.
+const DemoExport kDemoExports[] = {
+    {"q8_0", DType::Q8_0, DType::Q8_0, false},
+    {"q4_0", DType::Q4_0, DType::Q4_0, false},
+    {"q4_k_m", DType::Q4_K, DType::Q6_K, true},
+    {"q6_k", DType::Q6_K, DType::Q6_K, false},
+};
+
+class CudaQuantDemo : public ::testing::TestWithParam<DemoExport> {
+ protected:
+  void SetUp() override {
+    G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu_);
+    const DemoExport& e = GetParam();
+    path_ = test::shared_artifact(std::string("demo-") + e.name + ".gguf", [&](const std::string& path) {
+      ExportOptions o;
+      o.weights = e.weights;
+      o.q4_k_m = e.q4_k_m;
+      o.quantize_embedding = true;
+      export_gguf(HfCheckpoint(std::string(G4_FIXTURES_DIR) + "/demo/hf"), path, o);
+    });
+    ref_ = test::load_demo_reference();
+    model_ = load_model(path_, *gpu_);
+    ASSERT_EQ(model_->weights().embed.dtype, e.embedding);
+    ASSERT_EQ(model_->weights().layers[0].gate_proj.dtype, e.weights);
+  }
+  Session new_session(Backend& be, const Gemma4& model) {
+    SessionOptions o;
+    o.max_seq_len = ref_.positions + 1;
+    return Session(model, be, o);
+  }
+
+  std::unique_ptr<Backend> gpu_ = test::cuda_backend_or_null();
+  std::string path_;
+  test::Reference ref_;
+  std::unique_ptr<Gemma4> model_;
+};
+
+// SPEC rule (a) with the CPU over the dequantized weights as the reference: relative L2 <= 1e-2
+// at every position, by one-shot prefill (the prefill path), chunks of 7 (the GEMV with 7 tokens)
+// and token by token.
+TEST_P(CudaQuantDemo, LogitsMatchTheCpuAtEveryPosition) {
+  CpuBackend cpu(2);
+  auto cpu_model = load_model(path_, cpu);
+  Session cs = new_session(cpu, *cpu_model);
+  const std::vector<float> want = cs.logits_all(ref_.tokens);
+  Session gs = new_session(*gpu_, *model_);
+  const std::vector<float> prefill = gs.logits_all(ref_.tokens);
+  gs.reset();
+  const std::vector<float> chunked = gs.logits_all(ref_.tokens, 7);
+  gs.reset();
+  std::vector<float> decode;
+  for (int32_t t : ref_.tokens) {
+    gs.decode(t);
+    const std::vector<float> row = gs.last_logits_host();
+    decode.insert(decode.end(), row.begin(), row.end());
+  }
+  const size_t V = size_t(ref_.vocab);
+  using Named = std::pair<const char*, const std::vector<float>*>;
+  for (const auto& [how, got] : {Named{"one-shot prefill", &prefill}, Named{"chunks of 7", &chunked},
+                                 Named{"token by token", &decode}}) {
+    ASSERT_EQ(got->size(), want.size()) << how;
+    double worst = 0;
+    int64_t worst_position = 0;
+    for (int64_t p = 0; p < ref_.positions; ++p) {
+      const std::vector<float> g(got->begin() + p * V, got->begin() + (p + 1) * V),
+          w(want.begin() + p * V, want.begin() + (p + 1) * V);
+      const double err = relative_l2(g, w);
+      if (!(err <= worst)) worst = err, worst_position = p;
+      EXPECT_LE(err, test::kOpRelativeL2) << GetParam().name << ", " << how << ", position " << p;
+    }
+    std::printf("  demo %s, %s: relative L2 against the CPU %.2e over all positions, worst %.2e at position %lld\n",
+                GetParam().name, how, relative_l2(*got, want), worst, static_cast<long long>(worst_position));
+  }
+}
+
+TEST_P(CudaQuantDemo, GraphDecodeEqualsPlainDecode) {
+  const std::span<const int32_t> prompt(ref_.tokens.data(), 12);
+  for (SamplingParams p : {SamplingParams{0.0f, 1.0f, 0.0f, 0, 3}, SamplingParams{1.0f, 0.95f, 0.0f, 64, 3}}) {
+    Session plain = new_session(*gpu_, *model_), graph = new_session(*gpu_, *model_);
+    EXPECT_EQ(test::generate_with_graph(graph, prompt, p, 48), test::generate_plain(plain, prompt, p, 48))
+        << GetParam().name << ", temperature " << p.temperature;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Exports, CudaQuantDemo, ::testing::ValuesIn(kDemoExports),
+                         [](const ::testing::TestParamInfo<DemoExport>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace g4
