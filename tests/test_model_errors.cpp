@@ -272,6 +272,30 @@ TEST(ModelErrors, GgufMisshapedTensor) {
   expect_load_error(path, "tensor 'layers.1.self_attn.q_proj.weight' has shape [32, 128]");
 }
 
+// Weights that do not fit the backend's free memory are refused before anything is allocated,
+// with the GiB needed and free (a backend that, like CUDA, copies the weights and has a limit).
+TEST(ModelErrors, WeightsLargerThanTheFreeMemory) {
+  class SmallDevice : public CpuBackend {
+   public:
+    explicit SmallDevice(size_t free_bytes) : CpuBackend(1), free_bytes_(free_bytes) {}
+    size_t weight_bytes_on_backend(const HostTensor& w) const override { return w.bytes; }
+    size_t free_memory_bytes() const override { return free_bytes_; }
+
+   private:
+    size_t free_bytes_;
+  };
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";  // 11.7 MB of weights
+  SmallDevice full(size_t(1) << 30);  // the workspace margin alone
+  const std::string error = test::error_of([&] { load_model(demo, full); });
+  EXPECT_NE(error.find("the model's weights need 0.01 GiB of cpu memory (plus 1.00 GiB for workspaces and the KV "
+                       "cache), but only 1.00 GiB are free"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(full.peak_memory_bytes(), 0u) << "nothing allocated before the check";
+  SmallDevice enough(size_t(1) << 31);
+  EXPECT_NO_THROW(load_model(demo, enough));
+}
+
 class SessionErrors : public ::testing::Test {
  protected:
   void SetUp() override { model_ = load_model(test::fixture_dir("tiny-31b-style"), backend_); }

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <cstdio>
 #include <optional>
 
 #include "quant/quantize.h"
@@ -17,6 +18,25 @@ std::string shape_string(const std::vector<int64_t>& s) {
 }
 
 std::string layer_prefix(int i) { return "layers." + std::to_string(i) + "."; }
+
+// Besides the weights a backend needs workspaces (cuBLAS, staging, the packed GEMV's scratch, about
+// 0.1 GiB) and a session's KV cache and activations: the margin covers a short context; a longer
+// context's session (31B: ~2 GiB at 4 096 tokens) reports its own allocation failure clearly.
+constexpr uint64_t kLoadMarginBytes = uint64_t(1) << 30;
+
+// Fails before anything is allocated when the weights cannot fit in the backend's free memory.
+void check_weights_fit(uint64_t weight_bytes, const Backend& backend) {
+  const uint64_t free_bytes = backend.free_memory_bytes();
+  if (weight_bytes == 0 || weight_bytes + kLoadMarginBytes <= free_bytes) return;
+  auto gib = [](uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
+    return std::string(text);
+  };
+  throw Error("the model's weights need " + gib(weight_bytes) + " of " + backend.name() + " memory (plus " +
+              gib(kLoadMarginBytes) + " for workspaces and the KV cache), but only " + gib(free_bytes) +
+              " are free");
+}
 
 }  // namespace
 
@@ -66,6 +86,34 @@ void validate_tensors(const ModelConfig& c, const TensorSource& source) {
   }
 }
 
+std::map<DType, uint64_t> weight_bytes_by_type(const ModelWeights& w) {
+  std::map<DType, uint64_t> bytes;
+  auto add = [&](const Tensor& t) {
+    if (!t.empty()) bytes[t.dtype] += t.bytes();
+  };
+  add(w.embed);
+  if (w.lm_head.data != w.embed.data) add(w.lm_head);
+  add(w.final_norm);
+  for (const LayerWeights& l : w.layers)
+    for (const Tensor* t : {&l.attn_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_norm, &l.k_norm,
+                            &l.post_attn_norm, &l.ffn_norm, &l.gate_proj, &l.up_proj, &l.down_proj, &l.post_ffn_norm,
+                            &l.layer_scalar, &l.rope_inv_freq})
+      add(*t);
+  return bytes;
+}
+
+std::string describe_weight_bytes(const std::map<DType, uint64_t>& bytes_by_type) {
+  std::string out;
+  for (const auto& [type, bytes] : bytes_by_type) {
+    const bool gib = bytes >= uint64_t(1) << 30;
+    char text[64];
+    std::snprintf(text, sizeof text, "%s%s %.2f %s", out.empty() ? "" : ", ", dtype_name(type).c_str(),
+                  double(bytes) / double(uint64_t(1) << (gib ? 30 : 20)), gib ? "GiB" : "MiB");
+    out += text;
+  }
+  return out;
+}
+
 Tensor upload_rope_inv_freq(const LayerConfig& layer, Backend& backend) {
   const std::vector<float> inv = layer.rope_inv_freq();
   Tensor t = backend.alloc(DType::F32, int64_t(inv.size()), 1);
@@ -78,14 +126,16 @@ constexpr uint64_t kProgressThresholdBytes = uint64_t(1) << 30;
 
 ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend) {
   validate_tensors(c, source);
-  uint64_t total = 0;
+  uint64_t total = 0, on_backend = 0;
   for (const auto& spec : expected_tensors(c)) {
     const HostTensor& t = *source.find(spec.name);
     G4_CHECK(backend.runs_weight_dtype(t.dtype), "tensor '" + spec.name + "' is " + dtype_name(t.dtype) +
                                                      ", which the " + backend.name() +
                                                      " backend does not run yet (the cpu backend does)");
     total += t.bytes;
+    on_backend += backend.weight_bytes_on_backend(t);
   }
+  check_weights_fit(on_backend, backend);
   std::optional<Progress> progress;
   if (total >= kProgressThresholdBytes) progress.emplace("loading weights (" + backend.name() + ")", total, "B");
   auto get = [&](const std::string& name) {

@@ -1,5 +1,7 @@
 // The Gemma 4 text model's weights in a backend's memory, checked against the config first.
 #pragma once
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,12 @@ void validate_tensors(const ModelConfig& c, const TensorSource& source);
 // Validates, then uploads every tensor with backend.upload_weight, reporting progress on stderr
 // when the weights are large (see util/progress.h).
 ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend);
+// Bytes of the weights in backend memory per storage type (a tied LM head counted once): the
+// memory report of `g4 bench` and `g4 run`.
+std::map<DType, uint64_t> weight_bytes_by_type(const ModelWeights& w);
+// "F32 3.28 MiB, Q4_K 15.21 GiB, Q6_K 2.10 GiB" (GiB from 1 GiB up)
+std::string describe_weight_bytes(const std::map<DType, uint64_t>& bytes_by_type);
+
 // A layer's RoPE inverse frequencies (LayerConfig::rope_inv_freq) on the backend, F32 [head_dim/2, 1].
 Tensor upload_rope_inv_freq(const LayerConfig& layer, Backend& backend);
 
