@@ -24,7 +24,7 @@ test::CommandResult stdout_of(const std::string& arguments) {
 }
 
 // A quantized export: inspect shows each type's share and the bits per weight; run says which
-// types it loads.
+// types it loads and their bytes as the backend holds them.
 TEST(Cli, QuantizedFilesShowTheirTypes) {
   const std::string path = test::temp_dir("cli_q4_k") + "/demo-q4_k.gguf";
   const test::CommandResult exported = test::run_g4("export --model-dir '" + std::string(G4_FIXTURES_DIR) +
@@ -40,6 +40,9 @@ TEST(Cli, QuantizedFilesShowTheirTypes) {
   const test::CommandResult run = test::run_g4("run -m '" + path + "' -p hi -n 4 --temperature 0");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("weights: F32 x44, Q4_K x41, Q8_0 x1"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("weight bytes by type on the cpu backend: F32 0.03 MiB, Q8_0 1.06 MiB, Q4_K 2.58 MiB"),
+            std::string::npos)
+      << run.output;
 }
 
 TEST(Cli, Version) {

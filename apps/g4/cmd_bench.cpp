@@ -60,10 +60,9 @@ ModelConfig gemma4_31b_config() {
 
 std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend) {
   G4_CHECK(o.synthetic == "31b", "--synthetic: only '31b' is known");
-  G4_CHECK(o.weights == "bf16", "--synthetic: only --weights bf16 is supported so far");
-  G4_CHECK(backend.name() == "cuda", "--synthetic 31b needs --backend cuda (61 GB of weights generated on the GPU)");
+  G4_CHECK(backend.name() == "cuda", "--synthetic 31b needs --backend cuda (17-61 GB of weights generated on the GPU)");
   ModelConfig c = gemma4_31b_config();
-  ModelWeights w = synthetic_weights(c, backend, o.seed);
+  ModelWeights w = synthetic_weights(c, backend, o.seed, o.weights);
   return std::make_unique<Gemma4>(std::move(c), std::move(w));
 }
 
@@ -260,10 +259,14 @@ void run_bench(const BenchOptions& o) {
 
   const double bytes = weight_bytes_per_step(*model);
   const double achieved = bytes / (graph_greedy.step_ms * 1e-3);
+  nlohmann::json bytes_by_type = nlohmann::json::object();
+  for (const auto& [type, type_bytes] : weight_bytes_by_type(model->weights())) bytes_by_type[dtype_name(type)] = type_bytes;
   nlohmann::json r = {
       {"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
       {"backend", be.name()},
-      {"weights", o.weights},
+      {"weights", o.synthetic.empty() ? "the file's" : o.weights},
+      {"embedding_type", dtype_name(model->weights().embed.dtype)},  // also the tied LM head
+      {"weight_bytes_by_type", bytes_by_type},
       {"load_s", load_s},
       {"prompt_len", o.prompt_len},
       {"prefill_s_median", prefill_s[prefill_s.size() / 2]},
@@ -296,7 +299,9 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Benchmark prefill, decode and sampling (synthetic 31B or a model)");
   cmd->add_option("--synthetic", opts->synthetic, "Random weights generated on the GPU in this shape: 31b");
   cmd->add_option("--model_path,--model-path", opts->model_path, "A model directory instead of --synthetic");
-  cmd->add_option("--weights", opts->weights, "Weight type of the synthetic model (bf16)");
+  cmd->add_option("--weights", opts->weights,
+                  "Weight types of the synthetic model: bf16, q8_0, q4_0, q4_k (every matrix and the embedding), "
+                  "q4_k_m (llama.cpp's mix, Q6_K embedding), or another block type (default bf16)");
   cmd->add_option("--prompt_len,--prompt-len", opts->prompt_len, "Prompt tokens to prefill (default 2048)");
   cmd->add_option("--gen", opts->gen, "Tokens to decode per measurement (default 128)");
   cmd->add_option("--seed", opts->seed, "Seed of the weights, prompt and sampling");

@@ -43,7 +43,7 @@ std::vector<int32_t> prompt_ids(const RunOptions& o, const std::optional<Tokeniz
 }
 
 void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r, const EffectiveSampling& sampling,
-                  const Backend& backend, const std::string& model_path) {
+                  const Engine& engine, const Backend& backend, const std::string& model_path) {
   const double prefill_tps = r.prefill_seconds > 0 ? double(prompt.size()) / r.prefill_seconds : 0;
   const double decode_tps =
       r.decode_seconds > 0 && r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0;
@@ -57,6 +57,8 @@ void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r,
   // Which weight types the model file holds (a checkpoint directory or the demo: its own dtype).
   if (std::filesystem::is_regular_file(model_path))
     std::fprintf(stderr, "weights: %s\n", weight_types(GgufFile(model_path)).summary().c_str());
+  std::fprintf(stderr, "weight bytes by type on the %s backend: %s\n", backend.name().c_str(),
+               describe_weight_bytes(weight_bytes_by_type(engine.model().weights())).c_str());
 }
 
 void run(const RunOptions& o) {
@@ -96,7 +98,7 @@ void run(const RunOptions& o) {
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);  // the text before the report, also when stdout is a pipe
-  print_report(request.prompt, result, sampling, engine->backend(), o.gen.model_path);
+  print_report(request.prompt, result, sampling, *engine, engine->backend(), o.gen.model_path);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "model/gguf_export.h"
+#include "util/error.h"
+
 namespace g4 {
 
 namespace {
@@ -10,8 +13,8 @@ class RandomFiller {
  public:
   RandomFiller(Backend& backend, uint64_t seed) : backend_(backend), seed_(seed) {}
 
-  Tensor matrix(int64_t out, int64_t in) {
-    Tensor t = backend_.alloc(DType::BF16, out, in);
+  Tensor matrix(DType dtype, int64_t out, int64_t in) {
+    Tensor t = backend_.alloc(dtype, out, in);
     backend_.fill_uniform(t, 0.0f, std::sqrt(3.0f / float(in)), next_seed());
     return t;
   }
@@ -28,30 +31,61 @@ class RandomFiller {
   uint64_t seed_, counter_ = 0;
 };
 
+// The type of each matrix (checkpoint names, as requested_dtype knows them).
+class SyntheticTypes {
+ public:
+  SyntheticTypes(const std::string& weights, const ModelConfig& c) : layers_(c.num_layers()) {
+    for (const LayerConfig& l : c.layers) v_count_ += l.k_eq_v ? 0 : 1;
+    if (weights == "bf16") return;
+    options_.q4_k_m = weights == "q4_k_m";
+    options_.weights = options_.q4_k_m ? DType::Q4_K : parse_weight_dtype(weights);
+    G4_CHECK(is_block_quantized(*options_.weights),
+             "synthetic weights: bf16, q4_k_m or a block type (q8_0, q4_0, q4_k, ...), not '" + weights + "'");
+  }
+
+  // `v_index`: the tensor's place among the v_proj tensors (llama.cpp's attn_v count).
+  DType of(const std::string& name, const std::vector<int64_t>& shape, int v_index = 0) const {
+    if (!options_.weights) return DType::BF16;
+    std::string note;  // the export's fallbacks for rows no multiple of the block; the embedding keeps its type
+    return stored_dtype(shape, DType::BF16, requested_dtype(name, options_, layers_, v_index, v_count_), &note);
+  }
+
+ private:
+  ExportOptions options_;
+  int layers_ = 0, v_count_ = 0;
+};
+
 }  // namespace
 
-ModelWeights synthetic_weights(const ModelConfig& c, Backend& backend, uint64_t seed) {
+ModelWeights synthetic_weights(const ModelConfig& c, Backend& backend, uint64_t seed, const std::string& weights) {
+  const SyntheticTypes types(weights, c);
   RandomFiller fill(backend, seed);
   const int64_t H = c.hidden_size, I = c.intermediate_size;
+  auto matrix = [&](const std::string& name, int64_t out, int64_t in, int v_index = 0) {
+    return fill.matrix(types.of(name, {out, in}, v_index), out, in);
+  };
   ModelWeights w;
-  w.embed = fill.matrix(c.vocab_size, H);
-  w.lm_head = c.tie_word_embeddings ? w.embed : fill.matrix(c.vocab_size, H);
+  w.embed = matrix("embed_tokens.weight", c.vocab_size, H);
+  w.lm_head = c.tie_word_embeddings ? w.embed : matrix("lm_head.weight", c.vocab_size, H);
   w.final_norm = fill.norm(H);
-  for (const LayerConfig& l : c.layers) {
+  int v_index = 0;
+  for (int i = 0; i < c.num_layers(); ++i) {
+    const LayerConfig& l = c.layers[size_t(i)];
+    const std::string p = "layers." + std::to_string(i) + ".";
     const int64_t q_cols = int64_t(c.num_heads) * l.head_dim, kv_cols = int64_t(l.kv_heads) * l.head_dim;
     LayerWeights lw;
     lw.attn_norm = fill.norm(H);
-    lw.q_proj = fill.matrix(q_cols, H);
-    lw.k_proj = fill.matrix(kv_cols, H);
-    if (!l.k_eq_v) lw.v_proj = fill.matrix(kv_cols, H);
-    lw.o_proj = fill.matrix(H, q_cols);
+    lw.q_proj = matrix(p + "self_attn.q_proj.weight", q_cols, H);
+    lw.k_proj = matrix(p + "self_attn.k_proj.weight", kv_cols, H);
+    if (!l.k_eq_v) lw.v_proj = matrix(p + "self_attn.v_proj.weight", kv_cols, H, v_index++);
+    lw.o_proj = matrix(p + "self_attn.o_proj.weight", H, q_cols);
     lw.q_norm = fill.norm(l.head_dim);
     lw.k_norm = fill.norm(l.head_dim);
     lw.post_attn_norm = fill.norm(H);
     lw.ffn_norm = fill.norm(H);
-    lw.gate_proj = fill.matrix(I, H);
-    lw.up_proj = fill.matrix(I, H);
-    lw.down_proj = fill.matrix(H, I);
+    lw.gate_proj = matrix(p + "mlp.gate_proj.weight", I, H);
+    lw.up_proj = matrix(p + "mlp.up_proj.weight", I, H);
+    lw.down_proj = matrix(p + "mlp.down_proj.weight", H, I);
     lw.post_ffn_norm = fill.norm(H);
     lw.layer_scalar = fill.vector(1, 1.0f, 0.0f);
     lw.rope_inv_freq = upload_rope_inv_freq(l, backend);

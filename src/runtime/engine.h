@@ -35,6 +35,7 @@ class Engine {
   explicit Engine(const EngineOptions& options);
 
   const ModelConfig& config() const { return loaded_.model->config(); }
+  const Gemma4& model() const { return *loaded_.model; }
   const ProgramFlags& program() const { return loaded_.program; }
   bool use_sampling() const { return loaded_.program.use_sampling; }
   const std::optional<std::string>& tokenizer_json() const { return loaded_.tokenizer_json; }
