@@ -227,7 +227,7 @@ class CudaBackend final : public Backend {
                             });
     if (!few_tokens) return Backend::matmuls(x, ws, ys);
     expect_dtype(x, DType::BF16, "matmul input");
-    const packed::ActivationBlock* quantized = nullptr;
+    const uint4* quantized = nullptr;
     bool launched[kMaxGemvTargets] = {};
     for (size_t i = 0; i < ws.size(); ++i) {
       if (launched[i]) continue;
@@ -427,12 +427,11 @@ class CudaBackend final : public Backend {
   }
 
   // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32).
-  const packed::ActivationBlock* quantized_input(const Tensor& x) {
+  const uint4* quantized_input(const Tensor& x) {
     const size_t bytes = size_t(x.rows) * size_t(x.cols / packed::kBlock) * sizeof(packed::ActivationBlock);
     G4_CHECK(bytes <= quantized_.bytes(), "packed matmul: input wider than any packed weight");
-    auto* out = ptr<packed::ActivationBlock>(quantized_);
-    launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, out, stream_);
-    return out;
+    launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
+    return ptr<uint4>(quantized_);
   }
 
   // Rows of a K-wide weight that fit the dequantized scratch, a multiple of 64 when more than 64 fit.

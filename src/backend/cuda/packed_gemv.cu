@@ -4,8 +4,8 @@
 // warp streams kRowsPerWarp weight rows, lane l taking blocks l, l + 32, ... with kUnroll blocks
 // per row in flight (16-byte quant loads that bypass L1, their scales beside), and every block of
 // every token costs 16 dp2a and a few float operations. The rows of a warp share each activation
-// load, which comes through L1: five 16-byte loads per block and token. Launched with PDL: a warp
-// asks L2 for its first weight bytes before it waits for the input.
+// load, which comes through L1: five coalesced 16-byte loads per block and token (the planes
+// below). Launched with PDL: a warp asks L2 for its first weight bytes before it waits for the input.
 //
 // Geometry: 8 warps per block; matmuls kRowsPerWarp = 2 consecutive rows per warp (a lone last row
 // is read twice and stored once), the gated GELU one row of gate and the same row of up. Token
@@ -64,16 +64,26 @@ struct StreamingLoads {
   }
 };
 
-// One token's activation block through L1 (the warp's rows and the other warps reread it).
-__device__ inline ActivationBlock load_activation(const ActivationBlock* p) {
-  const uint4* v = reinterpret_cast<const uint4*>(p);
+// The quantized input in device memory: per token five planes of 16 bytes per block, planes 0-3
+// holding words 4k..4k+3 of each block's q, plane 4 its d, dsum, sum and sum_lo. Lanes on
+// consecutive blocks then read 512 contiguous bytes per load (80-byte blocks side by side would
+// make each load touch 20 cache lines instead of 4).
+constexpr int kActivationPlanes = 5;
+static_assert(sizeof(ActivationBlock) == kActivationPlanes * 16, "one 16-byte plane entry per block each");
+
+__device__ inline int64_t plane_index(int64_t t, int k, int64_t blocks, int64_t b) {
+  return (t * kActivationPlanes + k) * blocks + b;
+}
+
+// Token t's block b through L1 (the warp's rows and the other warps reread it).
+__device__ inline ActivationBlock load_activation(const uint4* x, int64_t blocks, int t, int64_t b) {
   ActivationBlock a;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint4 q = __ldg(v + k);
+    const uint4 q = __ldg(x + plane_index(t, k, blocks, b));
     a.q[4 * k] = q.x, a.q[4 * k + 1] = q.y, a.q[4 * k + 2] = q.z, a.q[4 * k + 3] = q.w;
   }
-  const uint4 scales = __ldg(v + 4);
+  const uint4 scales = __ldg(x + plane_index(t, 4, blocks, b));
   a.d = __uint_as_float(scales.x);
   a.dsum = __uint_as_float(scales.y);
   a.sum = int32_t(scales.z);
@@ -83,15 +93,15 @@ __device__ inline ActivationBlock load_activation(const ActivationBlock* p) {
 
 // acc[r][t] += block b of row r · block b of token t, for the first `tokens` tokens.
 template <DType kType, int T, int R>
-__device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, const ActivationBlock* x, int64_t blocks,
-                                        int tokens, float (&acc)[R][T]) {
+__device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, const uint4* x, int64_t blocks, int tokens,
+                                        float (&acc)[R][T]) {
   BlockWeights w[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) w[r] = unpack_block<kType>(raw[r], int(b % kSubBlocks));
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     if (T > 1 && t >= tokens) break;
-    const ActivationBlock a = load_activation(x + t * blocks + b);
+    const ActivationBlock a = load_activation(x, blocks, t, b);
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][t] += block_dot<kType>(w[r], a);
   }
@@ -99,8 +109,8 @@ __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, con
 
 // acc[r][t] = x[t] · rows[r], summed over the warp (every lane gets the sums).
 template <DType kType, int T, int R>
-__device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const ActivationBlock* x,
-                                       int64_t blocks, int tokens, int lane, float (&acc)[R][T]) {
+__device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
+                                       int tokens, int lane, float (&acc)[R][T]) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -133,25 +143,29 @@ __device__ inline void prefetch_first_blocks(const RowRegions<const uint8_t>& ro
   prefetch_l2(row.qs, min(blocks, int64_t(32 * kUnroll)) * format_of(kType).qs, lane);
 }
 
-__global__ void quantize_activations_kernel(const bf16* x, int64_t n, ActivationBlock* out) {
+// Block i of x [T, K] (token i / blocks) into its planes.
+__global__ void quantize_activations_kernel(const bf16* x, int64_t T, int64_t blocks, uint4* out) {
   pdl_launch_dependents();
   pdl_wait();  // x comes from the previous kernel; `out` may still be read by the GEMV before it
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * blocks;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const uint4* src = reinterpret_cast<const uint4*>(x + i * kBlock);
     float values[kBlock];
 #pragma unroll
     for (int k = 0; k < kBlock / 8; ++k) unpack8(src[k], values + 8 * k);
     ActivationBlock a;
     quantize_activation_block(values, a);
-    uint4* dst = reinterpret_cast<uint4*>(out + i);
+    const int64_t t = i / blocks, b = i % blocks;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) dst[k] = make_uint4(a.q[4 * k], a.q[4 * k + 1], a.q[4 * k + 2], a.q[4 * k + 3]);
-    dst[4] = make_uint4(__float_as_uint(a.d), __float_as_uint(a.dsum), uint32_t(a.sum), uint32_t(a.sum_lo));
+    for (int k = 0; k < 4; ++k)
+      out[plane_index(t, k, blocks, b)] = make_uint4(a.q[4 * k], a.q[4 * k + 1], a.q[4 * k + 2], a.q[4 * k + 3]);
+    out[plane_index(t, 4, blocks, b)] =
+        make_uint4(__float_as_uint(a.d), __float_as_uint(a.dsum), uint32_t(a.sum), uint32_t(a.sum_lo));
   }
 }
 
 template <DType kType, int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gemv_kernel(const ActivationBlock* x,
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gemv_kernel(const uint4* x,
                                                                           GemvTargets<PackedGemvTarget> launch,
                                                                           int64_t K, int tokens) {
   pdl_launch_dependents();
@@ -181,7 +195,7 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gemv_kernel(const 
 // Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as the
 // separate matmuls store them.
 template <DType kType, int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gated_gelu_kernel(const ActivationBlock* x,
+__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gated_gelu_kernel(const uint4* x,
                                                                                 const uint8_t* w_gate,
                                                                                 const uint8_t* w_up, bf16* out,
                                                                                 int64_t N, int64_t K, int tokens) {
@@ -214,23 +228,24 @@ void with_token_bucket(int64_t tokens, F&& f) {
   return f(std::integral_constant<int, 8>{});
 }
 
-void check_gemv_shape(DType type, int64_t K, const ActivationBlock* x) {
+void check_gemv_shape(DType type, int64_t K, const uint4* x) {
   G4_CHECK(is_block_quantized(type) && K % block_size(type) == 0,
            "packed gemv: " + dtype_name(type) + " rows of " + std::to_string(K) + " values");
-  G4_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "packed gemv: the quantized input must be 16-byte aligned");
+  G4_CHECK(x, "packed gemv: no quantized input");
 }
 
 }  // namespace
 
-void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, ActivationBlock* out, cudaStream_t stream) {
-  G4_CHECK(K % kBlock == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, uint4* out, cudaStream_t stream) {
+  G4_CHECK(K % kBlock == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
            "quantize_activations: rows of a multiple of 32 values, 16-byte aligned");
-  const int64_t n = T * (K / kBlock);
-  launch_kernel("quantize_activations_kernel", quantize_activations_kernel, unsigned(ceil_div(n, kQuantizeThreads)),
-                kQuantizeThreads, 0, stream, Pdl::kOn, x, n, out);
+  const int64_t blocks = K / kBlock;
+  launch_kernel("quantize_activations_kernel", quantize_activations_kernel,
+                unsigned(ceil_div(T * blocks, kQuantizeThreads)), kQuantizeThreads, 0, stream, Pdl::kOn, x, T, blocks,
+                out);
 }
 
-void launch_packed_gemv(DType type, const ActivationBlock* x, const PackedGemvTarget* targets, int count, int64_t T,
+void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T,
                         int64_t K, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
   const GemvTargets<PackedGemvTarget> plan = plan_gemv_targets(
@@ -243,7 +258,7 @@ void launch_packed_gemv(DType type, const ActivationBlock* x, const PackedGemvTa
   });
 }
 
-void launch_packed_gated_gelu(DType type, const ActivationBlock* x, const uint8_t* w_gate, const uint8_t* w_up,
+void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up,
                               bf16* out, int64_t T, int64_t N, int64_t K, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
   with_block_type(type, [&](auto weights) {

@@ -32,9 +32,9 @@ void launch_embed_packed(DType type, const uint8_t* table, int64_t rows, int64_t
 
 // ---- packed_gemv.cu ----
 
-// out[t * (K / 32) + b] = block b of row t of x [T, K], quantized (quantize_activation_block).
-void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, packed::ActivationBlock* out,
-                                 cudaStream_t stream);
+// x [T, K] quantized per block of 32 (quantize_activation_block) into `out`, T * K / 32 *
+// sizeof(packed::ActivationBlock) bytes, in the planes packed_gemv.cu reads.
+void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, uint4* out, cudaStream_t stream);
 // y_i[T, N_i] = x · w_i^T for 1..kMaxGemvTokens tokens and 1..kMaxGemvTargets packed matrices of
 // one type sharing the quantized input x (launch_quantize_activations' output for [T, K]).
 struct PackedGemvTarget {
@@ -42,10 +42,10 @@ struct PackedGemvTarget {
   bf16* y;
   int64_t rows;  // N_i
 };
-void launch_packed_gemv(DType type, const packed::ActivationBlock* x, const PackedGemvTarget* targets, int count,
-                        int64_t T, int64_t K, cudaStream_t stream);
+void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T, int64_t K,
+                        cudaStream_t stream);
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
-void launch_packed_gated_gelu(DType type, const packed::ActivationBlock* x, const uint8_t* w_gate,
-                              const uint8_t* w_up, bf16* out, int64_t T, int64_t N, int64_t K, cudaStream_t stream);
+void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
+                              int64_t T, int64_t N, int64_t K, cudaStream_t stream);
 
 }  // namespace g4
