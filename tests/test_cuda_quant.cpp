@@ -65,6 +65,14 @@ class CudaQuant : public test::CudaVsCpu {
     EXPECT_LE(relative_l2(got, want), test::kOpRelativeL2) << what;
     EXPECT_LE(relative_l2(got, rounded_to_bf16(want)), tight) << what;
   }
+  // Random blocks (Backend::fill_uniform) of the same bytes on both backends: fast to make at the
+  // 31B's sizes, where encoding random floats would take seconds.
+  Both random_weight(DType type, int64_t rows, int64_t cols) {
+    const Both w{cpu_.alloc(type, rows, cols), gpu_->alloc(type, rows, cols)};
+    cpu_.fill_uniform(w.cpu, 0.0f, 0.05f, seed_);
+    gpu_->fill_uniform(w.gpu, 0.0f, 0.05f, seed_++);
+    return w;
+  }
   void check_matmul(const Both& w, int64_t T, const std::string& what) {
     Both x = activation(T, w.cpu.cols), y = activation(T, w.cpu.rows);
     cpu_.matmul(x.cpu, w.cpu, y.cpu);
@@ -84,13 +92,13 @@ TEST_F(CudaQuant, MatmulOfEveryTypeByGemvAndPrefill) {
 }
 
 // The 31B shapes: hidden 5376 (the prefill runs three chunks of rows through the dequantized
-// scratch), the MLP's 21504-wide down projection, and an LM head of 262144 rows.
+// scratch), the MLP's 21504-wide down projection (two chunks), and an LM head of 262144 rows.
 TEST_F(CudaQuant, MatmulAtTheShapesOf31B) {
-  const Both q4_k = weight(4000, 5376, DType::Q4_K, 0.0f, 0.05f);
+  const Both q4_k = random_weight(DType::Q4_K, 4000, 5376);
   for (int64_t T : {1, 40}) check_matmul(q4_k, T, "Q4_K [4000, 5376]");
-  const Both q8_0 = weight(600, 21504, DType::Q8_0, 0.0f, 0.02f);
+  const Both q8_0 = random_weight(DType::Q8_0, 600, 21504);
   for (int64_t T : {1, 9}) check_matmul(q8_0, T, "Q8_0 [600, 21504]");
-  const Both lm_head = weight(262144, 256, DType::Q6_K);
+  const Both lm_head = random_weight(DType::Q6_K, 262144, 256);
   for (int64_t T : {1, 2}) check_matmul(lm_head, T, "Q6_K [262144, 256]");
 }
 
@@ -149,9 +157,7 @@ TEST_F(CudaQuant, EmbedFromQuantizedTablesBitForBit) {
 // them), so their matmuls agree as uploaded weights do.
 TEST_F(CudaQuant, RandomBlocksAreTheSameOnBothBackends) {
   for (DType type : kBlockTypes) {
-    const Both w{cpu_.alloc(type, 300, 512), gpu_->alloc(type, 300, 512)};
-    cpu_.fill_uniform(w.cpu, 0.0f, 0.05f, 77);
-    gpu_->fill_uniform(w.gpu, 0.0f, 0.05f, 77);
+    const Both w = random_weight(type, 300, 512);
     for (int64_t T : {1, 37}) check_matmul(w, T, "random " + dtype_name(type));
   }
 }
