@@ -2,7 +2,8 @@
 // the GPU") against the CPU backend over the same GGUF tensors, which decodes them to float32 (the
 // reference of SPEC §6): matmul by the decode GEMV (1-8 tokens) and by the prefill path, the q/k/v
 // launch with mixed types, the gated GELU, embedding rows, random blocks for synthetic weights, a
-// corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k.
+// corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k by g4
+// and in q4_0 and q4_k_m by llama.cpp's tools.
 // Skips without a GPU (tests/test_packed_blocks.cpp runs the packed arithmetic on the CPU).
 #include <gtest/gtest.h>
 
@@ -193,38 +194,48 @@ TEST_F(CudaQuant, ACorruptedLayoutOrScaleIsCaught) {
 
 // ---------------------------------------------------------------- the demo model
 
-struct DemoExport {
+// A quantized file of the demo model: g4's export, or one llama.cpp's converter and llama-quantize
+// made (tests/fixtures/llamacpp).
+struct DemoFile {
   const char* name;
-  DType weights, embedding;
-  bool q4_k_m;
+  DType weights, embedding;  // of the MLP's gate (layer 0) and of the embedding
+  bool q4_k_m = false;
+  const char* llamacpp_file = nullptr;
 };
 
-void PrintTo(const DemoExport& e, std::ostream* os) { *os << e.name; }
+void PrintTo(const DemoFile& f, std::ostream* os) { *os << f.name; }
 
-// The embedding quantized too (--quantize-embedding), so that its rows come from a packed table.
-const DemoExport kDemoExports[] = {
-    {"q8_0", DType::Q8_0, DType::Q8_0, false},
-    {"q4_0", DType::Q4_0, DType::Q4_0, false},
+// g4's exports with the embedding quantized too (--quantize-embedding), so that its rows come from
+// a packed table; llama-quantize gives the embedding Q6_K.
+const DemoFile kDemoFiles[] = {
+    {"q8_0", DType::Q8_0, DType::Q8_0},
+    {"q4_0", DType::Q4_0, DType::Q4_0},
     {"q4_k_m", DType::Q4_K, DType::Q6_K, true},
-    {"q6_k", DType::Q6_K, DType::Q6_K, false},
+    {"q6_k", DType::Q6_K, DType::Q6_K},
+    {"llamacpp_q4_0", DType::Q4_0, DType::Q6_K, false, "demo-q4_0.gguf"},
+    {"llamacpp_q4_k_m", DType::Q4_K, DType::Q6_K, false, "demo-q4_k_m.gguf"},
 };
 
-class CudaQuantDemo : public ::testing::TestWithParam<DemoExport> {
+class CudaQuantDemo : public ::testing::TestWithParam<DemoFile> {
  protected:
   void SetUp() override {
     G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu_);
-    const DemoExport& e = GetParam();
-    path_ = test::shared_artifact(std::string("demo-") + e.name + ".gguf", [&](const std::string& path) {
-      ExportOptions o;
-      o.weights = e.weights;
-      o.q4_k_m = e.q4_k_m;
-      o.quantize_embedding = true;
-      export_gguf(HfCheckpoint(std::string(G4_FIXTURES_DIR) + "/demo/hf"), path, o);
-    });
+    const DemoFile& f = GetParam();
+    if (f.llamacpp_file) {
+      path_ = std::string(G4_FIXTURES_DIR) + "/llamacpp/" + f.llamacpp_file;
+    } else {
+      path_ = test::shared_artifact(std::string("demo-") + f.name + ".gguf", [&](const std::string& path) {
+        ExportOptions o;
+        o.weights = f.weights;
+        o.q4_k_m = f.q4_k_m;
+        o.quantize_embedding = true;
+        export_gguf(HfCheckpoint(std::string(G4_FIXTURES_DIR) + "/demo/hf"), path, o);
+      });
+    }
     ref_ = test::load_demo_reference();
     model_ = load_model(path_, *gpu_);
-    ASSERT_EQ(model_->weights().embed.dtype, e.embedding);
-    ASSERT_EQ(model_->weights().layers[0].gate_proj.dtype, e.weights);
+    ASSERT_EQ(model_->weights().embed.dtype, f.embedding);
+    ASSERT_EQ(model_->weights().layers[0].gate_proj.dtype, f.weights);
   }
   Session new_session(Backend& be, const Gemma4& model) {
     SessionOptions o;
@@ -285,8 +296,8 @@ TEST_P(CudaQuantDemo, GraphDecodeEqualsPlainDecode) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Exports, CudaQuantDemo, ::testing::ValuesIn(kDemoExports),
-                         [](const ::testing::TestParamInfo<DemoExport>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Files, CudaQuantDemo, ::testing::ValuesIn(kDemoFiles),
+                         [](const ::testing::TestParamInfo<DemoFile>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace g4
