@@ -47,4 +47,6 @@ done | tee "$OUT/bench_summary.log"
 failures=$((failures + $(grep -c "^FAIL" "$OUT/bench_summary.log")))
 
 echo "gpu_quant_check: $failures failure(s) in $((SECONDS - started)) s"
+# One archive: the GPU machine returns at most 8 files.
+(cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json *.stderr gpu.txt 2>/dev/null)
 [ "$failures" -eq 0 ]
