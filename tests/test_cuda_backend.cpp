@@ -554,12 +554,11 @@ TEST_P(CudaFixture, HiddenStatesAgreeWithTheCpuLayerByLayer) {
 }
 
 // Greedy generation from a prompt prefix, n tokens, on any backend.
-std::vector<int64_t> generate(Session& s, std::span<const int32_t> prompt, SamplingParams p, int n) {
+std::vector<int64_t> generate(Session& s, std::span<const int32_t> prompt, const Sampler& sampler, int n) {
   s.prefill(prompt);
   std::vector<int64_t> out;
   for (int i = 0; i < n; ++i) {
-    out.push_back(s.sample(p));
-    p.seed += 1;
+    out.push_back(s.sample(sampler, i));
     if (i + 1 < n) s.decode(int32_t(out.back()));
   }
   return out;
@@ -576,8 +575,7 @@ double top2_margin(Session& s) {
 // step whose CPU top-2 margin is within kGreedyMargin (after that the sequences legitimately
 // differ). Returns the number of identical steps.
 int expect_same_greedy_generation(Session& cs, Session& gs, std::span<const int32_t> prompt, int n) {
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
+  const Sampler greedy(SamplingParams{.temperature = 0.0f});
   cs.prefill(prompt);
   gs.prefill(prompt);
   int agreed = 0;
@@ -605,16 +603,14 @@ TEST_P(CudaFixture, GraphDecodeEqualsPlainDecode) {
   const int n = int(ref_.positions) - 12;
   for (SamplingParams p : {SamplingParams{0.0f, 1.0f, 0.0f, 0, 3}, SamplingParams{1.0f, 0.95f, 0.0f, 64, 3}}) {
     Session plain = new_session(*gpu_, *model_);
-    const std::vector<int64_t> want = generate(plain, prompt, p, n);
+    const std::vector<int64_t> want = generate(plain, prompt, Sampler(p), n);
     const std::vector<float> want_logits = plain.last_logits_host();
 
     Session s = new_session(*gpu_, *model_);
     s.prefill(prompt);
-    std::vector<int64_t> got = {s.sample(p)};
+    std::vector<int64_t> got = {s.sample(Sampler(p))};
     DecodeGraph graph(s);
-    SamplingParams next = p;
-    next.seed += 1;
-    graph.start(int32_t(got.back()), next);
+    graph.start(int32_t(got.back()), Sampler(p), 1);
     while (int(got.size()) < n) got.push_back(graph.next());
     EXPECT_EQ(got, want) << "temperature " << p.temperature;
     EXPECT_EQ(s.position(), plain.position());
