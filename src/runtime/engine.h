@@ -49,8 +49,8 @@ class Engine {
   ModelRunner& runner() { return *runner_; }
   KvPool& kv_pool() { return runner_->kv_pool(); }
 
-  // A new, empty sequence with caches from the KV pool; throws "out of KV memory" when the
-  // budget is spent by live sessions. Sessions must not outlive the engine.
+  // A new, empty sequence; its caches come from the KV pool when it first runs tokens (see
+  // Session). Sessions must not outlive the engine.
   std::unique_ptr<Session> create_session(SessionOptions options = {});
 
   // The program contract, forward(tokens[T], input_pos[T], sampling) on `session`: input_pos must

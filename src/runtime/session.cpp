@@ -32,7 +32,6 @@ Session::Session(std::unique_ptr<ModelRunner> own_runner, ModelRunner* runner, S
       max_seq_len_(options.max_seq_len > 0 ? options.max_seq_len : runner_.max_seq_len()) {
   check_max_seq_len(runner_.config(), max_seq_len_);
   max_chunk_ = session_chunk(runner_, max_seq_len_, options.max_prefill_chunk);
-  kv_ = runner_.kv_pool().acquire(max_seq_len_);
   Backend& be = runner_.backend();
   step_.id = be.alloc(DType::I32, 1, 1);
   step_.position = be.alloc(DType::I32, 1, 1);
@@ -64,7 +63,7 @@ int64_t Session::start(std::span<const int32_t> prompt) {
   end_generation();
   KvPool& pool = runner_.kv_pool();
   const int64_t own = pool.usable_prefix(kv_.tokens(), prompt);
-  if (pool.best_kept_prefix(max_seq_len_, prompt) > own) {
+  if (kv_.empty() || pool.best_kept_prefix(max_seq_len_, prompt) > own) {
     // Ours go back first (kept with their tokens): the same bytes come back out, so the budget holds.
     kv_.give_back();
     kv_ = pool.acquire(max_seq_len_, prompt);
@@ -76,8 +75,13 @@ int64_t Session::start(std::span<const int32_t> prompt) {
   return int64_t(rest.size());
 }
 
+void Session::take_caches() {
+  if (kv_.empty()) kv_ = runner_.kv_pool().acquire(max_seq_len_);
+}
+
 void Session::prefill(std::span<const int32_t> tokens) {
   check_input(tokens);
+  take_caches();
   const LogitsOutput ws = runner_.workspace_logits(1);
   const LogitsOutput last{ws.normed, ws.act, logits_};
   // Only the last chunk's last position has logits worth computing.
@@ -93,6 +97,7 @@ std::vector<float> Session::logits_all(std::span<const int32_t> tokens, int64_t 
   chunk = chunk > 0 ? chunk : max_chunk_;
   G4_CHECK(chunk <= max_chunk_, "prefill chunk " + std::to_string(chunk) + " exceeds max_prefill_chunk " +
                                     std::to_string(max_chunk_));
+  take_caches();
   const ModelConfig& c = runner_.config();
   Backend& be = runner_.backend();
   if (all_logits_.empty()) {

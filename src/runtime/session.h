@@ -38,8 +38,10 @@ class Session {
   // A session alone on a model, with a private runner whose KV budget is this one sequence (tools
   // and tests that run one sequence on a bare model).
   Session(const Gemma4& model, Backend& backend, SessionOptions options = {});
-  // A session of a runner (Engine::create_session): its caches come from the runner's pool, which
-  // throws "out of KV memory" when the budget is spent. The runner must outlive the session.
+  // A session of a runner (Engine::create_session). Its caches come from the runner's pool when it
+  // first runs tokens (so that start() can take over a kept prefix of its prompt): start() and
+  // prefill() throw "out of KV memory" when live sessions have spent the budget. The runner must
+  // outlive the session.
   explicit Session(ModelRunner& runner, SessionOptions options = {});
   ~Session();  // the caches go back to the pool, kept (with their tokens) for prefix reuse
   Session(const Session&) = delete;
@@ -53,7 +55,7 @@ class Session {
   Backend& backend() const { return runner_.backend(); }
   ModelRunner& runner() const { return runner_; }
   const KvSequence& kv() const { return kv_; }
-  // Empties the session (position 0) and ends any generation.
+  // Empties the session (position 0; it keeps its caches as blank storage) and ends any generation.
   void reset();
 
   // Makes the session hold exactly `prompt`, with its last token's logits: the longest usable
@@ -102,6 +104,7 @@ class Session {
   // Feeds `token` and draws token j from its logits (eager, or a replay of the recorded step).
   int32_t feed_and_draw(int32_t token, int64_t j);
   void end_generation();
+  void take_caches();  // from the pool, if the session holds none yet
 
   std::unique_ptr<ModelRunner> own_runner_;  // only for a session alone on a model
   ModelRunner& runner_;
