@@ -15,24 +15,17 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/scheduler.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
 
 namespace g4 {
 namespace {
 
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 constexpr int64_t kMaxSeqLen = 128;
 
 std::unique_ptr<Engine> demo_engine(int64_t sequences, const std::string& backend = "cpu") {
-  EngineOptions o;
-  o.model_path = kDemo;
-  o.backend = backend;
-  o.max_seq_len = kMaxSeqLen;
-  auto probe = std::make_unique<Engine>(o);
-  o.kv_budget_bytes = size_t(sequences) * probe->kv_pool().sequence_bytes(kMaxSeqLen);
-  probe.reset();
-  return std::make_unique<Engine>(o);
+  return test::demo_engine_for(sequences, kMaxSeqLen, backend);
 }
 
 // Thirteen different requests: prompts of 3 to 39 tokens, greedy and sampled, their own seeds.

@@ -12,25 +12,18 @@
 #include "backend/backend_factory.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
 
 namespace g4 {
 namespace {
 
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 constexpr int64_t kMaxSeqLen = 256;  // the demo's window is 64: the sliding ring holds 128
 
 // The demo engine with room for `sequences` sequences of kMaxSeqLen.
 std::unique_ptr<Engine> demo_engine(int64_t sequences, const std::string& backend = "cpu") {
-  EngineOptions o;
-  o.model_path = kDemo;
-  o.backend = backend;
-  o.max_seq_len = kMaxSeqLen;
-  auto probe = std::make_unique<Engine>(o);
-  o.kv_budget_bytes = size_t(sequences) * probe->kv_pool().sequence_bytes(kMaxSeqLen);
-  probe.reset();
-  return std::make_unique<Engine>(o);
+  return test::demo_engine_for(sequences, kMaxSeqLen, backend);
 }
 
 SamplingParams sampled(uint64_t seed) {
