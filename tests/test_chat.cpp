@@ -1,6 +1,6 @@
 // g4 chat and what it stands on: a generation that continues the session's cache (the next
-// turn prefills only its new tokens and generates what a fresh prefill of the whole history
-// would), the stop flag a Ctrl-C sets, and three turns through the binary's standard input.
+// turn, given the whole history, prefills only its new tokens and generates what a fresh prefill
+// of the whole history would), the stop flag a Ctrl-C sets, and three turns through the binary's standard input.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +11,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
 #include "model/gguf_model.h"
+#include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "support/fixtures.h"
 #include "tokenizer/chat_template.h"
@@ -32,7 +33,7 @@ std::string sampling_model() {
 GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
   GenerationRequest r;
   r.prompt = std::move(prompt);
-  r.params.temperature = 0;
+  r.sampler = Sampler(SamplingParams{.temperature = 0.0f});
   r.max_new_tokens = max_new_tokens;
   r.stop_ids = {};
   return r;
@@ -41,26 +42,30 @@ GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
 TEST(Chat, ContinuingTheCacheMatchesAFreshPrefill) {
   EngineOptions eo;
   eo.model_path = sampling_model();
+  eo.kv_budget_bytes = 2 * Engine(eo).kv_pool().budget_bytes();  // room for the fresh session below
   Engine engine(eo);
+  auto session = engine.create_session();
   const std::vector<int32_t> first = {2, 17, 30, 41, 5}, second = {9, 77, 12, 3};
 
-  // Turn 1, then turn 2 continuing the session.
-  GenerationResult one = generate(engine, greedy(first, 6));
+  // Turn 1, then turn 2 with the whole history: only what the cache lacks is prefilled.
+  GenerationResult one = generate(*session, greedy(first, 6));
   ASSERT_EQ(one.tokens.size(), 6u);
+  EXPECT_EQ(one.prefilled, int64_t(first.size()));
   std::vector<int32_t> history = first;
   history.insert(history.end(), one.tokens.begin(), one.tokens.end());
-  const int64_t cached = engine.session().position();
+  const int64_t cached = session->position();
   EXPECT_EQ(cached, int64_t(history.size()) - 1) << "the token that hit max_new_tokens is not fed yet";
-  GenerationRequest next = greedy(std::vector<int32_t>(history.begin() + cached, history.end()), 6);
-  next.prompt.insert(next.prompt.end(), second.begin(), second.end());
-  next.continue_session = true;
-  const GenerationResult continued = generate(engine, next);
-  EXPECT_EQ(engine.session().position(), cached + int64_t(next.prompt.size()) + 5);
-
-  // The whole conversation prefilled at once from position 0.
   std::vector<int32_t> whole = history;
   whole.insert(whole.end(), second.begin(), second.end());
-  const GenerationResult fresh = generate(engine, greedy(whole, 6));
+  const GenerationResult continued = generate(*session, greedy(whole, 6));
+  EXPECT_EQ(continued.prefilled, int64_t(whole.size()) - cached) << "the new turn and the reply's last token";
+  EXPECT_EQ(session->position(), int64_t(whole.size()) + 5);
+
+  // The whole conversation prefilled at once from position 0 in a fresh session.
+  auto fresh_session = engine.create_session();
+  ASSERT_EQ(fresh_session->position(), 0);
+  const GenerationResult fresh = generate(*fresh_session, greedy(whole, 6));
+  EXPECT_EQ(fresh.prefilled, int64_t(whole.size()));
   EXPECT_EQ(continued.tokens, fresh.tokens);
 }
 
@@ -68,14 +73,15 @@ TEST(Chat, StopFlagEndsTheReplyAfterTheCurrentToken) {
   EngineOptions eo;
   eo.model_path = sampling_model();
   Engine engine(eo);
+  auto session = engine.create_session();
   std::atomic<bool> stop{true};
   GenerationRequest r = greedy({2, 17, 30}, 10);
   r.stop = &stop;
-  const GenerationResult result = generate(engine, r);
+  const GenerationResult result = generate(*session, r);
   EXPECT_TRUE(result.stopped);
   EXPECT_EQ(result.tokens.size(), 1u);
   stop = false;
-  EXPECT_EQ(generate(engine, r).tokens.size(), 10u);
+  EXPECT_EQ(generate(*session, r).tokens.size(), 10u);
 }
 
 struct TurnLine {

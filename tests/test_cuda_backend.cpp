@@ -488,8 +488,7 @@ double top2_margin(Session& s) {
 // step whose CPU top-2 margin is within kGreedyMargin (after that the sequences legitimately
 // differ). Returns the number of identical steps.
 int expect_same_greedy_generation(Session& cs, Session& gs, std::span<const int32_t> prompt, int n) {
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
+  const Sampler greedy(SamplingParams{.temperature = 0.0f});
   cs.prefill(prompt);
   gs.prefill(prompt);
   int agreed = 0;

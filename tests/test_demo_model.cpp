@@ -74,10 +74,10 @@ TEST(DemoModel, GreedyMatchesTransformers) {
   for (const auto& c : g["continuations"]) {
     GenerationRequest r;
     r.prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-    r.params.temperature = 0.0f;
+    r.sampler = Sampler(SamplingParams{.temperature = 0.0f});
     r.max_new_tokens = int64_t(c["greedy_ids"].size());
     r.stop_ids = {};
-    EXPECT_EQ(generate(*engine, r).tokens, c["greedy_ids"].get<std::vector<int32_t>>()) << c["name"];
+    EXPECT_EQ(generate(*engine->create_session(), r).tokens, c["greedy_ids"].get<std::vector<int32_t>>()) << c["name"];
   }
 }
 

@@ -56,10 +56,10 @@ TEST(EmbeddedDemo, EngineFromAModelImageGeneratesLikeTheFile) {
   EXPECT_EQ(b.tokenizer_json(), a.tokenizer_json());
   GenerationRequest r;
   r.prompt = {2, 105, 2364, 107};
-  r.params.temperature = 0.0f;
+  r.sampler = Sampler(SamplingParams{.temperature = 0.0f});
   r.max_new_tokens = 12;
   r.stop_ids = {};
-  EXPECT_EQ(generate(b, r).tokens, generate(a, r).tokens);
+  EXPECT_EQ(generate(*b.create_session(), r).tokens, generate(*a.create_session(), r).tokens);
 }
 
 TEST(EmbeddedDemo, CopiedBinaryRunsTheDemoFromRoot) {

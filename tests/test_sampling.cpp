@@ -13,6 +13,7 @@
 
 #include "sampling/cpu_sampler.h"
 #include "sampling/philox.h"
+#include "sampling/sampler.h"
 #include "sampling/sampling_math.h"
 #include "sampling/sampling_params.h"
 #include "support/fixtures.h"
@@ -232,17 +233,33 @@ TEST(CpuSampler, FullVocabularyRow) {
 
 void expect_rejected(const SamplingParams& p, const std::string& message) {
   try {
-    validate_sampling_params(p);
+    const Sampler sampler(p);  // validates
     ADD_FAILURE() << "accepted, expected: " << message;
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
 }
 
+TEST(Sampler, SeedScheduleIsBasePlusTokenIndex) {
+  SamplingParams p = make_params(0.9f, 40, 0.9f, 0.0f);
+  p.seed = ~uint64_t(0) - 1;  // the schedule wraps at 2^64
+  const Sampler sampler(p);
+  EXPECT_EQ(sampler.for_token(0).seed, p.seed);
+  EXPECT_EQ(sampler.for_token(3).seed, uint64_t(1));
+  EXPECT_EQ(sampler.starting_at(2).for_token(1).seed, sampler.for_token(3).seed);
+  EXPECT_EQ(sampler.for_token(5).top_k, 40);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(300);
+  for (float& z : logits) z = normal(rng);
+  for (int64_t j = 0; j < 8; ++j)
+    EXPECT_EQ(sampler.sample_host(logits.data(), 300, j), sample_row(logits.data(), 300, sampler.for_token(j)));
+}
+
 TEST(SamplingParams, ValidationFollowsTheSpecTable) {
   for (const SamplingParams& ok : {make_params(0.0f), make_params(-1.0f), make_params(2.0f, 0, 1.0f, 0.0f),
                                    make_params(0.7f, 1 << 30, 1e-9f, 0.999f)}) {
-    EXPECT_NO_THROW(validate_sampling_params(ok));
+    EXPECT_NO_THROW(Sampler{ok});
   }
   const std::string temperature = "temperature must be in [0, 2] or -1";
   for (float t : {-0.5f, -2.0f, 2.01f, kNan, kInf, -kInf}) expect_rejected(make_params(t), temperature);

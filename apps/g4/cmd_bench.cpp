@@ -169,17 +169,16 @@ struct DecodeResult {
 };
 
 // Prefill, the first token, then `gen` more tokens by plain decode or by graph replay.
-DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> prompt, SamplingParams p, int64_t gen,
+DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> prompt, const Sampler& sampler, int64_t gen,
                          bool graph) {
   s.reset();
   s.prefill(prompt);
-  int64_t token = s.sample(p);
+  int64_t token = s.sample(sampler, 0);
   be.synchronize();
   DecodeGraph g(s);
   double secs = 0;
   if (graph) {
-    p.seed += 1;
-    g.start(int32_t(token), p);
+    g.start(int32_t(token), sampler, 1);
     g.next();  // the first replay uploads the graph
     secs = seconds_of([&] {
       for (int64_t i = 1; i < gen; ++i) g.next();
@@ -188,8 +187,7 @@ DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> promp
     secs = seconds_of([&] {
       for (int64_t i = 1; i < gen; ++i) {
         s.decode(int32_t(token));
-        p.seed += 1;
-        token = s.sample(p);
+        token = s.sample(sampler, i);
       }
     });
   }
@@ -235,10 +233,10 @@ void run_bench(const BenchOptions& o) {
   topk_topp.top_k = 64;
   topk_topp.top_p = 0.95f;
   const bool graphs = be.name() == "cuda";
-  const DecodeResult plain = time_decode(s, be, prompt, greedy, o.gen, false);
-  const DecodeResult graph_greedy = graphs ? time_decode(s, be, prompt, greedy, o.gen, true) : plain;
-  const DecodeResult graph_sampled = graphs ? time_decode(s, be, prompt, topk_topp, o.gen, true)
-                                            : time_decode(s, be, prompt, topk_topp, o.gen, false);
+  const DecodeResult plain = time_decode(s, be, prompt, Sampler(greedy), o.gen, false);
+  const DecodeResult graph_greedy = graphs ? time_decode(s, be, prompt, Sampler(greedy), o.gen, true) : plain;
+  const DecodeResult graph_sampled = graphs ? time_decode(s, be, prompt, Sampler(topk_topp), o.gen, true)
+                                            : time_decode(s, be, prompt, Sampler(topk_topp), o.gen, false);
 
   // The sampler alone on the last logits, back to back.
   Tensor params = be.alloc(DType::I32, 1, sizeof(SamplingParams) / 4), token = be.alloc(DType::I64, 1, 1);

@@ -67,13 +67,13 @@ std::string trim(const std::string& text) {
   return text.substr(first, text.find_last_not_of(" \t\r\n") + 1 - first);
 }
 
-// The conversation as token ids. The engine's cache always holds a prefix of history: the
-// tokens of every earlier turn except, at most, a reply's last token (generation stops before
-// feeding the token that hit max_new_tokens or a Ctrl-C), which the next turn feeds first.
+// The conversation as token ids. Each reply passes the whole history to the session, which
+// keeps what its caches hold (every earlier turn but, at most, a reply's last token: generation
+// stops before feeding the token that hit max_new_tokens or a Ctrl-C) and prefills the rest.
 class Conversation {
  public:
   Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling)
-      : engine_(engine),
+      : session_(engine.create_session()),
         tokenizer_(tokenizer),
         options_(options),
         sampling_(sampling),
@@ -82,7 +82,7 @@ class Conversation {
 
   void reset() {
     history_.clear();
-    engine_.session().reset();
+    session_->reset();
   }
 
   void reply(const std::string& user_text) {
@@ -93,35 +93,30 @@ class Conversation {
     }
     append(turn, format_gemma4_user_turn(user_text));
 
-    const int64_t cached = engine_.session().position();
     GenerationRequest request;
-    request.prompt.assign(history_.begin() + cached, history_.end());
+    request.prompt = history_;
     request.prompt.insert(request.prompt.end(), turn.begin(), turn.end());
-    request.params = sampling_.params;
-    request.params.seed += drawn_;  // every token of the conversation gets its own seed
+    request.sampler = sampling_.sampler.starting_at(int64_t(drawn_));  // every token of the conversation gets its own seed
     request.max_new_tokens = options_.gen.max_new_tokens;
     request.stop_ids = stop_ids_;
     request.graph = options_.gen.cuda_graph;
-    request.continue_session = true;
     request.stop = &g_stop_reply;
     // Fails before running anything (and so leaves the conversation as it was) when the
     // context cannot take the turn.
-    engine_.session().check_input(request.prompt);
+    session_->check_input(request.prompt, 0);
 
     StreamDecoder text(tokenizer_, /*skip_special=*/true);
     g_stop_reply.store(false);
     g_replying.store(true);
     GenerationResult result;
     try {
-      result = generate(engine_, request, [&](int32_t id) {
+      result = generate(*session_, request, [&](int32_t id) {
         std::fputs(text.push(id).c_str(), stdout);
         std::fflush(stdout);
       });
     } catch (...) {
       g_replying.store(false);
-      // history is unchanged; a cache that ran ahead of it is dropped and rebuilt next turn.
-      if (engine_.session().position() != cached) engine_.session().reset();
-      throw;
+      throw;  // history is unchanged; the session's caches say what they hold, so the next turn fits
     }
     g_replying.store(false);
     std::printf("%s\n", text.flush().c_str());
@@ -137,12 +132,13 @@ class Conversation {
                            ? double(result.tokens.size() - 1) / result.decode_seconds
                            : 0;
     std::fprintf(stderr, "[prefilled %zu tokens (cache %lld) in %.3f s; %zu tokens, %.1f tok/s%s; context %lld/%lld]\n",
-                 request.prompt.size(), static_cast<long long>(cached), result.prefill_seconds, result.tokens.size(),
+                 size_t(result.prefilled), static_cast<long long>(int64_t(request.prompt.size()) - result.prefilled),
+                 result.prefill_seconds, result.tokens.size(),
                  tps, result.stopped ? "; stopped"
                       : result.context_full ? "; context full, /reset to start again"
                       : result.stop_token < 0 && options_.gen.max_new_tokens > 0 ? "; --max_new_tokens reached"
                                                                                   : "",
-                 static_cast<long long>(history_.size()), static_cast<long long>(engine_.session().max_seq_len()));
+                 static_cast<long long>(history_.size()), static_cast<long long>(session_->max_seq_len()));
   }
 
  private:
@@ -151,7 +147,7 @@ class Conversation {
     ids.insert(ids.end(), more.begin(), more.end());
   }
 
-  Engine& engine_;
+  std::unique_ptr<Session> session_;
   const Tokenizer& tokenizer_;
   const ChatOptions& options_;
   const EffectiveSampling sampling_;

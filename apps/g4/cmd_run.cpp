@@ -66,12 +66,13 @@ void run(const RunOptions& o) {
   check_prompt_flags(o);
   std::unique_ptr<Engine> engine = open_engine(o.gen);
   const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
+  std::unique_ptr<Session> session = engine->create_session();
   GenerationRequest request;
   request.prompt = prompt_ids(o, tokenizer, *engine);
-  engine->session().check_input(request.prompt, 0);
+  session->check_input(request.prompt, 0);
   // Only once nothing can fail any more: the random seed line belongs to a run that happens.
   const EffectiveSampling sampling = effective_sampling(o.gen, engine->generation_defaults());
-  request.params = sampling.params;
+  request.sampler = sampling.sampler;
   request.max_new_tokens = o.gen.max_new_tokens;
   request.stop_ids = stop_ids(o.gen, *engine);
   request.graph = o.gen.cuda_graph;
@@ -84,7 +85,7 @@ void run(const RunOptions& o) {
   std::optional<Progress> progress;
   if (!isatty(STDOUT_FILENO) && Progress::stderr_is_terminal())
     progress.emplace("generating", uint64_t(o.gen.max_new_tokens), "tokens");
-  GenerationResult result = generate(*engine, request, [&](int32_t id) {
+  GenerationResult result = generate(*session, request, [&](int32_t id) {
     if (progress) progress->advance(1);
     if (!text) return;
     std::fputs(text->push(id).c_str(), stdout);

@@ -11,8 +11,7 @@
 #include "backend/backend.h"
 #include "backend/backend_factory.h"
 #include "commands.h"
-#include "sampling/cpu_sampler.h"
-#include "sampling/sampling_params.h"
+#include "sampling/sampler.h"
 #include "util/error.h"
 
 
@@ -59,21 +58,21 @@ uint64_t parse_seed(const std::string& text) {
   }
 }
 
-std::vector<int64_t> draw_on_cpu(const std::vector<float>& logits, SamplingParams params, int64_t draws) {
+std::vector<int64_t> draw_on_cpu(const std::vector<float>& logits, const Sampler& sampler, int64_t draws) {
   std::vector<int64_t> tokens(static_cast<size_t>(draws));
-  for (int64_t j = 0; j < draws; ++j, ++params.seed) tokens[size_t(j)] = sample_row(logits.data(), int64_t(logits.size()), params);
+  for (int64_t j = 0; j < draws; ++j) tokens[size_t(j)] = sampler.sample_host(logits.data(), int64_t(logits.size()), j);
   return tokens;
 }
 
 #ifdef G4_HAVE_CUDA
 // Every draw is a row of one batch sampling the same logits row (the backend's one shared row);
 // row j carries seed S + j.
-std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const SamplingParams& params, int64_t draws) {
+std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const Sampler& sampler, int64_t draws) {
   G4_CHECK(cuda_available(), "--backend cuda: no CUDA GPU is available");
   const std::unique_ptr<Backend> backend = make_backend("cuda");
   const int64_t vocab = int64_t(logits.size());
   constexpr int64_t kRowsPerLaunch = 4096;
-  std::vector<SamplingParams> row_params(size_t(std::min(draws, kRowsPerLaunch)), params);
+  std::vector<SamplingParams> row_params(size_t(std::min(draws, kRowsPerLaunch)));
   std::vector<int64_t> tokens(static_cast<size_t>(draws));
   static_assert(sizeof(SamplingParams) % 4 == 0, "params travel as rows of int32");
   const Tensor device_logits = backend->alloc(DType::F32, 1, vocab);
@@ -82,7 +81,7 @@ std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const Sampli
   backend->upload(logits.data(), device_logits);
   for (int64_t done = 0; done < draws; done += kRowsPerLaunch) {
     const int64_t rows = std::min(kRowsPerLaunch, draws - done);
-    for (int64_t r = 0; r < rows; ++r) row_params[size_t(r)].seed = params.seed + uint64_t(done + r);
+    for (int64_t r = 0; r < rows; ++r) row_params[size_t(r)] = sampler.for_token(done + r);
     const Tensor batch_params = device_params.rows_view(0, rows), batch_tokens = device_tokens.rows_view(0, rows);
     backend->upload(row_params.data(), batch_params);
     backend->sample(device_logits, batch_params, batch_tokens);
@@ -96,16 +95,18 @@ void run_sample(SampleOptions options) {
   G4_CHECK(options.backend == "cpu" || options.backend == "cuda",
            "--backend must be cpu or cuda, got '" + options.backend + "'");
   G4_CHECK(options.draws >= 1, "--draws must be >= 1");
-  validate_sampling_params(options.params);
-  options.params.seed = parse_seed(options.seed);
+  // A bad parameter fails before a random seed is drawn and printed; the seed flag then moves the
+  // schedule from options.params.seed (no flag sets it: 0) to the chosen seed.
+  const Sampler unseeded(options.params);
+  const Sampler sampler = unseeded.starting_at(int64_t(parse_seed(options.seed)));
   const std::vector<float> logits = read_logits(options.logits_path, options.vocab);
 
   std::vector<int64_t> tokens;
   if (options.backend == "cpu") {
-    tokens = draw_on_cpu(logits, options.params, options.draws);
+    tokens = draw_on_cpu(logits, sampler, options.draws);
   } else {
 #ifdef G4_HAVE_CUDA
-    tokens = draw_on_cuda(logits, options.params, options.draws);
+    tokens = draw_on_cuda(logits, sampler, options.draws);
 #else
     throw Error("--backend cuda: this g4 was built without CUDA");
 #endif

@@ -67,7 +67,7 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
 }
 
 void check_generation_flags(const GenerationFlags& f) {
-  validate_sampling_params(flag_sampling(f));
+  Sampler{flag_sampling(f)};  // the flags alone, before the model's values are known
   parse_seed(f.seed);
   G4_CHECK(f.max_new_tokens >= 0, "--max_new_tokens must be >= 0, got " + std::to_string(f.max_new_tokens));
   G4_CHECK(f.max_seq_len >= 0, "--max_seq_len must be a context size (0 = the model file's), got " +
@@ -100,7 +100,7 @@ void check_token_flags(const GenerationFlags& f, const Engine& engine) {
 
 EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d) {
   EffectiveSampling s;
-  s.params = flag_sampling(f);
+  SamplingParams params = flag_sampling(f);
   auto pick = [](const CLI::Option* flag, const auto& model_value, auto& value, std::string& from) {
     if (flag->count()) {
       from = "flag";
@@ -111,25 +111,26 @@ EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationD
       from = "default";
     }
   };
-  pick(f.temperature_flag, d.temperature, s.params.temperature, s.temperature_from);
-  pick(f.top_k_flag, d.top_k, s.params.top_k, s.top_k_from);
-  pick(f.top_p_flag, d.top_p, s.params.top_p, s.top_p_from);
-  pick(f.min_p_flag, d.min_p, s.params.min_p, s.min_p_from);
-  validate_sampling_params(s.params);  // the model's values too
+  pick(f.temperature_flag, d.temperature, params.temperature, s.temperature_from);
+  pick(f.top_k_flag, d.top_k, params.top_k, s.top_k_from);
+  pick(f.top_p_flag, d.top_p, params.top_p, s.top_p_from);
+  pick(f.min_p_flag, d.min_p, params.min_p, s.min_p_from);
   const std::optional<uint64_t> seed = parse_seed(f.seed);
   s.random_seed = !seed;
   if (seed) {
-    s.params.seed = *seed;
-  } else if (!is_greedy(s.params)) {
+    params.seed = *seed;
+  } else if (!is_greedy(params)) {
     std::random_device rd;
-    s.params.seed = (uint64_t(rd()) << 32) ^ rd();
-    std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(s.params.seed));
+    params.seed = (uint64_t(rd()) << 32) ^ rd();
   }
+  s.sampler = Sampler(params);  // the model's values are checked too
+  if (s.random_seed && !s.sampler.greedy())
+    std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(params.seed));
   return s;
 }
 
 std::string describe_sampling(const EffectiveSampling& s) {
-  const SamplingParams& p = s.params;
+  const SamplingParams& p = s.sampler.params();
   if (is_greedy(p)) return "sampling: greedy (temperature " + number(p.temperature) + ", " + s.temperature_from + ")";
   std::ostringstream out;
   out << "sampling: temperature " << number(p.temperature) << " (" << s.temperature_from << "), top_k " << p.top_k

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
-#include "sampling/sampling_params.h"
+#include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace g4::cli {
@@ -39,7 +39,7 @@ void check_token_flags(const GenerationFlags& flags, const Engine& engine);
 
 // The sampling settings in effect and where each came from ("flag", "model" or "default").
 struct EffectiveSampling {
-  SamplingParams params;  // params.seed is the base seed
+  Sampler sampler{SamplingParams{}};  // its base seed draws token 0
   std::string temperature_from, top_k_from, top_p_from, min_p_from;
   bool random_seed = false;  // --seed -1: drawn at start
 };

@@ -121,6 +121,10 @@ class Backend {
   // Peak bytes of backend memory allocated so far (device memory on CUDA; on the CPU, buffers
   // only: mapped weights are not allocations).
   virtual size_t peak_memory_bytes() const = 0;
+  // The most rows an op may take while every row's result stays bit-identical to running that row
+  // alone (docs/DESIGN.md §7, batch invariance): the scheduler runs decode rows in groups of at most
+  // this many. 1 (assume nothing) unless a backend knows better.
+  virtual int64_t batch_invariant_rows() const { return 1; }
 
   // ---- graphs: one decode step captured once, replayed with token and position on the device ----
   // Ops issued between begin_capture() and end_capture() are recorded instead of run; replay() runs

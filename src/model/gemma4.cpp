@@ -1,5 +1,6 @@
 #include "model/gemma4.h"
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 
@@ -7,7 +8,8 @@
 
 namespace g4 {
 
-ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_tokens) : max_tokens(max_tokens) {
+ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_tokens, int64_t max_outputs)
+    : max_tokens(max_tokens), max_outputs(max_outputs) {
   const DType a = be.activation_dtype();
   x = be.alloc(a, max_tokens, c.hidden_size);
   normed = be.alloc(a, max_tokens, c.hidden_size);
@@ -17,8 +19,8 @@ ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_to
   attn = be.alloc(a, max_tokens, c.max_q_cols());
   proj = be.alloc(a, max_tokens, c.hidden_size);
   gate = be.alloc(a, max_tokens, c.intermediate_size);
-  last_hidden = be.alloc(a, 1, c.hidden_size);
-  logits_act = be.alloc(a, 1, c.vocab_size);
+  out_normed = be.alloc(a, max_outputs, c.hidden_size);
+  logits_act = be.alloc(a, max_outputs, c.vocab_size);
 }
 
 // First T rows of `t`, seen as [T, cols].
@@ -28,21 +30,16 @@ static Tensor rows(const Tensor& t, int64_t first, int64_t n, int64_t cols) {
   return head(t, first + n, cols).rows_view(first, n);
 }
 
-void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
-                             int64_t T, int64_t out_rows) const {
+void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::span<const SequenceRows> sequences,
+                             const Tensor& positions, int64_t T, int64_t first) const {
   const LayerConfig& l = config_.layers[size_t(layer)];
   const LayerWeights& w = weights_.layers[size_t(layer)];
   const float eps = float(config_.rms_norm_eps);
-  const int64_t H = config_.hidden_size, hd = l.head_dim, first = T - out_rows;
-  const int64_t q_cols = config_.num_heads * hd, kv_cols = l.kv_heads * hd;
+  const int64_t H = config_.hidden_size, hd = l.head_dim, out_rows = T - first;
+  const int64_t heads = config_.num_heads, q_cols = heads * hd, kv_cols = l.kv_heads * hd;
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
-  // Queries only for the out_rows tokens whose output is read; keys and values for all T.
+  // Queries only for rows [first, T), whose output is read; keys and values for all T.
   Tensor q = head(buf.q, out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
-
-  Tensor q_heads = q.reshaped(out_rows * config_.num_heads, hd);
-  Tensor k_heads = k.reshaped(T * l.kv_heads, hd), v_heads = v.reshaped(T * l.kv_heads, hd);
-  HeadNorms norms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads, positions, w.rope_inv_freq, eps, first};
-  if (l.k_eq_v) norms.v_in = k_heads;  // V = v_norm(k_proj(x)), before k_norm/RoPE
   if (first == 0) {  // one input for all three: one launch for a decode step
     const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, ys[] = {q, k, v};
     be.matmuls(h, std::span(ws, l.k_eq_v ? 2 : 3), std::span(ys, l.k_eq_v ? 2 : 3));
@@ -52,24 +49,37 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCach
     be.matmuls(h, std::span(ws, l.k_eq_v ? 1 : 2), std::span(ys, l.k_eq_v ? 1 : 2));
   }
 
-  AttentionArgs args;
-  args.q = q;
-  args.k_new = k;
-  args.v_new = v;
-  args.cache = &cache;
-  args.positions = positions;
-  args.heads = config_.num_heads;
-  args.kv_heads = l.kv_heads;
-  args.head_dim = l.head_dim;
-  args.window = l.sliding ? config_.sliding_window : 0;
-  args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
-  args.out = head(buf.attn, out_rows, q_cols);
-  args.q_first = first;
-  be.normed_attention(norms, args);
+  // Attention runs per sequence, over that sequence's cache and positions: its rows [a, a + n) of
+  // k/v, and its query rows [max(a, first), a + n), which sit at q row max(a, first) - first.
+  for (const SequenceRows& s : sequences) {
+    const int64_t a = s.first_row, n = s.rows, q_from = std::max(a, first), nq = a + n - q_from;
+    const Tensor seq_q = q.rows_view(q_from - first, nq), seq_k = k.rows_view(a, n), seq_v = v.rows_view(a, n);
+    const Tensor seq_positions = positions.rows_view(a, n);
+    Tensor q_heads = seq_q.reshaped(nq * heads, hd);
+    Tensor k_heads = seq_k.reshaped(n * l.kv_heads, hd), v_heads = seq_v.reshaped(n * l.kv_heads, hd);
+    HeadNorms norms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads, seq_positions, w.rope_inv_freq, eps,
+                    q_from - a};
+    if (l.k_eq_v) norms.v_in = k_heads;  // V = v_norm(k_proj(x)), before k_norm/RoPE
+
+    AttentionArgs args;
+    args.q = seq_q;
+    args.k_new = seq_k;
+    args.v_new = seq_v;
+    args.cache = &(*s.caches)[size_t(layer)];
+    args.positions = seq_positions;
+    args.heads = config_.num_heads;
+    args.kv_heads = l.kv_heads;
+    args.head_dim = l.head_dim;
+    args.window = l.sliding ? config_.sliding_window : 0;
+    args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
+    args.out = head(buf.attn, out_rows, q_cols).rows_view(q_from - first, nq);
+    args.q_first = q_from - a;
+    be.normed_attention(norms, args);
+  }
   if (out_rows == 0) return;
 
   Tensor o = rows(buf.proj, first, out_rows, H);
-  be.matmul(args.out, w.o_proj, o);
+  be.matmul(head(buf.attn, out_rows, q_cols), w.o_proj, o);
   be.residual_norm(x.rows_view(first, out_rows), o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm,
                    h.rows_view(first, out_rows));
 }
@@ -87,13 +97,25 @@ void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t firs
                    last ? Tensor{} : weights_.layers[size_t(layer) + 1].attn_norm, last ? Tensor{} : h);
 }
 
-void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
-                            const Tensor& positions, int64_t out_rows) const {
+void Gemma4::forward_batch(Backend& be, ForwardBuffers& buf, std::span<const SequenceRows> sequences,
+                           const Tensor& ids, const Tensor& positions) const {
   const int64_t T = ids.rows;
-  G4_CHECK(T >= 1 && T <= buf.max_tokens, "chunk of " + std::to_string(T) + " tokens exceeds the buffers (" +
+  G4_CHECK(T >= 1 && T <= buf.max_tokens, "a forward of " + std::to_string(T) + " rows exceeds the buffers (" +
                                               std::to_string(buf.max_tokens) + ")");
-  G4_CHECK(out_rows >= 0 && out_rows <= T, "forward_layers: " + std::to_string(out_rows) +
-                                               " output rows asked of a chunk of " + std::to_string(T));
+  G4_CHECK(positions.rows == T, "forward: one position per token");
+  // The first row any sequence reads: the last layer computes its outputs from there on.
+  int64_t next_row = 0, first_read = T;
+  for (const SequenceRows& s : sequences) {
+    G4_CHECK(s.caches && int64_t(s.caches->size()) == config_.num_layers(), "forward: one KV cache per layer");
+    G4_CHECK(s.first_row == next_row && s.rows >= 1, "forward: sequences must cover the rows in order");
+    G4_CHECK(s.out_rows >= 0 && s.out_rows <= s.rows, "forward: " + std::to_string(s.out_rows) +
+                                                          " output rows asked of a sequence of " +
+                                                          std::to_string(s.rows) + " rows");
+    if (s.out_rows > 0) first_read = std::min(first_read, s.first_row + s.rows - s.out_rows);
+    next_row += s.rows;
+  }
+  G4_CHECK(next_row == T, "forward: the sequences cover " + std::to_string(next_row) + " of " + std::to_string(T) +
+                              " rows");
   const Tensor x = head(buf.x, T, config_.hidden_size);
   be.embed(weights_.embed, ids, float(std::sqrt(double(config_.hidden_size))), x);
   // Each block ends with residual_norm, which also writes the next block's normed input into
@@ -103,10 +125,16 @@ void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCach
   // The last layer still projects and stores every position's K/V, but computes the rest (queries,
   // o_proj, MLP) only for the rows whose hidden states the caller reads.
   for (int i = 0; i < config_.num_layers(); ++i) {
-    const int64_t n = i + 1 == config_.num_layers() ? out_rows : T;
-    attention_block(be, buf, i, caches[size_t(i)], positions, T, n);
-    if (n > 0) mlp_block(be, buf, i, T - n, n);
+    const int64_t first = i + 1 == config_.num_layers() ? first_read : 0;
+    attention_block(be, buf, i, sequences, positions, T, first);
+    if (first < T) mlp_block(be, buf, i, first, T - first);
   }
+}
+
+void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
+                            const Tensor& positions, int64_t out_rows) const {
+  const SequenceRows one{&caches, 0, ids.rows, out_rows};
+  forward_batch(be, buf, std::span(&one, 1), ids, positions);
 }
 
 void Gemma4::logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor& scratch,

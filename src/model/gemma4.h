@@ -1,5 +1,6 @@
 // The Gemma 4 text forward (docs/DESIGN.md §2), written once against the Backend interface.
 #pragma once
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -8,13 +9,22 @@
 
 namespace g4 {
 
-// Activation buffers for chunks of up to max_tokens tokens, allocated once per session.
+// Activation buffers for forwards of up to max_tokens rows, of which up to max_outputs have
+// their logits computed; allocated once, before any graph capture.
 struct ForwardBuffers {
-  ForwardBuffers(const ModelConfig& c, Backend& backend, int64_t max_tokens);
-  int64_t max_tokens;
+  ForwardBuffers(const ModelConfig& c, Backend& backend, int64_t max_tokens, int64_t max_outputs = 1);
+  int64_t max_tokens, max_outputs;
   Tensor x, normed, q, k, v, attn, proj, gate;
-  Tensor last_hidden;  // [1, hidden]: the last position's normed hidden state
-  Tensor logits_act;   // [1, vocab] in the activation dtype (before the soft-cap)
+  Tensor out_normed;  // [max_outputs, hidden]: the output rows' final-normed hidden states
+  Tensor logits_act;  // [max_outputs, vocab] in the activation dtype (before the soft-cap)
+};
+
+// One sequence's rows in a batched forward: rows [first_row, first_row + rows) of ids/positions
+// are its tokens at contiguous positions, attending over (and extending) its `caches`, one per
+// layer; the hidden states of its last `out_rows` rows are read.
+struct SequenceRows {
+  std::vector<KvCache>* caches = nullptr;
+  int64_t first_row = 0, rows = 0, out_rows = 0;
 };
 
 class Gemma4 {
@@ -23,10 +33,16 @@ class Gemma4 {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
 
-  // Runs T = ids.rows tokens at contiguous `positions` through every layer, reading and extending
-  // `caches` (one per layer). Leaves the final hidden states of the last `out_rows` positions in
-  // buf.x rows [T - out_rows, T); the other rows hold the last layer's input. out_rows = 0 (a chunk
-  // whose logits nobody reads) only fills the caches.
+  // Runs the rows of several sequences (`sequences`, in row order, covering ids.rows rows) through
+  // every layer in one forward: every projection, norm and MLP over all rows at once, attention per
+  // sequence over its own caches (docs/DESIGN.md §7). Leaves each sequence's final hidden states of
+  // its out_rows rows in the same rows of buf.x; a sequence with out_rows = 0 (a chunk whose logits
+  // nobody reads) only fills its caches. The last layer computes queries, o_proj and the MLP from
+  // the first row any sequence reads to the end, so other rows there hold unread values.
+  void forward_batch(Backend& be, ForwardBuffers& buf, std::span<const SequenceRows> sequences, const Tensor& ids,
+                     const Tensor& positions) const;
+  // forward_batch of one sequence: T = ids.rows tokens at contiguous `positions`, the last
+  // out_rows of them read.
   void forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
                       const Tensor& positions, int64_t out_rows) const;
   // LM head + soft-cap of hidden rows `hidden` [n, H] into F32 `logits` [n, V]. `scratch` holds
@@ -36,9 +52,9 @@ class Gemma4 {
 
  private:
   // Both blocks read their normed input from buf.normed and leave the next block's there.
-  // Keys and values of all T rows; queries, o_proj and the residual only for the last out_rows.
-  void attention_block(Backend& be, ForwardBuffers& buf, int layer, KvCache& cache, const Tensor& positions,
-                       int64_t T, int64_t out_rows) const;
+  // Keys and values of all T rows; queries, o_proj and the residual only for rows [first, T).
+  void attention_block(Backend& be, ForwardBuffers& buf, int layer, std::span<const SequenceRows> sequences,
+                       const Tensor& positions, int64_t T, int64_t first) const;
   // The MLP block over rows [first, first + n).
   void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const;
 

@@ -4,47 +4,56 @@
 
 namespace g4 {
 
-void DecodeGraph::start(int32_t token, const SamplingParams& params) {
+DecodeGraph::~DecodeGraph() {
+  if (session_.runner().graph_owner() == this) session_.runner().set_graph_owner(nullptr);
+}
+
+void DecodeGraph::start(int32_t token, const Sampler& sampler, int64_t j) {
   Session& s = session_;
-  validate_sampling_params(params);
   s.check_input(std::span<const int32_t>(&token, 1));
-  const int32_t position = int32_t(s.position_);
-  s.backend_.upload(&token, s.ids_.rows_view(0, 1));
-  s.backend_.upload(&position, s.positions_.rows_view(0, 1));
-  s.backend_.upload(&params, s.params_);
-  if (!recorded_) record();
+  Backend& be = s.backend();
+  const DecodeStepTensors& step = s.decode_step_tensors();
+  const int32_t position = int32_t(s.position());
+  const SamplingParams params = sampler.for_token(j);
+  be.upload(&token, step.id);
+  be.upload(&position, step.position);
+  be.upload(&params, step.params);
+  const void* caches = s.kv().caches().front().k.data;
+  if (s.runner().graph_owner() != this || recorded_caches_ != caches) record();
   started_ = true;
+  input_ = token;
 }
 
 void DecodeGraph::record() {
-  Session& s = session_;
-  const Tensor ids = s.ids_.rows_view(0, 1), positions = s.positions_.rows_view(0, 1);
-  s.backend_.begin_capture();
+  Backend& be = session_.backend();
+  const DecodeStepTensors& step = session_.decode_step_tensors();
+  be.begin_capture();
   try {
-    s.model_.forward_layers(s.backend_, s.buffers_, s.caches_, ids, positions, 1);
-    s.model_.logits(s.backend_, s.buffers_.x.rows_view(0, 1), s.buffers_.last_hidden, s.buffers_.logits_act,
-                    s.logits_);
-    s.backend_.sample(s.logits_, s.params_, s.token_);
-    s.backend_.advance_step(s.token_, ids, positions);
+    session_.enqueue_decode_step();
+    be.advance_step(step.token, step.id, step.position);
   } catch (...) {
     try {
-      s.backend_.end_capture();
+      be.end_capture();
     } catch (...) {  // the first error is the one worth reporting
     }
     throw;
   }
-  s.backend_.end_capture();
-  recorded_ = true;
+  be.end_capture();
+  session_.runner().set_graph_owner(this);
+  recorded_caches_ = session_.kv().caches().front().k.data;
 }
 
 int64_t DecodeGraph::next() {
   Session& s = session_;
   G4_CHECK(started_, "DecodeGraph::next before start");
-  G4_CHECK(s.position_ < s.max_seq_len_, "context full (" + std::to_string(s.max_seq_len_) + " tokens)");
-  s.backend_.replay();
+  G4_CHECK(s.position() < s.max_seq_len(), "context full (" + std::to_string(s.max_seq_len()) + " tokens)");
+  G4_CHECK(s.runner().graph_owner() == this, "DecodeGraph::next: another graph was recorded since start");
+  Backend& be = s.backend();
+  be.replay();
   int64_t token = 0;
-  s.backend_.download(s.token_, &token);
-  ++s.position_;
+  be.download(s.decode_step_tensors().token, &token);
+  s.note_fed(input_);
+  input_ = int32_t(token);
   return token;
 }
 

@@ -1,32 +1,36 @@
-// Graph decoding: one decode step of a Session — forward of one token, its logits, on-device
-// sampling, and the device-side advance (next input id = the sampled token, position + 1) — is
-// recorded once on the backend and replayed per token. Token and position never leave the device;
-// each step reads back only the 8-byte sampled token. The sampler advances the seed in device
-// memory, so token j of the graph uses params.seed + j, as the seed schedule asks (docs/DESIGN.md §4).
+// Graph decoding: a Session's decode step (Session::enqueue_decode_step — forward of one token,
+// its logits, on-device sampling) plus the device-side advance (next input id = the sampled
+// token, position + 1) is recorded once on the backend and replayed per token. Token and position
+// never leave the device; each step reads back only the 8-byte sampled token. The sampler advances
+// the seed in device memory, so replays follow the seed schedule (docs/DESIGN.md §4).
 //
 //   session.prefill(prompt);
-//   int64_t token = session.sample(params);           // seed s
+//   int64_t token = session.sample(sampler, 0);        // seed s
 //   DecodeGraph graph(session);
-//   graph.start(int32_t(token), params_with_seed_s_plus_1);
+//   graph.start(int32_t(token), sampler, 1);           // the first replay draws token 1: seed s + 1
 //   while (...) token = graph.next();                  // seeds s+1, s+2, ...
 //
-// Needs a backend with graphs (CUDA); a backend holds one recorded step, so use one DecodeGraph per
-// backend at a time. The session must outlive the DecodeGraph.
+// Session::next() does this itself for a generation begun with graph = true. Needs a backend with
+// graphs (CUDA). The backend holds one recorded step: a DecodeGraph records again when another
+// graph (or other caches) took its place. The session must outlive the DecodeGraph.
 #pragma once
 #include <cstdint>
 
 #include "runtime/session.h"
-#include "sampling/sampling_params.h"
+#include "sampling/sampler.h"
 
 namespace g4 {
 
 class DecodeGraph {
  public:
   explicit DecodeGraph(Session& session) : session_(session) {}
+  ~DecodeGraph();
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
 
-  // Sets the next step's input token (fed at the session's position) and sampling parameters
-  // (params.seed = the seed of the token the next step samples). Records the step on first use.
-  void start(int32_t token, const SamplingParams& params);
+  // Sets the next step's input token (fed at the session's position) and the draw's parameters,
+  // those of token j of `sampler`. Records the step when the backend does not hold it.
+  void start(int32_t token, const Sampler& sampler, int64_t j = 0);
   // Runs one recorded step and returns the sampled token, which becomes the next step's input.
   int64_t next();
 
@@ -34,7 +38,9 @@ class DecodeGraph {
   void record();
 
   Session& session_;
-  bool recorded_ = false, started_ = false;
+  const void* recorded_caches_ = nullptr;  // the session's caches the recorded step runs over
+  bool started_ = false;
+  int32_t input_ = -1;  // the token the next replay feeds
 };
 
 }  // namespace g4

@@ -4,7 +4,6 @@
 
 #include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
-#include "sampling/cpu_sampler.h"
 #include "util/error.h"
 
 namespace g4 {
@@ -24,41 +23,46 @@ Engine::Engine(const EngineOptions& options)
     : backend_(backend_for(options)),
       loaded_(options.model_image ? load_program(*options.model_image, *backend_)
                                   : load_program(options.model_path, *backend_)) {
-  SessionOptions so;
-  so.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
-  so.max_prefill_chunk = options.max_prefill_chunk > 0
+  RunnerOptions ro;
+  ro.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
+  ro.max_prefill_chunk = options.max_prefill_chunk > 0
                              ? options.max_prefill_chunk
-                             : std::min(loaded_.program.max_prefill_chunk, config().max_prefill_chunk(so.max_seq_len));
-  session_ = std::make_unique<Session>(*loaded_.model, *backend_, so);
+                             : std::min(loaded_.program.max_prefill_chunk, config().max_prefill_chunk(ro.max_seq_len));
+  ro.max_batch_sequences = options.max_batch_sequences;
+  ro.kv_budget_bytes = options.kv_budget_bytes;
+  runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
 }
 
-ForwardResult Engine::forward(std::span<const int32_t> tokens, std::span<const int32_t> input_pos,
-                              const SamplingParams& params) {
-  validate_sampling_params(params);
+std::unique_ptr<Session> Engine::create_session(SessionOptions options) {
+  return std::make_unique<Session>(*runner_, options);
+}
+
+ForwardResult Engine::forward(Session& session, std::span<const int32_t> tokens, std::span<const int32_t> input_pos,
+                              const Sampler& sampler, int64_t j) {
   G4_CHECK(tokens.size() == input_pos.size(), "input_pos has " + std::to_string(input_pos.size()) +
                                                   " entries for " + std::to_string(tokens.size()) + " tokens");
   G4_CHECK(!tokens.empty(), "no tokens to run");
   for (size_t i = 1; i < input_pos.size(); ++i)
     G4_CHECK(input_pos[i] == input_pos[0] + int32_t(i), "input_pos must be consecutive positions");
   const int64_t start = input_pos[0];
-  G4_CHECK(start == 0 || start == session_->position(),
+  G4_CHECK(start == 0 || start == session.position(),
            "input_pos starts at " + std::to_string(start) + " but the session is at position " +
-               std::to_string(session_->position()) + " (continue it, or start again at 0)");
-  session_->check_input(tokens, start);
-  if (start == 0) session_->reset();
-  session_->prefill(tokens);
+               std::to_string(session.position()) + " (continue it, or start again at 0)");
+  session.check_input(tokens, start);
+  if (start == 0) session.reset();
+  session.prefill(tokens);
   ForwardResult result;
   if (use_sampling()) {
-    result.token = session_->sample(params);
+    result.token = session.sample(sampler, j);
   } else {
-    result.logits = session_->last_logits_host();
+    result.logits = session.last_logits_host();
   }
   return result;
 }
 
-int64_t Engine::token_of(const ForwardResult& result, const SamplingParams& params) const {
+int64_t Engine::token_of(const ForwardResult& result, const Sampler& sampler, int64_t j) const {
   if (result.token >= 0) return result.token;
-  return sample_row(result.logits.data(), int64_t(result.logits.size()), params);
+  return sampler.sample_host(result.logits.data(), int64_t(result.logits.size()), j);
 }
 
 }  // namespace g4

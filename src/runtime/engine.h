@@ -1,7 +1,6 @@
-// The engine: a loaded program (docs/DESIGN.md §3) on a backend, with one session. A sampling program's
-// forward returns the token sampled on the backend (only 8 bytes reach the host); a logits
-// program returns the last position's logits and the caller samples on the host with the same
-// sampler, so both give the same token for the same logits and seed.
+// The engine (docs/DESIGN.md §7): a loaded program (docs/DESIGN.md §3) on a backend, with the
+// runner its sessions share — the forward workspace and a KV pool with a byte budget.
+// create_session() gives one sequence; a Scheduler batches many over runner().
 #pragma once
 #include <memory>
 #include <optional>
@@ -11,8 +10,9 @@
 
 #include "backend/backend.h"
 #include "model/loader.h"
+#include "runtime/model_runner.h"
 #include "runtime/session.h"
-#include "sampling/sampling_params.h"
+#include "sampling/sampler.h"
 
 namespace g4 {
 
@@ -23,8 +23,13 @@ struct EngineOptions {
   int64_t max_seq_len = 0;        // 0 = the program's g4.max_seq_len
   int64_t max_prefill_chunk = 0;  // 0 = the program's g4.max_prefill_chunk
   int threads = 0;                // CPU backend worker threads; 0 = one per hardware thread
+  // Bytes of KV caches for all sequences and kept prefixes together; 0 = one sequence of
+  // max_seq_len (what g4 run and g4 chat use).
+  size_t kv_budget_bytes = 0;
+  int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)
 };
 
+// What the reference design's program returns for a forward.
 struct ForwardResult {
   int64_t token = -1;         // sampling program: the sampled token
   std::vector<float> logits;  // logits program: the last position's logits [vocab]
@@ -42,20 +47,27 @@ class Engine {
   const GenerationDefaults& generation_defaults() const { return loaded_.generation; }
   const std::optional<std::string>& chat_template() const { return loaded_.chat_template; }
   Backend& backend() { return *backend_; }
-  Session& session() { return *session_; }
+  ModelRunner& runner() { return *runner_; }
+  KvPool& kv_pool() { return runner_->kv_pool(); }
 
-  // forward(tokens[T], input_pos[T], sampling scalars): input_pos must continue the session
-  // (input_pos[0] == position()) or restart it (input_pos[0] == 0). Parameters, ids and the
-  // context are checked before anything runs, so a rejected call leaves the state unchanged.
-  ForwardResult forward(std::span<const int32_t> tokens, std::span<const int32_t> input_pos,
-                        const SamplingParams& params);
-  // The token a forward result stands for: the program's own, or sampled on the host.
-  int64_t token_of(const ForwardResult& result, const SamplingParams& params) const;
+  // A new, empty sequence; its caches come from the KV pool when it first runs tokens (see
+  // Session). Sessions must not outlive the engine.
+  std::unique_ptr<Session> create_session(SessionOptions options = {});
+
+  // The program contract, forward(tokens[T], input_pos[T], sampling) on `session`: input_pos must
+  // continue the session (input_pos[0] == position()) or restart it (input_pos[0] == 0). Ids and
+  // the context are checked before anything runs, so a rejected call leaves the session unchanged.
+  // A sampling program returns token j of `sampler`, a logits program the last logits.
+  ForwardResult forward(Session& session, std::span<const int32_t> tokens, std::span<const int32_t> input_pos,
+                        const Sampler& sampler, int64_t j = 0);
+  // The token a forward result stands for: the program's own, or token j of `sampler` drawn on
+  // the host from the logits.
+  int64_t token_of(const ForwardResult& result, const Sampler& sampler, int64_t j = 0) const;
 
  private:
   std::unique_ptr<Backend> backend_;
   LoadedProgram loaded_;
-  std::unique_ptr<Session> session_;
+  std::unique_ptr<ModelRunner> runner_;
 };
 
 }  // namespace g4

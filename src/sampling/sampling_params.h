@@ -1,5 +1,6 @@
 // Sampling parameters of one request (docs/DESIGN.md §3–4). Plain data with one layout on host and device:
-// backends keep an array of these in their memory, one per batch row.
+// backends keep an array of these in their memory, one per batch row. Validated by building a
+// Sampler (sampler.h).
 #pragma once
 #include <cstdint>
 
@@ -14,9 +15,6 @@ struct SamplingParams {
   int32_t top_k = 0;         // >= 0; 0 = off; > vocab is clipped
   uint64_t seed = 0;         // the seed of this token (token j of a generation uses base + j)
 };
-
-// Throws g4::Error with the documented message when a parameter is out of range or not finite.
-void validate_sampling_params(const SamplingParams& p);
 
 G4_HOST_DEVICE bool is_greedy(const SamplingParams& p) { return p.temperature <= 0.0f; }
 

@@ -2,6 +2,7 @@
 // F16 or a GGUF block type, widened to float32 row by row), multi-threaded with a ThreadPool.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "backend/backend.h"
@@ -37,6 +38,9 @@ class CpuBackend : public Backend {
   void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
   void synchronize() override {}
   size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
+  // Every op computes each row on its own (each (row, output) dot product alone, per-row norms,
+  // attention per query row), whatever the row count.
+  int64_t batch_invariant_rows() const override { return std::numeric_limits<int64_t>::max(); }
   void begin_capture() override;
   void end_capture() override;
   void replay() override;

@@ -85,6 +85,9 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::BF16; }
+  // Up to kMaxGemvTokens rows the matmuls run the GEMV, whose per-row sums do not depend on the row
+  // count; cuBLAS beyond that picks its reduction by shape (docs/DESIGN.md §7).
+  int64_t batch_invariant_rows() const override { return kMaxGemvTokens; }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
     G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");

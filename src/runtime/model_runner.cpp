@@ -1,0 +1,145 @@
+#include "runtime/model_runner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "util/error.h"
+
+namespace g4 {
+
+namespace {
+
+bool has_sliding_layers(const ModelConfig& c) {
+  return std::any_of(c.layers.begin(), c.layers.end(), [](const auto& l) { return l.sliding; });
+}
+
+int64_t chosen_max_seq_len(const ModelConfig& c, int64_t requested) {
+  const int64_t n = requested > 0 ? requested : c.default_max_seq_len();
+  check_max_seq_len(c, n);  // before anything is sized by it
+  return n;
+}
+
+int64_t chosen_chunk(const ModelConfig& c, int64_t max_seq_len, int64_t requested) {
+  const int64_t spec = c.max_prefill_chunk(max_seq_len);
+  if (requested <= 0) return spec;
+  G4_CHECK(requested <= spec, "prefill chunk " + std::to_string(requested) + " exceeds max_prefill_chunk " +
+                                  std::to_string(spec) + " (min(max_seq_len - 1, 2 * sliding_window))");
+  return requested;
+}
+
+int64_t checked_batch_sequences(int64_t n) {
+  G4_CHECK(n >= 1, "max_batch_sequences must be >= 1, got " + std::to_string(n));
+  return n;
+}
+
+}  // namespace
+
+// The sliding layers' ring must hold a whole window (the attention reads the window back from
+// it), so a context shorter than the window cannot be served.
+int64_t min_max_seq_len(const ModelConfig& c) {
+  return has_sliding_layers(c) ? std::max<int64_t>(2, c.sliding_window) : 2;
+}
+
+void check_max_seq_len(const ModelConfig& c, int64_t max_seq_len) {
+  G4_CHECK(max_seq_len >= min_max_seq_len(c),
+           "max_seq_len " + std::to_string(max_seq_len) + " is below what the model needs: at least " +
+               std::to_string(min_max_seq_len(c)) +
+               (has_sliding_layers(c) && c.sliding_window >= 2 ? " (the sliding window)" : ""));
+  G4_CHECK(max_seq_len <= c.max_position_embeddings,
+           "max_seq_len " + std::to_string(max_seq_len) + " exceeds the model's context length " +
+               std::to_string(c.max_position_embeddings) + " (max_position_embeddings)");
+}
+
+ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
+    : model_(model),
+      backend_(backend),
+      max_seq_len_(chosen_max_seq_len(model.config(), o.max_seq_len)),
+      pool_(model.config(), backend,
+            o.kv_budget_bytes > 0 ? o.kv_budget_bytes
+                                  : kv_sequence_bytes(model.config(), backend.activation_dtype(), max_seq_len_)),
+      buffers_(model.config(), backend, chosen_chunk(model.config(), max_seq_len_, o.max_prefill_chunk),
+               checked_batch_sequences(o.max_batch_sequences)) {
+  const ModelConfig& c = config();
+  const int64_t rows = buffers_.max_tokens, outputs = buffers_.max_outputs;
+  ids_ = backend.alloc(DType::I32, rows, 1);
+  positions_ = backend.alloc(DType::I32, rows, 1);
+  logits_ = backend.alloc(DType::F32, outputs, c.vocab_size);
+  params_ = backend.alloc(DType::I32, outputs, sizeof(SamplingParams) / 4);
+  tokens_ = backend.alloc(DType::I64, outputs, 1);
+}
+
+void ModelRunner::check_tokens(std::span<const int32_t> tokens, int64_t start, int64_t max_seq_len) const {
+  G4_CHECK(!tokens.empty(), "no tokens to run (an empty prompt)");
+  const int64_t vocab = config().vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    G4_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "token id " + std::to_string(tokens[i]) + " at index " +
+                                                      std::to_string(i) + " is out of range [0, " +
+                                                      std::to_string(vocab) + ")");
+  G4_CHECK(start + int64_t(tokens.size()) <= max_seq_len,
+           "context full (" + std::to_string(max_seq_len) + " tokens): " + std::to_string(start) + " used, " +
+               std::to_string(tokens.size()) + " more requested");
+}
+
+void ModelRunner::forward(std::span<const SequenceChunk> chunks, const LogitsOutput& out) {
+  std::vector<int32_t> ids, positions;
+  std::vector<SequenceRows> rows;
+  for (const SequenceChunk& c : chunks) {
+    rows.push_back(SequenceRows{&c.kv->caches(), int64_t(ids.size()), int64_t(c.tokens.size()), c.out_rows});
+    ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
+    positions.resize(ids.size());
+    std::iota(positions.end() - int64_t(c.tokens.size()), positions.end(), int32_t(c.kv->position()));
+  }
+  const int64_t T = int64_t(ids.size());
+  G4_CHECK(T >= 1 && T <= max_prefill_chunk(), "a forward of " + std::to_string(T) + " tokens; the workspace holds " +
+                                                   std::to_string(max_prefill_chunk()));
+  const Tensor id_rows = ids_.rows_view(0, T), position_rows = positions_.rows_view(0, T);
+  backend_.upload(ids.data(), id_rows);
+  backend_.upload(positions.data(), position_rows);
+  enqueue(rows, id_rows, position_rows, out);
+  for (const SequenceChunk& c : chunks) c.kv->append(c.tokens);
+}
+
+void ModelRunner::enqueue(std::span<const SequenceRows> sequences, const Tensor& ids, const Tensor& positions,
+                          const LogitsOutput& out) {
+  model_.forward_batch(backend_, buffers_, sequences, ids, positions);
+  // The output rows, as runs of adjacent rows (a decode batch is one run): one LM head per run.
+  int64_t written = 0, run_first = 0, run_rows = 0;
+  auto flush = [&] {
+    if (run_rows == 0) return;
+    const Tensor hidden = buffers_.x.rows_view(run_first, run_rows);
+    model_.logits(backend_, hidden, out.normed.rows_view(written, run_rows), out.act.rows_view(written, run_rows),
+                  out.logits.rows_view(written, run_rows));
+    written += run_rows;
+    run_rows = 0;
+  };
+  for (const SequenceRows& s : sequences) {
+    if (s.out_rows == 0) continue;
+    const int64_t first = s.first_row + s.rows - s.out_rows;
+    if (run_rows > 0 && run_first + run_rows != first) flush();
+    if (run_rows == 0) run_first = first;
+    run_rows += s.out_rows;
+  }
+  flush();
+  G4_CHECK(written <= out.logits.rows, "forward: " + std::to_string(written) + " output rows, room for " +
+                                           std::to_string(out.logits.rows));
+}
+
+LogitsOutput ModelRunner::workspace_logits(int64_t rows) const {
+  G4_CHECK(rows >= 1 && rows <= max_batch_sequences(), "a forward with " + std::to_string(rows) +
+                                                           " output rows; the workspace holds " +
+                                                           std::to_string(max_batch_sequences()));
+  return {buffers_.out_normed.rows_view(0, rows), buffers_.logits_act.rows_view(0, rows), logits_.rows_view(0, rows)};
+}
+
+std::vector<int32_t> ModelRunner::sample(const Tensor& logits, std::span<const SamplingParams> params) {
+  const int64_t n = int64_t(params.size());
+  G4_CHECK(n >= 1 && n <= max_batch_sequences() && logits.rows == n,
+           "sample: one logits row per sampled row, at most " + std::to_string(max_batch_sequences()));
+  backend_.upload(params.data(), params_.rows_view(0, n));
+  backend_.sample(logits, params_.rows_view(0, n), tokens_.rows_view(0, n));
+  std::vector<int64_t> drawn(size_t(n), 0);
+  backend_.download(tokens_.rows_view(0, n), drawn.data());
+  return std::vector<int32_t>(drawn.begin(), drawn.end());
+}
+
+}  // namespace g4

@@ -1,0 +1,165 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "sampling/sampler.h"
+#include "util/error.h"
+
+namespace g4 {
+
+Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
+    : runner_(runner),
+      prefill_per_step_(options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step
+                                                            : runner.max_prefill_chunk()),
+      max_waiting_(options.max_waiting) {
+  G4_CHECK(prefill_per_step_ <= runner.max_prefill_chunk(),
+           "prefill_tokens_per_step " + std::to_string(prefill_per_step_) + " exceeds the forward workspace (" +
+               std::to_string(runner.max_prefill_chunk()) + " rows, max_prefill_chunk)");
+}
+
+RequestId Scheduler::add(const SchedulerRequest& request) {
+  runner_.check_tokens(request.prompt, 0, runner_.max_seq_len());
+  Generation generation(Sampler(request.sampling), GenerationLimits{request.max_new_tokens, request.stop_ids});
+  const KvPool& pool = runner_.kv_pool();
+  const size_t bytes = pool.sequence_bytes(runner_.max_seq_len());
+  G4_CHECK(bytes <= pool.budget_bytes(), "out of KV memory: " + std::to_string(bytes) +
+                                             " bytes requested, more than the whole budget of " +
+                                             std::to_string(pool.budget_bytes()) + " bytes");
+  G4_CHECK(waiting_.size() < max_waiting_,
+           "busy: " + std::to_string(waiting_.size()) + " requests are waiting (the queue's bound); try again later");
+  waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, -1, false});
+  return next_id_++;
+}
+
+bool Scheduler::cancel(RequestId id) {
+  auto is_id = [id](const Sequence& s) { return s.id == id; };
+  if (auto it = std::find_if(waiting_.begin(), waiting_.end(), is_id); it != waiting_.end()) {
+    waiting_.erase(it);
+    return true;
+  }
+  if (auto it = std::find_if(running_.begin(), running_.end(), is_id); it != running_.end()) {
+    it->kv.forget();  // nothing kept: the memory is freed with the sequence
+    running_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+std::vector<SequenceEvent> Scheduler::step() {
+  stats_ = {};
+  std::vector<SequenceEvent> events;
+  decode(events);
+  prefill(events);
+  return events;
+}
+
+void Scheduler::draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events) {
+  std::vector<SamplingParams> params;
+  for (const Sequence* s : rows) params.push_back(s->generation.next_params());
+  const std::vector<int32_t> tokens =
+      runner_.sample(runner_.workspace_logits(int64_t(rows.size())).logits, params);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sequence& s = *rows[i];
+    const StopReason stop = s.generation.record(tokens[i], s.kv.position(), s.kv.max_seq_len());
+    s.ended = stop != StopReason::kNone;
+    s.pending = s.ended ? -1 : tokens[i];
+    events.push_back(SequenceEvent{s.id, DecodedToken{tokens[i], stop}});
+  }
+}
+
+// Sequences that ended leave; their caches stay in the pool, keyed by their tokens.
+void Scheduler::drop_ended() {
+  running_.remove_if([](const Sequence& s) { return s.ended; });
+}
+
+// The decode rows in groups no larger than the backend computes row by row alike, so that each
+// row's arithmetic is that of the row alone (docs/DESIGN.md §7).
+void Scheduler::decode(std::vector<SequenceEvent>& events) {
+  std::vector<Sequence*> rows;
+  for (Sequence& s : running_)
+    if (s.pending >= 0) rows.push_back(&s);
+  const int64_t group = std::min({runner_.max_batch_sequences(), runner_.backend().batch_invariant_rows(),
+                                  runner_.max_prefill_chunk()});
+  for (size_t at = 0; at < rows.size(); at += size_t(group)) {
+    const std::span<Sequence* const> part(rows.data() + at, std::min(rows.size() - at, size_t(group)));
+    std::vector<SequenceChunk> chunks;
+    for (Sequence* s : part) chunks.push_back(SequenceChunk{&s->kv, std::span<const int32_t>(&s->pending, 1), 1});
+    runner_.forward(chunks, runner_.workspace_logits(int64_t(part.size())));
+    draw(part, events);
+    stats_.decode_rows += int64_t(part.size());
+    ++stats_.decode_forwards;
+  }
+  drop_ended();
+}
+
+// A sequence's chunk is min(what is left of its prompt, prefill_tokens_per_step) — never cut by
+// other sequences, so its chunking depends only on its own prompt — and it runs this step if it
+// fits in what is left of the step's budget. Waiting requests start, in arrival order, when the
+// KV pool has room (taking over a kept prefix when one fits).
+std::vector<Scheduler::PrefillChunk> Scheduler::plan_prefill() {
+  std::vector<PrefillChunk> plan;
+  int64_t budget = prefill_per_step_;
+  auto take = [&](Sequence& s) {
+    const int64_t left = int64_t(s.prompt.size()) - s.kv.position();
+    const int64_t n = std::min(left, prefill_per_step_);
+    if (n > budget) return false;
+    plan.push_back(PrefillChunk{&s, n});
+    budget -= n;
+    return true;
+  };
+  for (Sequence& s : running_)
+    if (s.pending < 0 && !take(s)) return plan;
+  while (!waiting_.empty() && budget > 0) {
+    std::optional<KvSequence> kv = runner_.kv_pool().try_acquire(runner_.max_seq_len(), waiting_.front().prompt);
+    if (!kv) break;  // the memory of running sequences comes back as they end
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    running_.back().kv = std::move(*kv);
+    if (!take(running_.back())) break;
+  }
+  return plan;
+}
+
+void Scheduler::prefill(std::vector<SequenceEvent>& events) {
+  const std::vector<PrefillChunk> plan = plan_prefill();
+  // Chunks share a forward only while it stays within the rows the backend computes alike
+  // (batch_invariant_rows); a larger chunk runs in a forward of its own.
+  const int64_t invariant = runner_.backend().batch_invariant_rows();
+  size_t first = 0;
+  int64_t rows = 0, outputs = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const int64_t n = plan[i].tokens;
+    const Sequence& s = *plan[i].sequence;
+    const int64_t out = s.kv.position() + n == int64_t(s.prompt.size()) ? 1 : 0;
+    const bool fits = rows + n <= std::min(invariant, runner_.max_prefill_chunk()) &&
+                      outputs + out <= runner_.max_batch_sequences();
+    if (i > first && !fits) {
+      run_prefill(std::span(plan).subspan(first, i - first), events);
+      first = i, rows = 0, outputs = 0;
+    }
+    rows += n;
+    outputs += out;
+  }
+  if (first < plan.size()) run_prefill(std::span(plan).subspan(first), events);
+  drop_ended();
+}
+
+void Scheduler::run_prefill(std::span<const PrefillChunk> plan, std::vector<SequenceEvent>& events) {
+  std::vector<SequenceChunk> chunks;
+  std::vector<Sequence*> finishing;  // the sequences whose prompt ends in this forward
+  int64_t rows = 0;
+  for (const PrefillChunk& c : plan) {
+    Sequence& s = *c.sequence;
+    const std::span<const int32_t> tokens = std::span(s.prompt).subspan(size_t(s.kv.position()), size_t(c.tokens));
+    const bool last = s.kv.position() + c.tokens == int64_t(s.prompt.size());
+    chunks.push_back(SequenceChunk{&s.kv, tokens, last ? 1 : 0});
+    if (last) finishing.push_back(&s);
+    rows += c.tokens;
+  }
+  runner_.forward(chunks, runner_.workspace_logits(std::max<int64_t>(1, int64_t(finishing.size()))));
+  if (!finishing.empty()) draw(finishing, events);
+  stats_.prefill_rows += rows;
+  ++stats_.prefill_forwards;
+}
+
+}  // namespace g4

@@ -1,0 +1,98 @@
+// Continuous batching (docs/DESIGN.md §7): requests join at any time; every step() runs the decode
+// tokens of all running sequences in one batched forward (in groups the backend computes row by
+// row alike: batch_invariant_rows) plus a bounded prefill chunk of arriving ones, and draws each
+// sequence's token with its own parameters and seed on the backend. Sequences join and leave
+// between steps. A sequence's tokens do not depend on what else is in the batch.
+//
+//   Scheduler scheduler(engine.runner());
+//   RequestId id = scheduler.add({prompt, params, max_new_tokens, stop_ids});
+//   while (!scheduler.idle()) for (const SequenceEvent& e : scheduler.step()) use(e);
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <vector>
+
+#include "runtime/generation.h"
+#include "runtime/kv_pool.h"
+#include "runtime/model_runner.h"
+#include "sampling/sampling_params.h"
+
+namespace g4 {
+
+struct SchedulerRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;           // validated by add(); sampling.seed draws token 0
+  int64_t max_new_tokens = 128;      // >= 1
+  std::vector<int32_t> stop_ids{1};
+};
+
+using RequestId = uint64_t;
+
+// One token drawn for one request; drawn.last() says the request ended with it (and left the
+// scheduler; its caches are kept for prefix reuse).
+struct SequenceEvent {
+  RequestId id = 0;
+  DecodedToken drawn;
+};
+
+struct SchedulerOptions {
+  int64_t prefill_tokens_per_step = 0;  // prompt tokens one step prefills; 0 = the runner's max_prefill_chunk
+  size_t max_waiting = 256;             // requests waiting to start; add() past it answers "busy"
+};
+
+// What the last step ran (for tests and reports).
+struct StepStats {
+  int64_t decode_rows = 0, decode_forwards = 0, prefill_rows = 0, prefill_forwards = 0;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(ModelRunner& runner, SchedulerOptions options = {});
+
+  // Queues a request; throws g4::Error naming the problem (empty prompt, an id out of range, a
+  // prompt longer than the context, bad sampling parameters, max_new_tokens < 1, a sequence
+  // larger than the whole KV budget, or "busy" when max_waiting requests already wait).
+  RequestId add(const SchedulerRequest& request);
+  // Ends a request now, waiting or running, and frees its KV memory at once. False if unknown
+  // (or already ended).
+  bool cancel(RequestId id);
+  // One engine step; the tokens drawn in it, decode rows first, in arrival order.
+  std::vector<SequenceEvent> step();
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  size_t waiting() const { return waiting_.size(); }
+  size_t running() const { return running_.size(); }
+  const StepStats& last_step() const { return stats_; }
+
+ private:
+  struct Sequence {
+    RequestId id;
+    std::vector<int32_t> prompt;
+    Generation generation;
+    KvSequence kv;
+    int32_t pending = -1;  // drawn, to be fed by the next decode
+    bool ended = false;
+  };
+  struct PrefillChunk {
+    Sequence* sequence;
+    int64_t tokens;
+  };
+  void decode(std::vector<SequenceEvent>& events);
+  void prefill(std::vector<SequenceEvent>& events);
+  std::vector<PrefillChunk> plan_prefill();
+  void run_prefill(std::span<const PrefillChunk> chunks, std::vector<SequenceEvent>& events);
+  // Draws the token of each row of `rows`, from the logits the last forward left in the workspace.
+  void draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events);
+  void drop_ended();
+
+  ModelRunner& runner_;
+  int64_t prefill_per_step_;
+  size_t max_waiting_;
+  RequestId next_id_ = 1;
+  std::deque<Sequence> waiting_;
+  std::list<Sequence> running_;  // admitted (caches held), in arrival order; stable addresses
+  StepStats stats_;
+};
+
+}  // namespace g4

@@ -1,0 +1,216 @@
+// Continuous batching (docs/DESIGN.md §7): a sequence's tokens do not depend on what else is in
+// the batch — alone, or among 2, 5, 8 or 13 sequences, in any slot, with different prefill chunk
+// sizes and arrival orders (CPU; on CUDA for decode batches) — every running sequence decodes in
+// one batched forward, the KV budget bounds admission, cancel frees memory at once, a finished
+// sequence's caches serve the next turn, and bad requests are clear errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend_factory.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "runtime/scheduler.h"
+#include "support/demo_engine.h"
+#include "support/fixtures.h"
+#include "util/error.h"
+
+namespace g4 {
+namespace {
+
+constexpr int64_t kMaxSeqLen = 128;
+
+std::unique_ptr<Engine> demo_engine(int64_t sequences, const std::string& backend = "cpu") {
+  return test::demo_engine_for(sequences, kMaxSeqLen, backend);
+}
+
+// Thirteen different requests: prompts of 3 to 39 tokens, greedy and sampled, their own seeds.
+std::vector<SchedulerRequest> requests() {
+  std::vector<SchedulerRequest> out;
+  for (int i = 0; i < 13; ++i) {
+    SchedulerRequest r;
+    r.prompt = {2};
+    for (int t = 1; t < 3 + 3 * i; ++t) r.prompt.push_back(int32_t((101 * i + 37 * t) % 4000 + 10));
+    r.sampling = i % 4 == 0 ? SamplingParams{.temperature = 0.0f}
+                            : SamplingParams{.temperature = 0.7f + 0.05f * float(i % 5), .top_p = 0.9f,
+                                             .top_k = 20 + i, .seed = uint64_t(1000 + 7 * i)};
+    r.max_new_tokens = 6 + i % 5;
+    r.stop_ids = {};
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Each request alone in a session: the reference.
+std::vector<std::vector<int32_t>> alone(Engine& engine, const std::vector<SchedulerRequest>& rs) {
+  std::vector<std::vector<int32_t>> out;
+  for (const SchedulerRequest& r : rs) {
+    GenerationRequest g;
+    g.prompt = r.prompt;
+    g.sampler = Sampler(r.sampling);
+    g.max_new_tokens = r.max_new_tokens;
+    g.stop_ids = r.stop_ids;
+    out.push_back(generate(*engine.create_session(), g).tokens);
+  }
+  return out;
+}
+
+struct Run {
+  std::map<RequestId, std::vector<int32_t>> tokens;
+  int64_t widest_decode = 0;  // the most decode rows one step ran
+  int64_t widest_decode_forwards = 0;  // the forwards that step took
+};
+
+// Adds requests[order[k]] after arrival_step[k] steps; steps until idle.
+Run run(Scheduler& scheduler, const std::vector<SchedulerRequest>& rs, const std::vector<size_t>& order,
+        const std::vector<int>& arrival_step, std::vector<RequestId>* ids) {
+  Run result;
+  ids->assign(rs.size(), 0);
+  size_t next = 0;
+  for (int step = 0; next < order.size() || !scheduler.idle(); ++step) {
+    for (; next < order.size() && arrival_step[next] <= step; ++next)
+      (*ids)[order[next]] = scheduler.add(rs[order[next]]);
+    for (const SequenceEvent& e : scheduler.step()) {
+      EXPECT_NE(e.drawn.stop, StopReason::kStopToken);
+      result.tokens[e.id].push_back(e.drawn.token);
+    }
+    if (scheduler.last_step().decode_rows > result.widest_decode) {
+      result.widest_decode = scheduler.last_step().decode_rows;
+      result.widest_decode_forwards = scheduler.last_step().decode_forwards;
+    }
+    EXPECT_LT(step, 1000) << "the scheduler never went idle";
+    if (step >= 1000) break;
+  }
+  return result;
+}
+
+// The batch-invariance check over batch sizes, slots, chunk sizes and arrival orders.
+void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks) {
+  const std::vector<SchedulerRequest> all = requests();
+  const std::vector<std::vector<int32_t>> want = alone(engine, all);
+  for (size_t batch : {2u, 5u, 8u, 13u}) {
+    const std::vector<SchedulerRequest> rs(all.begin(), all.begin() + int64_t(batch));
+    for (int64_t chunk : chunks) {
+      for (int arrival = 0; arrival < 3; ++arrival) {
+        // 0: all at once in order; 1: all at once reversed (other slots); 2: staggered, reversed.
+        std::vector<size_t> order(batch);
+        for (size_t i = 0; i < batch; ++i) order[i] = arrival == 0 ? i : batch - 1 - i;
+        std::vector<int> when(batch, 0);
+        if (arrival == 2)
+          for (size_t i = 0; i < batch; ++i) when[i] = int(i % 4);
+        Scheduler scheduler(engine.runner(), SchedulerOptions{.prefill_tokens_per_step = chunk});
+        std::vector<RequestId> ids;
+        const Run got = run(scheduler, rs, order, when, &ids);
+        for (size_t i = 0; i < batch; ++i)
+          EXPECT_EQ(got.tokens.at(ids[i]), want[i])
+              << "request " << i << " in a batch of " << batch << ", chunk " << chunk << ", arrival " << arrival;
+        if (arrival == 0 && engine.backend().batch_invariant_rows() >= int64_t(batch))
+          EXPECT_EQ(got.widest_decode_forwards, 1) << "every decode row of a step in one forward";
+        EXPECT_GE(got.widest_decode, int64_t(std::min<size_t>(batch, 2)));
+      }
+    }
+  }
+}
+
+TEST(Scheduler, TokensDoNotDependOnTheBatch) {
+  auto engine = demo_engine(13);
+  expect_batch_invariance(*engine, {7, 40, 127});
+}
+
+TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine = demo_engine(13, "cuda");
+  // One chunk size that holds every prompt: each prompt prefills in one chunk, as alone, and
+  // chunks share a forward only within the rows the GEMV computes row by row.
+  expect_batch_invariance(*engine, {127});
+}
+
+TEST(Scheduler, TheKvBudgetBoundsAdmissionAndCancelFreesMemory) {
+  auto engine = demo_engine(2);
+  const std::vector<SchedulerRequest> rs = requests();
+  const std::vector<std::vector<int32_t>> want = alone(*engine, {rs[1], rs[2], rs[3], rs[5]});
+  KvPool& pool = engine->kv_pool();
+  const size_t one = pool.sequence_bytes(kMaxSeqLen);
+  Scheduler scheduler(engine->runner());
+  const RequestId a = scheduler.add(rs[1]), b = scheduler.add(rs[2]), c = scheduler.add(rs[3]),
+                  d = scheduler.add(rs[5]);
+  std::map<RequestId, std::vector<int32_t>> got;
+  auto step = [&] {
+    for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
+  };
+  step();
+  EXPECT_EQ(scheduler.running(), 2u) << "room for two sequences";
+  EXPECT_EQ(scheduler.waiting(), 2u);
+  EXPECT_EQ(pool.bytes_in_use(), 2 * one);
+  // Cancelling a running request frees its memory at once; a waiting one takes its place.
+  EXPECT_TRUE(scheduler.cancel(b));
+  EXPECT_FALSE(scheduler.cancel(b));
+  EXPECT_EQ(pool.bytes_in_use(), one);
+  EXPECT_EQ(pool.bytes_kept(), 0u) << "a cancelled sequence keeps nothing";
+  EXPECT_TRUE(scheduler.cancel(d)) << "a waiting request can be cancelled too";
+  while (!scheduler.idle()) step();
+  EXPECT_EQ(got[a], want[0]);
+  EXPECT_EQ(got[c], want[2]);
+  EXPECT_EQ(got.count(d), 0u);
+  EXPECT_EQ(pool.bytes_in_use(), 0u);
+}
+
+TEST(Scheduler, AFinishedSequenceServesTheNextTurn) {
+  auto engine = demo_engine(2);
+  Scheduler scheduler(engine->runner());
+  SchedulerRequest first = requests()[6];
+  const RequestId id = scheduler.add(first);
+  std::vector<int32_t> reply;
+  while (!scheduler.idle())
+    for (const SequenceEvent& e : scheduler.step()) reply.push_back(e.drawn.token);
+  ASSERT_EQ(reply.size(), size_t(first.max_new_tokens));
+  (void)id;
+  SchedulerRequest next = first;
+  next.prompt.insert(next.prompt.end(), reply.begin(), reply.end());
+  const std::vector<int32_t> turn = {105, 2364, 107, 400, 401};
+  next.prompt.insert(next.prompt.end(), turn.begin(), turn.end());
+  scheduler.add(next);
+  std::vector<int32_t> got;
+  int64_t prefilled = 0;
+  while (!scheduler.idle()) {
+    for (const SequenceEvent& e : scheduler.step()) got.push_back(e.drawn.token);
+    prefilled += scheduler.last_step().prefill_rows;
+  }
+  EXPECT_EQ(prefilled, int64_t(turn.size()) + 1) << "the new turn and the reply's last token";
+  EXPECT_EQ(got, alone(*demo_engine(1), {next})[0]);
+}
+
+TEST(Scheduler, BadRequestsAreClearErrors) {
+  auto engine = demo_engine(1);
+  Scheduler scheduler(engine->runner(), SchedulerOptions{.max_waiting = 1});
+  SchedulerRequest r = requests()[0];
+  auto error = [&](SchedulerRequest bad) { return test::error_of([&] { scheduler.add(bad); }); };
+  SchedulerRequest empty = r;
+  empty.prompt.clear();
+  EXPECT_NE(error(empty).find("empty prompt"), std::string::npos);
+  SchedulerRequest bad_id = r;
+  bad_id.prompt[1] = -3;
+  EXPECT_NE(error(bad_id).find("token id -3 at index 1 is out of range"), std::string::npos);
+  SchedulerRequest long_prompt = r;
+  long_prompt.prompt.assign(129, 5);
+  EXPECT_NE(error(long_prompt).find("context full (128 tokens)"), std::string::npos);
+  SchedulerRequest bad_sampling = r;
+  bad_sampling.sampling.temperature = 3.0f;
+  EXPECT_NE(error(bad_sampling).find("temperature must be in [0, 2] or -1"), std::string::npos);
+  SchedulerRequest no_tokens = r;
+  no_tokens.max_new_tokens = 0;
+  EXPECT_NE(error(no_tokens).find("max_new_tokens must be >= 1, got 0"), std::string::npos);
+  EXPECT_TRUE(scheduler.idle()) << "rejected requests leave nothing behind";
+  scheduler.add(r);
+  EXPECT_NE(error(r).find("busy: 1 requests are waiting"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { Scheduler(engine->runner(), SchedulerOptions{.prefill_tokens_per_step = 1000}); })
+                .find("exceeds the forward workspace"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace g4

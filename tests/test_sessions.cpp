@@ -1,0 +1,239 @@
+// Many sessions on one engine (docs/DESIGN.md §7): sessions never share state, the KV pool keeps
+// its byte budget and gives memory back, a conversation's next turn prefills only its new tokens
+// (and a partial prefix is reused only when every sliding layer still holds the window before
+// it), generation ends for the documented reasons, cancel works, bad input is a clear error.
+// On the demo model (CPU always; the no-bleed check also on CUDA when a GPU is present).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend_factory.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "support/demo_engine.h"
+#include "support/fixtures.h"
+#include "util/error.h"
+
+namespace g4 {
+namespace {
+
+constexpr int64_t kMaxSeqLen = 256;  // the demo's window is 64: the sliding ring holds 128
+
+// The demo engine with room for `sequences` sequences of kMaxSeqLen.
+std::unique_ptr<Engine> demo_engine(int64_t sequences, const std::string& backend = "cpu") {
+  return test::demo_engine_for(sequences, kMaxSeqLen, backend);
+}
+
+SamplingParams sampled(uint64_t seed) {
+  return SamplingParams{.temperature = 1.0f, .top_p = 0.95f, .top_k = 40, .seed = seed};
+}
+
+std::vector<int32_t> prompt_of(int32_t first, int n) {
+  std::vector<int32_t> ids = {2};
+  for (int i = 1; i < n; ++i) ids.push_back(int32_t((first + 37 * i) % 4000 + 10));
+  return ids;
+}
+
+GenerationRequest request(std::vector<int32_t> prompt, uint64_t seed, int64_t n) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampler = Sampler(sampled(seed));
+  r.max_new_tokens = n;
+  r.stop_ids = {};
+  return r;
+}
+
+std::vector<int32_t> alone(Engine& engine, const GenerationRequest& r) {
+  auto session = engine.create_session();
+  return generate(*session, r).tokens;
+}
+
+// Sessions A and B decoded token by token in turn give exactly what each gives alone.
+void expect_no_bleed(Engine& engine) {
+  const GenerationRequest a = request(prompt_of(1, 12), 5, 24), b = request(prompt_of(2, 20), 9, 24);
+  const std::vector<int32_t> want_a = alone(engine, a), want_b = alone(engine, b);
+  ASSERT_NE(want_a, want_b);
+  auto sa = engine.create_session(), sb = engine.create_session();
+  sa->start(a.prompt);
+  sb->start(b.prompt);
+  sa->begin_generation(a.sampler, {a.max_new_tokens, {}});
+  sb->begin_generation(b.sampler, {b.max_new_tokens, {}});
+  std::vector<int32_t> got_a, got_b;
+  for (int i = 0; i < 24; ++i) {
+    got_a.push_back(sa->next().token);
+    got_b.push_back(sb->next().token);
+  }
+  EXPECT_EQ(got_a, want_a);
+  EXPECT_EQ(got_b, want_b);
+}
+
+TEST(Sessions, InterleavedSessionsNeverShareState) {
+  auto engine = demo_engine(2);
+  expect_no_bleed(*engine);
+}
+
+TEST(Sessions, InterleavedSessionsNeverShareStateOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine = demo_engine(2, "cuda");
+  expect_no_bleed(*engine);
+}
+
+TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
+  auto engine = demo_engine(2);
+  KvPool& pool = engine->kv_pool();
+  const size_t one = pool.sequence_bytes(kMaxSeqLen);
+  auto s1 = engine->create_session(), s2 = engine->create_session(), s3 = engine->create_session();
+  EXPECT_EQ(pool.bytes_in_use(), 0u) << "a session takes its caches when it first runs tokens";
+  s1->start(prompt_of(3, 10));
+  s2->start(prompt_of(4, 10));
+  EXPECT_EQ(pool.bytes_in_use(), 2 * one);
+  const std::string error = test::error_of([&] { s3->start(prompt_of(5, 10)); });
+  EXPECT_NE(error.find("out of KV memory: " + std::to_string(one) + " bytes requested, " + std::to_string(2 * one) +
+                       " of " + std::to_string(2 * one) + " in use"),
+            std::string::npos)
+      << error;
+  // A destroyed session's memory comes back: kept for prefix reuse, then taken by a new session.
+  s1.reset();
+  EXPECT_EQ(pool.bytes_in_use(), one);
+  EXPECT_EQ(pool.bytes_kept(), one);
+  s3->start(prompt_of(5, 10));
+  EXPECT_EQ(pool.bytes_in_use(), 2 * one);
+  EXPECT_EQ(pool.kept_sequences(), 0u) << "the kept prefix was evicted for the new session";
+  // A session that holds no tokens keeps nothing: its memory is free at once.
+  s3->reset();
+  s3.reset();
+  EXPECT_EQ(pool.bytes_in_use(), one);
+  EXPECT_EQ(pool.bytes_kept(), 0u);
+  // A sequence larger than the whole budget is refused by name.
+  auto small_engine = demo_engine(1);
+  auto large = small_engine->create_session(SessionOptions{.max_seq_len = 1024});
+  EXPECT_NE(test::error_of([&] { large->start(prompt_of(5, 10)); }).find("more than the whole budget"),
+            std::string::npos);
+}
+
+TEST(Sessions, NextTurnPrefillsOnlyTheNewTokensAndMatchesAFreshSession) {
+  auto engine = demo_engine(1);
+  const std::vector<int32_t> first = prompt_of(4, 16);
+  std::vector<int32_t> history = first;
+  {
+    auto session = engine->create_session();
+    const GenerationResult one = generate(*session, request(first, 21, 10));
+    history.insert(history.end(), one.tokens.begin(), one.tokens.end());
+  }  // ended: its caches are kept, keyed by the tokens they hold (all but the last reply token)
+  const std::vector<int32_t> turn = prompt_of(5, 9);
+  std::vector<int32_t> whole = history;
+  whole.insert(whole.end(), turn.begin(), turn.end());
+  auto next = engine->create_session();
+  const GenerationResult second = generate(*next, request(whole, 31, 12));
+  EXPECT_EQ(second.prefilled, int64_t(turn.size()) + 1) << "the new turn and the reply's last token";
+  auto fresh_engine = demo_engine(1);
+  auto fresh = fresh_engine->create_session();
+  const GenerationResult want = generate(*fresh, request(whole, 31, 12));
+  EXPECT_EQ(want.prefilled, int64_t(whole.size()));
+  EXPECT_EQ(second.tokens, want.tokens);
+}
+
+TEST(Sessions, PartialPrefixIsReusedOnlyWhileTheRingHoldsTheWindow) {
+  auto engine = demo_engine(1);
+  const KvPool& pool = engine->kv_pool();
+  const int64_t window = engine->config().sliding_window;
+  ASSERT_EQ(window, 64);
+  const std::vector<int32_t> cached = prompt_of(6, 200);
+  // Diverging at p: usable while cached.size() - p <= window; the prompt's last token always runs.
+  auto diverging_at = [&](int64_t p) {
+    std::vector<int32_t> prompt(cached.begin(), cached.begin() + p);
+    for (int i = 0; i < 20; ++i) prompt.push_back(int32_t(4000 + i));
+    return prompt;
+  };
+  EXPECT_EQ(pool.usable_prefix(cached, diverging_at(136)), 136);
+  EXPECT_EQ(pool.usable_prefix(cached, diverging_at(135)), 0) << "200 - 135 > window";
+  EXPECT_EQ(pool.usable_prefix(cached, cached), 199) << "the last token is prefilled for its logits";
+  EXPECT_EQ(pool.usable_prefix(cached, std::vector<int32_t>{cached[0]}), 0);
+
+  // The reused prefix gives the tokens a fresh prefill gives.
+  for (int64_t p : {150, 100}) {
+    {
+      auto holder = engine->create_session();
+      holder->start(cached);
+    }
+    const std::vector<int32_t> prompt = diverging_at(p);
+    auto session = engine->create_session();
+    const GenerationResult got = generate(*session, request(prompt, 41, 8));
+    EXPECT_EQ(got.prefilled, p == 150 ? int64_t(prompt.size()) - p : int64_t(prompt.size())) << "p " << p;
+    auto fresh_engine = demo_engine(1);
+    EXPECT_EQ(got.tokens, alone(*fresh_engine, request(prompt, 41, 8))) << "p " << p;
+  }
+}
+
+TEST(Sessions, GenerationEndsForTheDocumentedReasons) {
+  auto engine = demo_engine(2);
+  auto session = engine->create_session();
+  // Max tokens: the third token is the last.
+  session->start(prompt_of(7, 10));
+  session->begin_generation(Sampler(sampled(1)), {3, {}});
+  EXPECT_EQ(session->next().stop, StopReason::kNone);
+  EXPECT_EQ(session->next().stop, StopReason::kNone);
+  const DecodedToken third = session->next();
+  EXPECT_EQ(third.stop, StopReason::kMaxTokens);
+  EXPECT_NE(test::error_of([&] { session->next(); }).find("the generation has ended"), std::string::npos);
+  // A stop id: the greedy first token, made a stop id, ends the generation at once.
+  session->start(prompt_of(7, 10));
+  session->begin_generation(Sampler(SamplingParams{.temperature = 0.0f}), {5, {}});
+  const int32_t greedy = session->next().token;
+  session->start(prompt_of(7, 10));
+  session->begin_generation(Sampler(SamplingParams{.temperature = 0.0f}), {5, {greedy}});
+  EXPECT_EQ(session->next().stop, StopReason::kStopToken);
+  // Context full: 60 prompt tokens in a context of 64 leave room to feed four drawn tokens.
+  auto small = engine->create_session(SessionOptions{.max_seq_len = 64});
+  small->start(prompt_of(8, 60));
+  small->begin_generation(Sampler(sampled(2)), {100, {}});
+  int drawn = 1;
+  while (small->next().stop == StopReason::kNone) ++drawn;
+  EXPECT_EQ(drawn, 5);
+  EXPECT_EQ(small->position(), 64);
+}
+
+TEST(Sessions, CancelStopsBeforeTheNextToken) {
+  auto engine = demo_engine(1);
+  auto session = engine->create_session();
+  session->start(prompt_of(9, 10));
+  session->begin_generation(Sampler(sampled(3)), {50, {}});
+  session->next();
+  session->next();
+  const int64_t position = session->position();
+  session->cancel();
+  const DecodedToken cancelled = session->next();
+  EXPECT_EQ(cancelled.stop, StopReason::kCancelled);
+  EXPECT_EQ(cancelled.token, -1);
+  EXPECT_EQ(session->position(), position) << "nothing ran after the cancel";
+  // A new generation is not cancelled.
+  session->start(prompt_of(9, 10));
+  session->begin_generation(Sampler(sampled(3)), {2, {}});
+  EXPECT_EQ(session->next().stop, StopReason::kNone);
+}
+
+TEST(Sessions, BadInputIsAClearError) {
+  auto engine = demo_engine(1);
+  auto session = engine->create_session();
+  EXPECT_NE(test::error_of([&] { session->start({}); }).find("empty prompt"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { session->start(std::vector<int32_t>{2, 4096}); })
+                .find("token id 4096 at index 1 is out of range [0, 4096)"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { session->start(prompt_of(1, 300)); }).find("context full (256 tokens)"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { Sampler(SamplingParams{.top_p = 0.0f}); }).find("top_p must be in (0, 1]"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { session->begin_generation(Sampler(sampled(1)), {1, {}}); }).find("prefill a prompt first"),
+            std::string::npos);
+  session->start(prompt_of(1, 5));
+  EXPECT_NE(test::error_of([&] { session->begin_generation(Sampler(sampled(1)), {0, {}}); })
+                .find("max_new_tokens must be >= 1, got 0"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { session->next(); }).find("no generation begun"), std::string::npos);
+  EXPECT_EQ(session->position(), 5) << "rejected calls change nothing";
+}
+
+}  // namespace
+}  // namespace g4
