@@ -39,7 +39,7 @@ class CudaSampler {
   CudaSampler& operator=(const CudaSampler&) = delete;
 
   // Enqueues the sampling of every row of `batch` on `stream` (nullptr = the default stream).
-  // Parameters must be valid (validate_sampling_params). A row with NaN logits gets token 0 and
+  // Parameters must be valid (a Sampler validated them). A row with NaN logits gets token 0 and
   // sets kSampleStatusNanLogits in the status word, which stays set until check_status().
   void sample(const CudaSampleBatch& batch, CUstream_st* stream) const;
 
