@@ -135,6 +135,19 @@ TEST(Sessions, NextTurnPrefillsOnlyTheNewTokensAndMatchesAFreshSession) {
   EXPECT_EQ(second.tokens, want.tokens);
 }
 
+TEST(Sessions, DroppedPrefixesAreNotReused) {
+  auto engine = demo_engine(1);
+  const std::vector<int32_t> first = prompt_of(4, 16);
+  generate(*engine->create_session(), request(first, 21, 10));
+  ASSERT_EQ(engine->kv_pool().kept_sequences(), 1u);
+  engine->kv_pool().drop_kept();
+  EXPECT_EQ(engine->kv_pool().kept_sequences(), 0u);
+  EXPECT_EQ(engine->kv_pool().bytes_kept(), 0u);
+  std::vector<int32_t> longer = first;
+  longer.push_back(7);
+  EXPECT_EQ(generate(*engine->create_session(), request(longer, 21, 4)).prefilled, int64_t(longer.size()));
+}
+
 TEST(Sessions, PartialPrefixIsReusedOnlyWhileTheRingHoldsTheWindow) {
   auto engine = demo_engine(1);
   const KvPool& pool = engine->kv_pool();

@@ -142,6 +142,11 @@ KvSequence KvPool::acquire(int64_t max_seq_len, std::span<const int32_t> prompt)
   return std::move(*s);
 }
 
+void KvPool::drop_kept() {
+  kept_list_.clear();  // the caches' memory goes with their tensors
+  kept_ = 0;
+}
+
 void KvPool::take_back(KvSequence& s) {
   in_use_ -= s.bytes_;
   if (s.tokens_.empty()) return;  // nothing worth keeping: the caches are freed with the handle

@@ -52,9 +52,6 @@ class KvSequence {
 
  private:
   friend class KvPool;
-
-// Bytes of one sequence's caches at max_seq_len positions, activations in `dtype`.
-size_t kv_sequence_bytes(const ModelConfig& config, DType dtype, int64_t max_seq_len);
   KvPool* pool_ = nullptr;
   std::vector<KvCache> caches_;
   std::vector<int32_t> tokens_;
@@ -85,6 +82,11 @@ class KvPool {
   KvSequence acquire(int64_t max_seq_len, std::span<const int32_t> prompt = {});
   // As acquire, but nothing (instead of the error) when live sequences leave no room.
   std::optional<KvSequence> try_acquire(int64_t max_seq_len, std::span<const int32_t> prompt = {});
+
+  // Frees every kept prefix. On a backend whose prefill is not invariant to its chunking (CUDA,
+  // docs/DESIGN.md §7) a reused prefix is a different chunking, so a run that must not depend on
+  // the sequences before it starts from an empty pool.
+  void drop_kept();
 
   // The longest usable prefix of `prompt` that a kept sequence of max_seq_len positions holds.
   int64_t best_kept_prefix(int64_t max_seq_len, std::span<const int32_t> prompt) const;
