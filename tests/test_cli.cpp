@@ -125,5 +125,25 @@ TEST(Cli, TokenizeAModelWithoutATokenizer) {
   EXPECT_NE(r.output.find("has no tokenizer"), std::string::npos) << r.output;
 }
 
+// g4 bench --concurrency runs every sequence to its end through the scheduler (any backend; the
+// figures that matter come from the GPU machine, docs/PERF.md).
+TEST(Cli, BenchConcurrencyRunsEverySequence) {
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  const test::CommandResult r =
+      test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 1,3 --prompt_len 8 --gen 4 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  for (const auto& run : j["runs"]) {
+    EXPECT_EQ(run["generated_tokens"].get<int64_t>(), 4 * run["concurrency"].get<int64_t>());
+    EXPECT_GT(run["aggregate_tok_s"].get<double>(), 0);
+    EXPECT_LE(run["ttft_p50_s"].get<double>(), run["ttft_p99_s"].get<double>());
+  }
+  EXPECT_EQ(j["sampler_rows"].get<int64_t>(), 3);
+  const test::CommandResult bad = test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("counts must be >= 1"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace g4

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend_factory.h"
+#include "bench_concurrency.h"
 #include "commands.h"
 #include "model/loader.h"
 #include "model/synthetic_weights.h"
@@ -31,6 +32,7 @@ struct BenchOptions {
   std::string synthetic, model_path, weights = "bf16", backend = "cuda";
   int64_t prompt_len = 2048, gen = 128;
   uint64_t seed = 1;
+  std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
 };
 
 // docs/DESIGN.md §2: Gemma 4 31B (full attention every 6th layer, K=V, proportional RoPE on full layers).
@@ -207,6 +209,14 @@ void run_bench(const BenchOptions& o) {
   std::unique_ptr<Gemma4> model;
   load_s = seconds_of([&] { model = o.synthetic.empty() ? load_model(o.model_path, be) : synthetic_model(o, be); });
   const ModelConfig& c = model->config();
+  if (!o.concurrency.empty()) {
+    nlohmann::json r = bench_concurrency(*model, be, {o.concurrency, o.prompt_len, o.gen, o.seed});
+    r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
+    r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
+    r["load_s"] = load_s;
+    std::printf("%s\n", r.dump(1).c_str());
+    return;
+  }
 
   SessionOptions so;
   // A short run still needs a context of at least the sliding window.
@@ -305,6 +315,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt_len,--prompt-len", opts->prompt_len, "Prompt tokens to prefill (default 2048)");
   cmd->add_option("--gen", opts->gen, "Tokens to decode per measurement (default 128)");
   cmd->add_option("--seed", opts->seed, "Seed of the weights, prompt and sampling");
+  cmd->add_option("--concurrency", opts->concurrency,
+                  "Sequence counts for the continuous-batching bench, e.g. 1,8,32,64 (each sequence: "
+                  "--prompt_len prompt tokens, --gen generated)")
+      ->delimiter(',');
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([opts] { run_bench(*opts); });
 }

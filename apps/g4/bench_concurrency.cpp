@@ -1,0 +1,115 @@
+#include "bench_concurrency.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+
+#include "runtime/model_runner.h"
+#include "runtime/scheduler.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// The q-quantile of `v` (nearest rank).
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(q * double(v.size())))];
+}
+
+// N requests admitted at once, run to the end: the scheduler's throughput and latencies.
+nlohmann::json run_requests(const Gemma4& model, Backend& backend, const ConcurrencyBench& b, int64_t n) {
+  const ModelConfig& c = model.config();
+  RunnerOptions ro;
+  ro.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, b.prompt_len + b.gen + 8));
+  ro.max_batch_sequences = n;
+  ro.kv_budget_bytes = size_t(n) * kv_sequence_bytes(c, backend.activation_dtype(), ro.max_seq_len);
+  ModelRunner runner(model, backend, ro);
+  Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n)});
+  std::mt19937 rng(unsigned(b.seed));
+  std::map<RequestId, Clock::time_point> first, last;
+  std::map<RequestId, int64_t> tokens;
+  const Clock::time_point start = Clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    SchedulerRequest r;
+    r.prompt.resize(size_t(b.prompt_len));
+    for (int32_t& id : r.prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
+    r.sampling = SamplingParams{.temperature = 1.0f, .top_p = 0.95f, .top_k = 64, .seed = b.seed + uint64_t(i)};
+    r.max_new_tokens = b.gen;
+    r.stop_ids = {};  // every sequence generates exactly `gen` tokens
+    scheduler.add(r);
+  }
+  int64_t steps = 0;
+  while (!scheduler.idle()) {
+    const std::vector<SequenceEvent> events = scheduler.step();
+    backend.synchronize();
+    const Clock::time_point now = Clock::now();
+    ++steps;
+    for (const SequenceEvent& e : events) {
+      if (!first.count(e.id)) first[e.id] = now;
+      last[e.id] = now;
+      ++tokens[e.id];
+    }
+  }
+  const double wall = seconds_between(start, Clock::now());
+  std::vector<double> ttft, per_sequence;
+  int64_t generated = 0;
+  for (const auto& [id, t] : first) {
+    ttft.push_back(seconds_between(start, t));
+    generated += tokens[id];
+    const double decode_s = seconds_between(t, last[id]);
+    if (tokens[id] > 1 && decode_s > 0) per_sequence.push_back(double(tokens[id] - 1) / decode_s);
+  }
+  G4_CHECK(generated == n * b.gen, "bench: " + std::to_string(generated) + " tokens generated, expected " +
+                                        std::to_string(n * b.gen));
+  double mean_decode = 0;
+  for (double v : per_sequence) mean_decode += v / double(per_sequence.size());
+  return {{"concurrency", n},
+          {"generated_tokens", generated},
+          {"wall_s", wall},
+          {"steps", steps},
+          {"aggregate_tok_s", double(generated) / wall},
+          {"per_sequence_decode_tok_s", mean_decode},
+          {"ttft_p50_s", quantile(ttft, 0.5)},
+          {"ttft_p99_s", quantile(ttft, 0.99)}};
+}
+
+// The sampler alone on `rows` rows of logits (top-k 64, top-p 0.95), back to back.
+double sampler_seconds(Backend& backend, int64_t rows, int64_t vocab) {
+  Tensor logits = backend.alloc(DType::F32, rows, vocab), params = backend.alloc(DType::I32, rows, sizeof(SamplingParams) / 4),
+         tokens = backend.alloc(DType::I64, rows, 1);
+  backend.fill_uniform(logits, 0.0f, 8.0f, 7);
+  std::vector<SamplingParams> p(size_t(rows), SamplingParams{.temperature = 1.0f, .top_p = 0.95f, .top_k = 64, .seed = 3});
+  backend.upload(p.data(), params);
+  backend.sample(logits, params, tokens);
+  backend.synchronize();
+  const int reps = 50;
+  const Clock::time_point t = Clock::now();
+  for (int i = 0; i < reps; ++i) backend.sample(logits, params, tokens);
+  backend.synchronize();
+  return seconds_between(t, Clock::now()) / reps;
+}
+
+}  // namespace
+
+nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const ConcurrencyBench& b) {
+  G4_CHECK(!b.concurrency.empty(), "--concurrency: give sequence counts, e.g. 1,8,32,64");
+  for (int64_t n : b.concurrency) G4_CHECK(n >= 1, "--concurrency: counts must be >= 1, got " + std::to_string(n));
+  nlohmann::json runs = nlohmann::json::array();
+  for (int64_t n : b.concurrency) runs.push_back(run_requests(model, backend, b, n));
+  const int64_t widest = *std::max_element(b.concurrency.begin(), b.concurrency.end());
+  return {{"backend", backend.name()},
+          {"prompt_len", b.prompt_len},
+          {"gen", b.gen},
+          {"runs", runs},
+          {"sampler_rows", widest},
+          {"sampler_us", 1e6 * sampler_seconds(backend, widest, model.config().vocab_size)}};
+}
+
+}  // namespace g4::cli

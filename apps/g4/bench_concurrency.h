@@ -1,0 +1,23 @@
+// g4 bench --concurrency: many sequences through the continuous-batching scheduler (issue 16's
+// measurement): aggregate generated tok/s, per-sequence decode tok/s and time to first token.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "model/gemma4.h"
+
+namespace g4::cli {
+
+struct ConcurrencyBench {
+  std::vector<int64_t> concurrency;  // sequence counts, each measured on its own
+  int64_t prompt_len = 0, gen = 0;   // per sequence
+  uint64_t seed = 1;
+};
+
+// One JSON object per sequence count; every sequence samples with top-k 64 / top-p 0.95 and its own seed.
+nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const ConcurrencyBench& bench);
+
+}  // namespace g4::cli
