@@ -18,6 +18,7 @@ void add_export_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_commands(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 
 }  // namespace g4::cli

@@ -79,13 +79,17 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
 }
 
-std::unique_ptr<Engine> open_engine(const GenerationFlags& f) {
+EngineOptions engine_options(const GenerationFlags& f) {
   EngineOptions eo;
   use_model_or_demo(eo, f.model_path);
   eo.backend = f.backend;
   eo.max_seq_len = f.max_seq_len;
   eo.threads = f.threads;
-  auto engine = std::make_unique<Engine>(eo);
+  return eo;
+}
+
+std::unique_ptr<Engine> open_engine(const GenerationFlags& f) {
+  auto engine = std::make_unique<Engine>(engine_options(f));
   check_token_flags(f, *engine);
   return engine;
 }

@@ -32,7 +32,9 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& flags);
 // Everything that can be judged without the model, so that a bad flag fails before loading.
 void check_generation_flags(const GenerationFlags& flags);
 
-// Loads the model (the demo model when no --model_path) on the chosen backend.
+// What the flags ask to load: the model (the demo model when no --model_path), backend, context.
+EngineOptions engine_options(const GenerationFlags& flags);
+// Loads engine_options(flags) and checks the token flags against it.
 std::unique_ptr<Engine> open_engine(const GenerationFlags& flags);
 // Checks bos/eos ids against the loaded model's vocabulary.
 void check_token_flags(const GenerationFlags& flags, const Engine& engine);

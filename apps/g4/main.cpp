@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("g4 ") + g4::cli::kVersion + " (backends: " + kBackends + ")");
   g4::cli::add_run_command(app);
   g4::cli::add_chat_command(app);
+  g4::cli::add_serve_command(app);
   g4::cli::add_logits_command(app);
   g4::cli::add_perplexity_command(app);
   g4::cli::add_bench_command(app);

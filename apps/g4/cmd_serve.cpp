@@ -1,0 +1,81 @@
+// g4 serve: an OpenAI-compatible HTTP server (docs/DESIGN.md §8). The generation flags of g4 run
+// are the defaults of requests that leave a field out.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commands.h"
+#include "generation_flags.h"
+#include "serve/engine_worker.h"
+#include "serve/server.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+struct ServeOptions {
+  GenerationFlags gen;
+  std::string host = "127.0.0.1", api_key;
+  int port = 8080;
+  int64_t max_sessions = 4, max_waiting = 64;
+};
+
+void serve(const ServeOptions& o) {
+  check_generation_flags(o.gen);
+  G4_CHECK(!o.gen.cuda_graph, "--cuda_graph applies to g4 run and g4 chat; g4 serve batches requests with the scheduler");
+  G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
+  G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));
+
+  serve::ServerOptions so;
+  std::optional<Tokenizer> tokenizer;
+  serve::EngineWorker worker(engine_options(o.gen), {o.max_sessions, o.max_waiting}, [&](Engine& engine) {
+    check_token_flags(o.gen, engine);
+    tokenizer = open_tokenizer(o.gen, engine);
+    G4_CHECK(tokenizer, "serve needs a tokenizer: the model has none embedded; pass --tokenizer_path");
+    note_foreign_chat_template(engine);
+    const EffectiveSampling sampling = effective_sampling(o.gen, engine.generation_defaults());
+    so.default_sampler = sampling.sampler;
+    so.random_seed = sampling.random_seed;
+    so.stop_ids = stop_ids(o.gen, engine);
+    std::fprintf(stderr, "g4 serve: request defaults: %s\n", describe_sampling(sampling).c_str());
+  });
+  so.model_id = o.gen.model_path.empty() ? "g4-demo" : std::filesystem::path(o.gen.model_path).filename().string();
+  so.api_key = o.api_key;
+  so.bos_id = o.gen.bos_id;
+  so.default_max_tokens = o.gen.max_new_tokens;
+  G4_CHECK(so.default_max_tokens >= 1, "--max_new_tokens (the default max_tokens) must be >= 1");
+
+  serve::Server server(worker, *tokenizer, so);
+  const int port = server.bind(o.host, o.port);
+  std::fprintf(stderr, "g4 serve: model %s, %lld sessions of %lld tokens; listening on http://%s:%d\n",
+               so.model_id.c_str(), static_cast<long long>(o.max_sessions),
+               static_cast<long long>(worker.max_seq_len()), o.host.c_str(), port);
+  server.listen();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  o->gen.max_new_tokens = 256;  // a request's max_tokens when it gives none
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  add_generation_flags(*cmd, o->gen);
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port to listen on (0 = any free port)")->capture_default_str();
+  cmd->add_option("--api-key,--api_key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1 requests");
+  cmd->add_option("--max_sessions,--max-sessions", o->max_sessions,
+                  "Requests generated at once (each holds a KV cache of --max_seq_len)")
+      ->capture_default_str();
+  cmd->add_option("--max_waiting,--max-waiting", o->max_waiting,
+                  "Requests queued beyond those; more are answered 503 (busy)")
+      ->capture_default_str();
+  cmd->footer("Sampling flags set the defaults of requests that leave a field out; -n is the default max_tokens.\n"
+              "Example: curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' "
+              "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'");
+  cmd->callback([o] { serve(*o); });
+}
+
+}  // namespace g4::cli

@@ -1,0 +1,175 @@
+#include "serve/engine_worker.h"
+
+#include "util/error.h"
+
+namespace g4::serve {
+
+std::optional<std::string> RequestChannel::wait_admitted() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return decided_; });
+  if (admitted_) return std::nullopt;
+  return failure_;
+}
+
+std::vector<DecodedToken> RequestChannel::take() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !tokens_.empty() || !failure_.empty(); });
+  std::vector<DecodedToken> out(tokens_.begin(), tokens_.end());
+  tokens_.clear();
+  return out;
+}
+
+std::string RequestChannel::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+void RequestChannel::admit() {
+  std::lock_guard lock(mutex_);
+  decided_ = admitted_ = true;
+  changed_.notify_all();
+}
+
+void RequestChannel::reject(std::string why) {
+  std::lock_guard lock(mutex_);
+  decided_ = true;
+  failure_ = why.empty() ? "rejected" : std::move(why);
+  changed_.notify_all();
+}
+
+void RequestChannel::push(const DecodedToken& token) {
+  std::lock_guard lock(mutex_);
+  tokens_.push_back(token);
+  changed_.notify_all();
+}
+
+void RequestChannel::fail(std::string why) {
+  std::lock_guard lock(mutex_);
+  decided_ = true;
+  failure_ = why.empty() ? "engine failure" : std::move(why);
+  changed_.notify_all();
+}
+
+EngineWorker::EngineWorker(EngineOptions engine_options, WorkerOptions options,
+                           const std::function<void(Engine&)>& on_loaded) {
+  G4_CHECK(options.max_sessions >= 1, "--max_sessions must be >= 1, got " + std::to_string(options.max_sessions));
+  G4_CHECK(options.max_waiting >= 0, "the waiting queue bound must be >= 0");
+  // One sequence's bytes depend on the model, the context and the backend: ask a loaded engine.
+  engine_options.kv_budget_bytes = 0;
+  engine_ = std::make_unique<Engine>(engine_options);
+  max_seq_len_ = engine_->runner().max_seq_len();
+  engine_options.max_seq_len = max_seq_len_;
+  engine_options.kv_budget_bytes = size_t(options.max_sessions) * engine_->kv_pool().sequence_bytes(max_seq_len_);
+  engine_options.max_batch_sequences = options.max_sessions;
+  engine_.reset();  // its memory goes before the larger engine takes its own
+  engine_ = std::make_unique<Engine>(engine_options);
+
+  if (on_loaded) on_loaded(*engine_);
+  max_in_flight_ = size_t(options.max_sessions + options.max_waiting);
+  SchedulerOptions so;
+  so.max_waiting = max_in_flight_;  // submit() bounds the queue first, so add() never answers "busy"
+  scheduler_ = std::make_unique<Scheduler>(engine_->runner(), so);
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineWorker::~EngineWorker() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<RequestChannel> EngineWorker::submit(SchedulerRequest request) {
+  auto channel = std::make_shared<RequestChannel>();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || in_flight_ >= max_in_flight_) return nullptr;
+    ++in_flight_;
+    submitted_.emplace_back(std::move(request), channel);
+  }
+  work_.notify_all();
+  return channel;
+}
+
+void EngineWorker::cancel(const std::shared_ptr<RequestChannel>& channel) {
+  {
+    std::lock_guard lock(mutex_);
+    cancelled_.push_back(channel);
+  }
+  work_.notify_all();
+}
+
+void EngineWorker::ended(size_t requests) {
+  if (requests == 0) return;
+  std::lock_guard lock(mutex_);
+  in_flight_ -= requests;
+}
+
+void EngineWorker::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    work_.wait(lock, [&] { return stopping_ || !submitted_.empty() || !cancelled_.empty() || !running_.empty(); });
+    if (stopping_) break;
+    auto submitted = std::move(submitted_);
+    auto cancelled = std::move(cancelled_);
+    submitted_.clear();
+    cancelled_.clear();
+    lock.unlock();
+
+    size_t ended_now = 0;
+    // Admissions first, so that a request cancelled as soon as it was submitted is found.
+    for (auto& [request, channel] : submitted) {
+      try {
+        channel->id_ = scheduler_->add(request);
+        running_[channel->id_] = channel;
+        channel->admit();
+      } catch (const Error& e) {
+        channel->reject(e.what());
+        ++ended_now;
+      }
+    }
+    for (const auto& channel : cancelled) {
+      auto it = running_.find(channel->id_);
+      if (channel->id_ == 0 || it == running_.end() || it->second != channel) continue;  // ended already
+      scheduler_->cancel(channel->id_);
+      running_.erase(it);
+      channel->push(DecodedToken{-1, StopReason::kCancelled});
+      ++ended_now;
+    }
+    if (!scheduler_->idle()) {
+      try {
+        for (const SequenceEvent& event : scheduler_->step()) {
+          auto it = running_.find(event.id);
+          if (it == running_.end()) continue;
+          it->second->push(event.drawn);
+          if (event.drawn.last()) {
+            running_.erase(it);
+            ++ended_now;
+          }
+        }
+      } catch (const std::exception& e) {
+        // A fault of the engine, not of one request: every running request fails (HTTP 500).
+        ended_now += running_.size();
+        fail_all(std::string("the engine failed: ") + e.what());
+      }
+    }
+    ended(ended_now);
+    lock.lock();
+  }
+  lock.unlock();
+  ended(running_.size());
+  fail_all("the server is stopping");
+  for (auto& [request, channel] : submitted_) channel->fail("the server is stopping");
+}
+
+void EngineWorker::fail_all(const std::string& why) {
+  for (auto& [id, channel] : running_) {
+    scheduler_->cancel(id);
+    channel->fail(why);
+  }
+  running_.clear();
+}
+
+}  // namespace g4::serve
