@@ -223,6 +223,29 @@ TEST_F(Serve, ConcurrentRequestsEqualEachAlone) {
   for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
 }
 
+TEST_F(Serve, ClientDisconnectCancelsTheStream) {
+  const uint64_t cancelled_before = worker_->cancelled();
+  httplib::Client c = client();
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.headers = {{"Content-Type", "application/json"}};
+  // Greedy, max_tokens left to the context's room: a long reply that only a cancel ends early.
+  request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"stream", true}}.dump();
+  int chunks = 0;
+  request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
+  c.send(request);  // the client hangs up after its second chunk
+  EXPECT_GE(chunks, 2);
+  for (int i = 0; i < 500 && worker_->cancelled() == cancelled_before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(worker_->cancelled(), cancelled_before + 1) << "the request ran on after its client left";
+  // Its sessions are free again: as many requests as sessions run at once.
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i)
+    threads.emplace_back([&] { post("/v1/completions", {{"prompt", "The sea"}, {"max_tokens", 4}}); });
+  for (std::thread& t : threads) t.join();
+}
+
 TEST_F(Serve, ApiKeyIsRequired) {
   for (const std::optional<std::string>& key : {std::optional<std::string>{}, std::optional<std::string>{"wrong"}}) {
     httplib::Client c = client(/*with_key=*/false);

@@ -137,6 +137,7 @@ void EngineWorker::run() {
       running_.erase(it);
       channel->push(DecodedToken{-1, StopReason::kCancelled});
       ++ended_now;
+      ++cancelled_count_;
     }
     if (!scheduler_->idle()) {
       try {

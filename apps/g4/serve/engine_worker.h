@@ -3,6 +3,7 @@
 // requests through a queue guarded by a mutex and a condition variable, and each request gets its
 // tokens back through its own channel.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -67,6 +68,8 @@ class EngineWorker {
 
   // Fixed once loaded, so handler threads may read it without touching the engine.
   int64_t max_seq_len() const { return max_seq_len_; }
+  // Requests cancelled while running or waiting so far (a stop string, a client that went away).
+  uint64_t cancelled() const { return cancelled_count_.load(); }
 
   // Queues a request for the engine thread, or returns nullptr when max_sessions + max_waiting
   // requests are already in flight (the caller answers "busy").
@@ -84,6 +87,7 @@ class EngineWorker {
   std::unique_ptr<Scheduler> scheduler_;
   int64_t max_seq_len_ = 0;
   size_t max_in_flight_ = 0;
+  std::atomic<uint64_t> cancelled_count_{0};
 
   std::mutex mutex_;  // guards what follows
   std::condition_variable work_;
