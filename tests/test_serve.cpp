@@ -246,6 +246,45 @@ TEST_F(Serve, ClientDisconnectCancelsTheStream) {
   for (std::thread& t : threads) t.join();
 }
 
+TEST_F(Serve, AFullQueueIsBusy) {
+  // One session, no queue: while a request runs, the next is refused at once.
+  serve::EngineWorker worker(demo_options(), {.max_sessions = 1, .max_waiting = 0});
+  serve::ServerOptions so;
+  so.stop_ids = {};  // the first request runs to its max_new_tokens
+  serve::Server server(worker, *tokenizer_, so);
+  const int port = server.bind("127.0.0.1", 0);
+  std::thread listening([&] { server.listen(); });
+  SchedulerRequest running;
+  running.prompt = {2, 17, 30};
+  running.sampling = SamplingParams{.temperature = 0.0f};
+  running.max_new_tokens = kContext - 4;
+  running.stop_ids = {};
+  const std::shared_ptr<serve::RequestChannel> first = worker.submit(running);
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(worker.submit(running)) << "a second request with no room must be refused";
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  // (The socket listens from bind() on: a request before listen() waits in the backlog.)
+  const httplib::Result busy = c.Post("/v1/completions", json{{"prompt", "hi"}}.dump(), "application/json");
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->status, 503) << busy->body;
+  EXPECT_EQ(json::parse(busy->body)["error"]["type"], "server_busy");
+  // Once the first request ends, there is room again.
+  EXPECT_FALSE(first->wait_admitted());
+  for (bool last = false; !last;)
+    for (const DecodedToken& t : first->take()) last = last || t.last();
+  bool admitted = false;
+  for (int i = 0; i < 500 && !admitted; ++i) {
+    const httplib::Result r =
+        c.Post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(), "application/json");
+    admitted = r && r->status == 200;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(admitted);
+  server.stop();
+  listening.join();
+}
+
 TEST_F(Serve, ApiKeyIsRequired) {
   for (const std::optional<std::string>& key : {std::optional<std::string>{}, std::optional<std::string>{"wrong"}}) {
     httplib::Client c = client(/*with_key=*/false);
