@@ -30,13 +30,6 @@ void RequestChannel::admit() {
   changed_.notify_all();
 }
 
-void RequestChannel::reject(std::string why) {
-  std::lock_guard lock(mutex_);
-  decided_ = true;
-  failure_ = why.empty() ? "rejected" : std::move(why);
-  changed_.notify_all();
-}
-
 void RequestChannel::push(const DecodedToken& token) {
   std::lock_guard lock(mutex_);
   tokens_.push_back(token);
@@ -46,7 +39,7 @@ void RequestChannel::push(const DecodedToken& token) {
 void RequestChannel::fail(std::string why) {
   std::lock_guard lock(mutex_);
   decided_ = true;
-  failure_ = why.empty() ? "engine failure" : std::move(why);
+  failure_ = why.empty() ? "the request failed" : std::move(why);
   changed_.notify_all();
 }
 
@@ -126,7 +119,7 @@ void EngineWorker::run() {
         running_[channel->id_] = channel;
         channel->admit();
       } catch (const Error& e) {
-        channel->reject(e.what());
+        channel->fail(e.what());
         ++ended_now;
       }
     }

@@ -21,7 +21,7 @@
 
 namespace g4::serve {
 
-// One request's side of the engine thread: first admitted or rejected, then its tokens, the last
+// One request's side of the engine thread: first admitted or refused, then its tokens, the last
 // of which says why it ended (or a failure message when the engine itself failed).
 class RequestChannel {
  public:
@@ -35,8 +35,9 @@ class RequestChannel {
 
   // ---- the engine thread's side ----
   void admit();
-  void reject(std::string why);
   void push(const DecodedToken& token);
+  // Refused before admission (wait_admitted() returns why) or failed after it (take() returns
+  // nothing, failure() says why).
   void fail(std::string why);
 
  private:
