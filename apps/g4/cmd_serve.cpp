@@ -36,11 +36,15 @@ void serve(const ServeOptions& o) {
     tokenizer = open_tokenizer(o.gen, engine);
     G4_CHECK(tokenizer, "serve needs a tokenizer: the model has none embedded; pass --tokenizer_path");
     note_foreign_chat_template(engine);
-    const EffectiveSampling sampling = effective_sampling(o.gen, engine.generation_defaults());
+    // --seed -1 means a fresh seed per request, not one drawn (and printed) now.
+    GenerationFlags defaults = o.gen;
+    if (defaults.seed == "-1") defaults.seed = "0";
+    const EffectiveSampling sampling = effective_sampling(defaults, engine.generation_defaults());
     so.default_sampler = sampling.sampler;
-    so.random_seed = sampling.random_seed;
+    so.random_seed = o.gen.seed == "-1";
     so.stop_ids = stop_ids(o.gen, engine);
-    std::fprintf(stderr, "g4 serve: request defaults: %s\n", describe_sampling(sampling).c_str());
+    std::fprintf(stderr, "g4 serve: request defaults: %s%s\n", describe_sampling(sampling).c_str(),
+                 so.random_seed ? " (a request without a seed gets a random one)" : "");
   });
   so.model_id = o.gen.model_path.empty() ? "g4-demo" : std::filesystem::path(o.gen.model_path).filename().string();
   so.api_key = o.api_key;
