@@ -103,7 +103,7 @@ void EngineWorker::ended(size_t requests) {
 void EngineWorker::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_.wait(lock, [&] { return stopping_ || !submitted_.empty() || !cancelled_.empty() || !running_.empty(); });
+    work_.wait(lock, [&] { return stopping_ || !submitted_.empty() || !cancelled_.empty() || !requests_.empty(); });
     if (stopping_) break;
     auto submitted = std::move(submitted_);
     auto cancelled = std::move(cancelled_);
@@ -112,58 +112,64 @@ void EngineWorker::run() {
     lock.unlock();
 
     size_t ended_now = 0;
+    // The last tokens go out after the count drops, so a client that sends its next request as
+    // soon as it has its answer finds the room its last one left.
+    std::vector<std::pair<std::shared_ptr<RequestChannel>, DecodedToken>> last_tokens;
     // Admissions first, so that a request cancelled as soon as it was submitted is found.
     for (auto& [request, channel] : submitted) {
       try {
         channel->id_ = scheduler_->add(request);
-        running_[channel->id_] = channel;
+        requests_[channel->id_] = channel;
         channel->admit();
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         channel->fail(e.what());
         ++ended_now;
       }
     }
     for (const auto& channel : cancelled) {
-      auto it = running_.find(channel->id_);
-      if (channel->id_ == 0 || it == running_.end() || it->second != channel) continue;  // ended already
+      auto it = requests_.find(channel->id_);
+      if (channel->id_ == 0 || it == requests_.end() || it->second != channel) continue;  // ended already
       scheduler_->cancel(channel->id_);
-      running_.erase(it);
-      channel->push(DecodedToken{-1, StopReason::kCancelled});
+      requests_.erase(it);
+      last_tokens.emplace_back(channel, DecodedToken{-1, StopReason::kCancelled});
       ++ended_now;
       ++cancelled_count_;
     }
     if (!scheduler_->idle()) {
       try {
         for (const SequenceEvent& event : scheduler_->step()) {
-          auto it = running_.find(event.id);
-          if (it == running_.end()) continue;
-          it->second->push(event.drawn);
-          if (event.drawn.last()) {
-            running_.erase(it);
-            ++ended_now;
+          auto it = requests_.find(event.id);
+          if (it == requests_.end()) continue;
+          if (!event.drawn.last()) {
+            it->second->push(event.drawn);
+            continue;
           }
+          last_tokens.emplace_back(it->second, event.drawn);
+          requests_.erase(it);
+          ++ended_now;
         }
       } catch (const std::exception& e) {
-        // A fault of the engine, not of one request: every running request fails (HTTP 500).
-        ended_now += running_.size();
+        // A fault of the engine, not of one request: every request in the scheduler fails (HTTP 500).
+        ended_now += requests_.size();
         fail_all(std::string("the engine failed: ") + e.what());
       }
     }
     ended(ended_now);
+    for (const auto& [channel, token] : last_tokens) channel->push(token);
     lock.lock();
   }
   lock.unlock();
-  ended(running_.size());
+  ended(requests_.size());
   fail_all("the server is stopping");
   for (auto& [request, channel] : submitted_) channel->fail("the server is stopping");
 }
 
 void EngineWorker::fail_all(const std::string& why) {
-  for (auto& [id, channel] : running_) {
+  for (auto& [id, channel] : requests_) {
     scheduler_->cancel(id);
     channel->fail(why);
   }
-  running_.clear();
+  requests_.clear();
 }
 
 }  // namespace g4::serve

@@ -97,7 +97,8 @@ class EngineWorker {
   std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>> submitted_;
   std::vector<std::shared_ptr<RequestChannel>> cancelled_;
 
-  std::map<RequestId, std::shared_ptr<RequestChannel>> running_;  // the engine thread's own
+  // The requests in the scheduler (waiting or running), by id: the engine thread's own.
+  std::map<RequestId, std::shared_ptr<RequestChannel>> requests_;
   std::thread thread_;
 };
 
