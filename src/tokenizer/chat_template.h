@@ -16,9 +16,12 @@ struct ChatMessage {
   std::string content;
 };
 
-// "<bos>" then, per message, "<|turn>{role}\n{content stripped}<turn|>\n"; then the model's
-// turn with thinking off: "<|turn>model\n<|channel>thought\n<channel|>". Content is stripped of
-// leading/trailing ASCII whitespace, like the template's `| trim`.
+// The official 31B-IT template (tests/fixtures/chat-templates/gemma-4-31B-it.jinja) with
+// add_generation_prompt and thinking off, for text-only messages (tests/test_chat_template_jinja.cpp
+// proves it equal): "<bos>" then, per message, "<|turn>{role}\n{content stripped}<turn|>\n"; then
+// the model's turn: "<|turn>model\n<|channel>thought\n<channel|>". "Stripped" is the template's
+// `| trim` (Python's str.strip: Unicode whitespace); a model turn also drops its thoughts first
+// ("<|channel>…<channel|>", the template's strip_thinking).
 std::string format_gemma4_chat(std::span<const ChatMessage> messages);
 // One user turn: "<bos><|turn>user\n{prompt stripped}<turn|>\n<|turn>model\n<|channel>thought\n<channel|>".
 std::string format_gemma4_prompt(std::string_view user_prompt);
