@@ -1,6 +1,6 @@
 // Block-quantized weights on the CUDA backend (kept packed: docs/DESIGN.md, "Quantized weights on
 // the GPU") against the CPU backend over the same GGUF tensors, which decodes them to float32 (the
-// reference of SPEC §6): matmul by the decode GEMV (1-8 tokens) and by the prefill path, the q/k/v
+// reference of docs/DESIGN.md §6): matmul by the decode GEMV (1-8 tokens) and by the prefill path, the q/k/v
 // launch with mixed types, the gated GELU, embedding rows, random blocks for synthetic weights, a
 // corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k by g4
 // and in q4_0 and q4_k_m by llama.cpp's tools.
@@ -249,7 +249,7 @@ class CudaQuantDemo : public ::testing::TestWithParam<DemoFile> {
   std::unique_ptr<Gemma4> model_;
 };
 
-// SPEC rule (a) with the CPU over the dequantized weights as the reference: relative L2 <= 1e-2
+// Rule (a) of docs/DESIGN.md §6 with the CPU over the dequantized weights as the reference: relative L2 <= 1e-2
 // over the logits of every position (measured as the bf16 demo test measures it), by one-shot
 // prefill (the prefill path), chunks of 7 (the GEMV with 7 tokens) and token by token. Single
 // positions land up to 1.95e-2 on the H200 (2026-12-01: bf16 activation rounding, the same 4.4e-3

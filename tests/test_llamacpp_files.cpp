@@ -86,7 +86,7 @@ struct LlamaCppFile {
   }
 };
 
-// What a file's comparison allows. Against the dequantized run: the SPEC §6 bound, and the greedy
+// What a file's comparison allows. Against the dequantized run: the docs/DESIGN.md §6 bound, and the greedy
 // token wherever g4's top-2 margin exceeds 0.1 logits (llama.cpp's float path moves logits by at most
 // 0.013 on these files). Against the native kernels: llama.cpp's own measured deviation from its
 // dequantized run x 1.25, and the greedy token beyond twice its largest logit change.
@@ -125,7 +125,7 @@ std::vector<int64_t> all_rows(size_t n) {
   return rows;
 }
 
-// Rule (a) of SPEC §6 (trained model: 1e-2); measured 3.6e-4 to 4.1e-4. Native: llama.cpp's own
+// Rule (a) of docs/DESIGN.md §6 (trained model: 1e-2); measured 3.6e-4 to 4.1e-4. Native: llama.cpp's own
 // deviation up to 0.033 (0.26 logits).
 TEST(LlamaCppFiles, DemoQuantizedByLlamaCppRunsWithItsLogits) {
   const test::Reference ref = test::load_demo_reference();
