@@ -37,13 +37,6 @@ constexpr double kNativeClearMargin = 0.5;
 
 nlohmann::json golden() { return nlohmann::json::parse(read_file(kDir + "golden.json")); }
 
-std::vector<float> read_floats(const std::string& path) {
-  const std::string bytes = read_file(path);
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-  return out;
-}
-
 struct Logits {
   std::vector<float> values;  // [rows][vocab]
   int64_t vocab = 0;
@@ -82,7 +75,7 @@ struct LlamaCppFile {
   std::string model, type;  // "demo" or "tiny"; "q8_0", "q4_0", "q4_k_m"
   std::string path() const { return kDir + model + "-" + type + ".gguf"; }
   Logits llama(const std::string& kind, int64_t vocab) const {
-    return {read_floats(kDir + model + "-" + type + "." + kind + ".f32"), vocab};
+    return {test::read_floats(kDir + model + "-" + type + "." + kind + ".f32"), vocab};
   }
 };
 

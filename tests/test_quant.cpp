@@ -33,10 +33,8 @@ std::vector<uint8_t> read_fixture(const std::string& name) {
 }
 
 std::vector<float> read_floats(const std::string& name) {
-  const std::vector<uint8_t> bytes = read_fixture(name);
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
+  EXPECT_TRUE(std::ifstream(std::string(G4_FIXTURES_DIR) + "/quant/" + name)) << "missing fixture " << name;
+  return test::read_floats(std::string(G4_FIXTURES_DIR) + "/quant/" + name);
 }
 
 struct Golden {

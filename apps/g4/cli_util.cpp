@@ -48,6 +48,14 @@ std::string WeightTypes::summary() const {
   return s + bits;
 }
 
+Tokenizer open_tokenizer_of(const std::string& tokenizer_path, const std::string& model_path) {
+  if (!tokenizer_path.empty()) return Tokenizer::from_file(tokenizer_path);
+  const std::optional<std::string> json =
+      model_path.empty() ? model_tokenizer_json(demo_model()) : model_tokenizer_json(model_path);
+  G4_CHECK(json, "the model '" + model_path + "' has no tokenizer; pass --tokenizer_path");
+  return Tokenizer::from_json(*json);
+}
+
 std::vector<int32_t> parse_id_list(const std::string& text) {
   std::vector<int32_t> ids;
   size_t at = 0;

@@ -8,6 +8,7 @@
 #include "format/gguf.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
 
 namespace g4::cli {
 
@@ -29,6 +30,10 @@ struct WeightTypes {
   std::string summary() const;  // "Q4_K x41, Q8_0 x1, F32 x44 (5.25 bits per weight)"
 };
 WeightTypes weight_types(const GgufFile& file);
+
+// The tokenizer of a tokenizer.json (when tokenizer_path is given), else of the model at
+// model_path (the embedded demo model when that is empty too); throws when the model has none.
+Tokenizer open_tokenizer_of(const std::string& tokenizer_path, const std::string& model_path);
 
 // Parses "1,2,3" into ids; throws g4::Error naming the bad element.
 std::vector<int32_t> parse_id_list(const std::string& text);

@@ -24,15 +24,8 @@ struct PerplexityFlags {
   PerplexityOptions measure;
 };
 
-Tokenizer open_tokenizer(const PerplexityFlags& f) {
-  if (!f.tokenizer_path.empty()) return Tokenizer::from_file(f.tokenizer_path);
-  const std::optional<std::string> json = model_tokenizer_json(f.model_path);
-  G4_CHECK(json, "the model '" + f.model_path + "' has no tokenizer; pass --tokenizer_path");
-  return Tokenizer::from_json(*json);
-}
-
 void run_perplexity(const PerplexityFlags& f) {
-  const Tokenizer tokenizer = open_tokenizer(f);
+  const Tokenizer tokenizer = open_tokenizer_of(f.tokenizer_path, f.model_path);
   // As llama-perplexity tokenizes the file: BOS, then the text (special-token text is plain text).
   std::vector<int32_t> tokens = {f.measure.bos_id};
   for (const int32_t id : tokenizer.encode(read_input(f.text_file), false)) tokens.push_back(id);

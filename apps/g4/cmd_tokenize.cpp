@@ -39,13 +39,7 @@ void add_source_flags(CLI::App& cmd, TokenizerSource& source) {
   tokenizer->excludes(model);
 }
 
-Tokenizer open(const TokenizerSource& source) {
-  if (!source.tokenizer_path.empty()) return Tokenizer::from_file(source.tokenizer_path);
-  const std::optional<std::string> json =
-      source.model_path.empty() ? model_tokenizer_json(demo_model()) : model_tokenizer_json(source.model_path);
-  G4_CHECK(json, "the model '" + source.model_path + "' has no tokenizer; pass --tokenizer_path");
-  return Tokenizer::from_json(*json);
-}
+Tokenizer open(const TokenizerSource& source) { return open_tokenizer_of(source.tokenizer_path, source.model_path); }
 
 void write_stdout(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
 

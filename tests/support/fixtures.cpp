@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -169,6 +171,14 @@ std::string error_of(const std::function<void()>& action) {
     return e.what();
   }
   return "(no g4::Error thrown)";
+}
+
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
 }
 
 std::string write_floats(const std::vector<float>& values, const std::string& name) {

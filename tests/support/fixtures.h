@@ -66,6 +66,8 @@ bool gpu_required();
 
 // The message of the g4::Error that `action` throws, or "(no g4::Error thrown)".
 std::string error_of(const std::function<void()>& action);
+// The float32 values (native order) of the file at `path`; empty when it cannot be read.
+std::vector<float> read_floats(const std::string& path);
 // Writes `values` (float32, native order) to a file `name` in a fresh temp_dir; returns its path.
 std::string write_floats(const std::vector<float>& values, const std::string& name);
 // Runs a shell command, returns its exit status and combined stdout+stderr.
