@@ -8,9 +8,11 @@
 
 #include "commands.h"
 #include "generation_flags.h"
+#include "util/error.h"
+#if G4_WITH_SERVER
 #include "serve/engine_worker.h"
 #include "serve/server.h"
-#include "util/error.h"
+#endif
 
 namespace g4::cli {
 
@@ -23,6 +25,12 @@ struct ServeOptions {
   int64_t max_sessions = 4, max_waiting = 64;
 };
 
+#if !G4_WITH_SERVER
+void serve(const ServeOptions&) {
+  throw Error("this g4 was built without cpp-httplib, so g4 serve is not available: install it "
+              "(Debian: apt install libcpp-httplib-dev) and rebuild");
+}
+#else
 void serve(const ServeOptions& o) {
   check_generation_flags(o.gen);
   G4_CHECK(!o.gen.cuda_graph, "--cuda_graph applies to g4 run and g4 chat; g4 serve batches requests with the scheduler");
@@ -59,6 +67,7 @@ void serve(const ServeOptions& o) {
                static_cast<long long>(worker.max_seq_len()), o.host.c_str(), port);
   server.listen();
 }
+#endif
 
 }  // namespace
 
