@@ -698,9 +698,10 @@ size_t dynamic_shared_bytes(int64_t vocab) {
 // Three launches per batch of up to kChunkRows rows, whatever the parameters.
 constexpr int kSegmentThreads = 256;
 constexpr int kSegmentWarps = kSegmentThreads / 32;
-constexpr int kSegmentVectors = 8;                                 // float4 registers per thread
-constexpr int kSegmentUnit = 4 * kSegmentThreads;                  // segment lengths are multiples
-constexpr int kMaxSegment = kSegmentVectors * kSegmentUnit;        // 8192 logits
+constexpr int kSegmentVectors = 8;                          // float4 registers per thread
+constexpr int kLineVectors = 8;                             // a line: 32 logits, 128 bytes
+constexpr int kLineFloats = 4 * kLineVectors;
+constexpr int kMaxSegmentLines = kSegmentThreads * kSegmentVectors / kLineVectors;  // 256 lines, 8192 logits
 constexpr int kMaxSegmentsPerRow = 64;       // more would only lengthen the candidate lists
 constexpr int64_t kTargetBlocks = 2048;      // blocks per launch worth aiming for (132 SMs)
 constexpr int64_t kChunkRows = 128;          // rows per set of launches (workspace rows)
@@ -711,22 +712,20 @@ constexpr int kFallbackClusters = 16;        // clusters of the cluster kernel (
 constexpr uint32_t kUnproven = 0xFFFFFFFFu;  // no id: the candidates do not decide the token
 static_assert(kBins % kSegmentThreads == 0 && kSortCapacity <= kRowCandidates, "segment path sizes");
 
-struct SegmentLayout {
-  int length;  // logits per segment, a multiple of kSegmentUnit, at most kMaxSegment
-  int count;   // segments per row
-};
-
-// Enough blocks to fill the GPU (batch 1: 64 segments of 4096; batch 64: 32 of 8192), few enough
-// segments that the candidate lists stay short.
-SegmentLayout segment_layout(int64_t vocab, int64_t rows) {
+// Segments per row: enough blocks to fill the GPU (batch 1: 64 segments of 4096 logits; batch 64:
+// 32 of 8192), few enough that the candidate lists stay short, at most one per line and at least
+// as many as fit the lines into the tiles. Segment s holds the lines s, s + S, s + 2S, ... of the
+// row, so that tokens of neighbouring ids (a script, the digits) spread over all segments.
+int segments_per_row(int64_t vocab, int64_t rows) {
+  const int64_t lines = ceil_div(vocab, kLineFloats);
   const int64_t wanted = std::clamp<int64_t>(kTargetBlocks / rows, 1, kMaxSegmentsPerRow);
-  const int64_t length = std::clamp<int64_t>(ceil_div(ceil_div(vocab, wanted), kSegmentUnit) * kSegmentUnit,
-                                             kSegmentUnit, kMaxSegment);
-  return {int(length), int(ceil_div(vocab, length))};
+  return int(std::max(ceil_div(lines, kMaxSegmentLines), std::min(wanted, lines)));
 }
 
-// The most segments segment_layout gives any vocabulary up to max_vocab.
-int64_t max_segments(int64_t max_vocab) { return std::max<int64_t>(kMaxSegmentsPerRow, ceil_div(max_vocab, kMaxSegment)); }
+// The most segments segments_per_row gives any vocabulary up to max_vocab.
+int64_t max_segments(int64_t max_vocab) {
+  return std::max<int64_t>(kMaxSegmentsPerRow, ceil_div(ceil_div(max_vocab, kLineFloats), kMaxSegmentLines));
+}
 
 struct SegmentExtremes {
   uint64_t best_rank;         // largest rank (the argmax)
@@ -749,13 +748,11 @@ struct SegmentWorkspace {  // device arrays, kChunkRows rows
   int* fallback_count;
 };
 
+// Block (s, r) of a segment kernel works on segment s of row r.
 struct SegmentTask {
   const float* logits;
   int64_t row_stride, vocab;
-  SegmentLayout layout;
-  __device__ int64_t first() const { return int64_t(blockIdx.x) * layout.length; }
-  __device__ int count() const { return int(min(int64_t(layout.length), vocab - first())); }
-  __device__ const float* source() const { return logits + int64_t(blockIdx.y) * row_stride + first(); }
+  __device__ const float* row() const { return logits + int64_t(blockIdx.y) * row_stride; }
 };
 
 struct SegmentShared {
@@ -765,42 +762,47 @@ struct SegmentShared {
   int last;
 };
 
-// A segment in registers: vector j of thread t holds logits 4 (t + j kSegmentThreads) .. + 3, so
-// that each load instruction of a warp reads 512 consecutive bytes.
+// A segment in registers: the block's vector q = t + j kSegmentThreads (thread t, register j) is
+// vector q % 8 of the segment's line q / 8, so that a warp's load reads four whole lines.
 struct SegmentTile {
   float4 v[kSegmentVectors];
 };
 
-__device__ int tile_index(int j, int c) { return 4 * (int(threadIdx.x) + j * kSegmentThreads) + c; }
+// The id of component c of this thread's vector j (ids below 2^23 fit an int).
+__device__ int tile_id(int j, int c) {
+  const int q = int(threadIdx.x) + j * kSegmentThreads;
+  return (q / kLineVectors * int(gridDim.x) + int(blockIdx.x)) * kLineFloats + 4 * (q % kLineVectors) + c;
+}
 
 __device__ float tile_value(const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
 
-__device__ void load_tile(const float* source, int count, SegmentTile& tile) {
-  const bool aligned = reinterpret_cast<uintptr_t>(source) % 16 == 0;
+__device__ void load_tile(const SegmentTask& task, SegmentTile& tile) {
+  const float* row = task.row();
+  const bool aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0;
 #pragma unroll
   for (int j = 0; j < kSegmentVectors; ++j) {
-    const int first = tile_index(j, 0);
-    if (aligned && first + 4 <= count) {
-      tile.v[j] = __ldg(reinterpret_cast<const float4*>(source + first));
+    const int first = tile_id(j, 0);
+    if (aligned && first + 4 <= task.vocab) {
+      tile.v[j] = __ldg(reinterpret_cast<const float4*>(row + first));
     } else {
       float e[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) e[c] = first + c < count ? __ldg(source + first + c) : 0.0f;
+      for (int c = 0; c < 4; ++c) e[c] = first + c < task.vocab ? __ldg(row + first + c) : 0.0f;
       tile.v[j] = make_float4(e[0], e[1], e[2], e[3]);
     }
   }
 }
 
-// fn(z, index in the segment, index < count) for every slot of the tile, in every thread the same
-// number of times (whole warps, for ballots).
+// fn(z, id, id < vocab) for every slot of the tile, in every thread the same number of times
+// (whole warps, for ballots).
 template <class Fn>
-__device__ void for_each_slot(const SegmentTile& tile, int count, Fn fn) {
+__device__ void for_each_slot(const SegmentTile& tile, int64_t vocab, Fn fn) {
 #pragma unroll
   for (int j = 0; j < kSegmentVectors; ++j) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int i = tile_index(j, c);
-      fn(tile_value(tile.v[j], c), i, i < count);
+      const int id = tile_id(j, c);
+      fn(tile_value(tile.v[j], c), uint32_t(id), id < vocab);
     }
   }
 }
@@ -808,15 +810,13 @@ __device__ void for_each_slot(const SegmentTile& tile, int count, Fn fn) {
 __global__ void __launch_bounds__(kSegmentThreads) segment_extremes_kernel(SegmentTask task, SegmentWorkspace ws) {
   pdl_launch_dependents();  // sample_segments_kernel may load its logits meanwhile
   __shared__ uint64_t scratch[kSegmentWarps + 1];
-  const int64_t first = task.first();
-  const int count = task.count();
   SegmentTile tile;
-  load_tile(task.source(), count, tile);
+  load_tile(task, tile);
   uint64_t best_rank = 0, inverted_min_key = 0;
-  for_each_slot(tile, count, [&](float z, int i, bool valid) {
+  for_each_slot(tile, task.vocab, [&](float z, uint32_t id, bool valid) {
     if (!valid) return;
     const uint32_t key = logit_key(z);
-    best_rank = max(best_rank, rank_of(key, uint32_t(first + i)));
+    best_rank = max(best_rank, rank_of(key, id));
     inverted_min_key = max(inverted_min_key, uint64_t(~key) | (uint64_t(z != z) << 32));
   });
   best_rank = block_reduce<kSegmentThreads, true>(best_rank, scratch);
@@ -878,11 +878,11 @@ __device__ uint64_t segment_quota(const SegmentRow& row, const SamplingParams& p
 // Appends this segment's tokens of distance bins 0..last (at most up to the list's capacity) to
 // the row's list, and raises the row's boundary to the highest rank of a token inside the gap that
 // it leaves out.
-__device__ void list_segment_tokens(const SegmentTile& tile, int count, uint32_t first_id, const SegmentRow& row,
-                                    int last_bin, RowScratch& scratch, uint64_t* list, SegmentShared& shared) {
+__device__ void list_segment_tokens(const SegmentTile& tile, int64_t vocab, const SegmentRow& row, int last_bin,
+                                    RowScratch& scratch, uint64_t* list, SegmentShared& shared) {
   const int lane = threadIdx.x % 32;
   uint64_t boundary = 0;
-  for_each_slot(tile, count, [&](float z, int i, bool valid) {
+  for_each_slot(tile, vocab, [&](float z, uint32_t id, bool valid) {
     const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
     const bool take = bin <= last_bin;
     const unsigned takers = __ballot_sync(0xFFFFFFFFu, take);
@@ -894,7 +894,7 @@ __device__ void list_segment_tokens(const SegmentTile& tile, int count, uint32_t
       first_slot = __shfl_sync(0xFFFFFFFFu, first_slot, leader);
       slot = int(min(first_slot + unsigned(__popc(takers & ((1u << lane) - 1))), unsigned(kRowCandidates)));
     }
-    const uint64_t rank = rank_of(logit_key(z), first_id + uint32_t(i));
+    const uint64_t rank = rank_of(logit_key(z), id);
     if (take && slot < kRowCandidates) {
       list[slot] = rank;
     } else if (bin != kOutsideGap) {
@@ -906,13 +906,13 @@ __device__ void list_segment_tokens(const SegmentTile& tile, int count, uint32_t
 }
 
 // sample_segments_kernel's work on one segment of a candidate row (dynamic shared: count bins).
-__device__ void offer_segment(const SegmentTile& tile, int count, uint32_t first_id, const SegmentRow& row,
-                              const SamplingParams& p, int segments, RowScratch& scratch, uint64_t* list,
-                              SegmentShared& shared, uint32_t* count_bins) {
+__device__ void offer_segment(const SegmentTile& tile, int64_t vocab, const SegmentRow& row, const SamplingParams& p,
+                              int segments, RowScratch& scratch, uint64_t* list, SegmentShared& shared,
+                              uint32_t* count_bins) {
   for (int b = threadIdx.x; b < kBins; b += kSegmentThreads) count_bins[b] = 0;
   __syncthreads();
   uint64_t weight = 0;  // the segment's share of the row's weight, needed without a top-k cut
-  for_each_slot(tile, count, [&](float z, int, bool valid) {
+  for_each_slot(tile, vocab, [&](float z, uint32_t, bool valid) {
     const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
     if (bin == kOutsideGap) return;
     atomicAdd(&count_bins[bin], 1u);
@@ -926,7 +926,7 @@ __device__ void offer_segment(const SegmentTile& tile, int count, uint32_t first
   const uint64_t quota = segment_quota(row, p, segments);
   const int crossing = block_first_reaching<kSegmentThreads>(
       shared, kBins, [&](int b) -> uint64_t { return count_bins[b]; }, [&](uint64_t) { return quota; });
-  list_segment_tokens(tile, count, first_id, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared);
+  list_segment_tokens(tile, vocab, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared);
 }
 
 // True in every thread of the row's last block to finish (which then reads what the others wrote).
@@ -1041,15 +1041,14 @@ __global__ void __launch_bounds__(kSegmentThreads)
   __shared__ SegmentShared shared;
   const int row_index = int(blockIdx.y), segments = int(gridDim.x);
   const SamplingParams p = out.params[row_index];
-  const int count = task.count();
   SegmentTile tile;
-  if (cut_by_rank(p, task.vocab)) load_tile(task.source(), count, tile);
+  if (cut_by_rank(p, task.vocab)) load_tile(task, tile);
   pdl_wait();
 
   const SegmentRow row = combine_extremes(ws.extremes + int64_t(row_index) * segments, segments, p, task.vocab, shared);
   RowScratch& scratch = ws.rows[row_index];
   if (row.kind == RowKind::kCandidates) {
-    offer_segment(tile, count, uint32_t(task.first()), row, p, segments, scratch,
+    offer_segment(tile, task.vocab, row, p, segments, scratch,
                   ws.candidates + int64_t(row_index) * kRowCandidates, shared, reinterpret_cast<uint32_t*>(segment_words));
   }
   if (!arrive_last(scratch, segments, shared)) return;
@@ -1096,11 +1095,11 @@ void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) cons
 
 // Up to kChunkRows rows: the two segment kernels, then the cluster kernel for the rows they leave.
 void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream) const {
-  const SegmentLayout layout = segment_layout(batch.vocab, batch.rows);
+  const int segments = segments_per_row(batch.vocab, batch.rows);
   const SegmentWorkspace ws{extremes_.as<SegmentExtremes>(), row_scratch_.as<RowScratch>(), candidates_.as<uint64_t>(),
                             fallback_.as<int>() + 1, fallback_.as<int>()};
-  const SegmentTask task{batch.logits, batch.logits_row_stride, batch.vocab, layout};
-  const dim3 grid(unsigned(layout.count), unsigned(batch.rows));
+  const SegmentTask task{batch.logits, batch.logits_row_stride, batch.vocab};
+  const dim3 grid(unsigned(segments), unsigned(batch.rows));
   launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff, task, ws);
   const RowOutput out{batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
   launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,
