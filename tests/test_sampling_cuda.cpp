@@ -3,12 +3,14 @@
 // Skipped (with the reason) when CUDA is not compiled in or no GPU is present; G4_REQUIRE_GPU=1 fails instead.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sampling/cpu_sampler.h"
@@ -144,6 +146,124 @@ TEST_F(CudaSamplerTest, SameTokenAsTheCpuSampler) {
   cases += expect_same_tokens(*sampler_, rng, 50001, 512);
   for (int batch = 0; batch < 4; ++batch) cases += expect_same_tokens(*sampler_, rng, kMaxVocab, 64);
   EXPECT_GE(cases, 100000);
+}
+
+// Batches around the sampler's chunks of 128 rows and its segment counts, odd vocabularies (rows
+// not 16-byte aligned, partial 32-logit lines), random shapes and parameters per row.
+TEST_F(CudaSamplerTest, BatchSizesAndOddVocabularies) {
+  std::mt19937_64 rng(77);
+  const std::pair<int64_t, int64_t> cases[] = {{262143, 17}, {100003, 65}, {8193, 129}, {33, 300}, {4096, 3}, {262144, 1}};
+  for (const auto& [vocab, rows] : cases) expect_same_tokens(*sampler_, rng, vocab, rows);
+}
+
+// Logits shaped like a language model's (bench/bench_sampling.cpp): a soft-capped normal bulk and a
+// few strong candidates.
+std::vector<float> model_like_row(std::mt19937_64& rng, int64_t vocab) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> row(size_t(vocab));
+  for (float& z : row) z = 30.0f * std::tanh(normal(rng) / 30.0f);
+  for (int j = 0; j < 20; ++j) row[size_t(rng() % uint64_t(vocab))] = 15.0f + float(j) * 0.3f;
+  return row;
+}
+
+// Parameter sets side by side in one batch: greedy rows beside top-k, top-p, min-p and unfiltered
+// rows (the last two take the cluster kernel).
+SamplingParams mixed_params(int64_t row, uint64_t seed) {
+  SamplingParams p;
+  p.seed = seed;
+  switch (row % 10) {
+    case 0: p.temperature = 0.0f; break;
+    case 1: p.top_k = 50; break;
+    case 2: p.top_p = 0.9f; break;
+    case 3: p.temperature = 0.8f, p.top_k = 64, p.top_p = 0.95f, p.min_p = 0.05f; break;
+    case 4: break;  // no filter
+    case 5: p.min_p = 0.1f; break;
+    case 6: p.top_k = 1; break;
+    case 7: p.temperature = 1.7f, p.top_p = 0.5f; break;
+    case 8: p.temperature = 0.5f, p.top_k = 1000, p.top_p = 0.99f; break;
+    default: p.temperature = 1.2f, p.top_p = 1e-6f, p.min_p = 0.2f; break;
+  }
+  return p;
+}
+
+TEST_F(CudaSamplerTest, MixedParametersPerRow) {
+  std::mt19937_64 rng(5);
+  const int64_t vocab = kMaxVocab;
+  for (int64_t rows : {1, 3, 8, 17, 64, 65, 129}) {
+    std::vector<float> logits;
+    std::vector<SamplingParams> params;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<float> row = model_like_row(rng, vocab);
+      logits.insert(logits.end(), row.begin(), row.end());
+      params.push_back(mixed_params(r, rng()));
+    }
+    DeviceArray<float> device_logits(logits.size());
+    DeviceArray<SamplingParams> device_params(params.size());
+    DeviceArray<int64_t> device_tokens(params.size());
+    device_logits.upload(logits);
+    device_params.upload(params);
+    sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+    sampler_->check_status(nullptr);
+    const std::vector<int64_t> tokens = device_tokens.download(params.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]))
+          << "batch " << rows << ", row " << r << " (parameter set " << r % 10 << ")";
+    }
+  }
+}
+
+// The rows of the benchmark's configurations are decided by their candidates: none is left to the
+// whole-row cluster kernel (which would be correct, but slow).
+TEST_F(CudaSamplerTest, ModelLikeRowsWithACutTakeTheSegmentPath) {
+  std::mt19937_64 rng(6);
+  const int64_t vocab = kMaxVocab, rows = 64;
+  std::vector<float> logits;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> row = model_like_row(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  DeviceArray<float> device_logits(logits.size());
+  device_logits.upload(logits);
+  DeviceArray<SamplingParams> device_params(size_t(rows));
+  DeviceArray<int64_t> device_tokens(size_t(rows));
+  for (int set : {0, 1, 2, 3, 6, 8}) {
+    std::vector<SamplingParams> params;
+    for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(set, rng()));
+    device_params.upload(params);
+    sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+    EXPECT_EQ(sampler_->cluster_kernel_rows(nullptr), 0) << "parameter set " << set;
+    const std::vector<int64_t> tokens = device_tokens.download(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)])) << "set " << set;
+    }
+  }
+}
+
+// A NaN in one row of a large mixed batch: that row gets token 0 and the status bit, the others
+// their tokens.
+TEST_F(CudaSamplerTest, NanInOneRowOfABatch) {
+  std::mt19937_64 rng(8);
+  const int64_t vocab = kMaxVocab, rows = 65, bad_row = 37;
+  std::vector<float> logits;
+  std::vector<SamplingParams> params;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> row = model_like_row(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+    params.push_back(mixed_params(r, rng()));
+  }
+  logits[size_t(bad_row * vocab + 200000)] = std::numeric_limits<float>::quiet_NaN();
+  DeviceArray<float> device_logits(logits.size());
+  DeviceArray<SamplingParams> device_params(params.size());
+  DeviceArray<int64_t> device_tokens(params.size());
+  device_logits.upload(logits);
+  device_params.upload(params);
+  sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  EXPECT_THROW(sampler_->check_status(nullptr), Error);
+  const std::vector<int64_t> tokens = device_tokens.download(params.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t expected = r == bad_row ? 0 : sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]);
+    EXPECT_EQ(tokens[size_t(r)], expected) << "row " << r;
+  }
 }
 
 // Every row samples the same logits row (stride 0) with seeds first_seed + row.

@@ -1,9 +1,14 @@
-// The fused CUDA sampler. One thread-block cluster of kClusterBlocks blocks samples one row: each
-// block copies its slice of the logits into shared memory once, and every later pass reads shared
-// memory; the blocks combine their partial results through distributed shared memory and cluster
-// barriers. Nothing sorts the vocabulary.
+// The CUDA sampler (docs/DESIGN.md §4). Two paths, both returning sample_row()'s token:
+//  * the segment path (below, "The segment path"): rows spread over the whole GPU, one block per
+//    segment of a row; takes every greedy and NaN row and every row with a top-k or top-p cut
+//    whose candidates provably decide the token;
+//  * the cluster kernel (sample_rows_kernel), for the rows the segment path leaves: one
+//    thread-block cluster of kClusterBlocks blocks samples one row. Each block copies its slice of
+//    the logits into shared memory once, and every later pass reads shared memory; the blocks
+//    combine their partial results through distributed shared memory and cluster barriers.
+// Nothing sorts the vocabulary.
 //
-// Per row (sampling_math.h defines every number):
+// The cluster kernel, per row (sampling_math.h defines every number):
 //  1. load + row statistics: largest rank (argmax, lowest id), smallest key, NaN flag;
 //  2. greedy rows stop at the argmax; NaN rows stop with token 0 and the status bit;
 //  3. candidates (sample_from_candidates): one histogram pass over distance bins (how far below
@@ -1102,8 +1107,9 @@ void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream
   const dim3 grid(unsigned(segments), unsigned(batch.rows));
   launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff, task, ws);
   const RowOutput out{batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
+  // PDL on streams g4 creates; the legacy default stream (nullptr) keeps plain stream order.
   launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,
-                Pdl::kOn, task, out, ws);
+                stream != nullptr ? Pdl::kOn : Pdl::kOff, task, out, ws);
   const ClusterTask cluster_task{batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
                                  batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
   const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
