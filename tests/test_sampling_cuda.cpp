@@ -104,6 +104,20 @@ SamplingParams random_params(std::mt19937_64& rng, int64_t vocab) {
   return p;
 }
 
+// The CUDA sampler's tokens for rows of `vocab` logits (one row per parameter set), without
+// reading the status word.
+std::vector<int64_t> sample_on_gpu(CudaSampler& sampler, const std::vector<float>& logits,
+                                   const std::vector<SamplingParams>& params, int64_t vocab) {
+  DeviceArray<float> device_logits(logits.size());
+  DeviceArray<SamplingParams> device_params(params.size());
+  DeviceArray<int64_t> device_tokens(params.size());
+  device_logits.upload(logits);
+  device_params.upload(params);
+  const int64_t rows = int64_t(params.size());
+  sampler.sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  return device_tokens.download(params.size());
+}
+
 // Samples `rows` random (logits, params, seed) cases of one vocabulary size on both samplers.
 int64_t expect_same_tokens(CudaSampler& sampler, std::mt19937_64& rng, int64_t vocab, int64_t rows) {
   std::vector<float> logits;
@@ -114,14 +128,8 @@ int64_t expect_same_tokens(CudaSampler& sampler, std::mt19937_64& rng, int64_t v
     logits.insert(logits.end(), row.begin(), row.end());
     params.push_back(random_params(rng, vocab));
   }
-  DeviceArray<float> device_logits(logits.size());
-  DeviceArray<SamplingParams> device_params(params.size());
-  DeviceArray<int64_t> device_tokens(params.size());
-  device_logits.upload(logits);
-  device_params.upload(params);
-  sampler.sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  const std::vector<int64_t> tokens = sample_on_gpu(sampler, logits, params, vocab);
   sampler.check_status(nullptr);
-  const std::vector<int64_t> tokens = device_tokens.download(params.size());
   int64_t mismatches = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t expected = sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]);
@@ -156,14 +164,16 @@ TEST_F(CudaSamplerTest, BatchSizesAndOddVocabularies) {
   for (const auto& [vocab, rows] : cases) expect_same_tokens(*sampler_, rng, vocab, rows);
 }
 
-// Logits shaped like a language model's (bench/bench_sampling.cpp): a soft-capped normal bulk and a
-// few strong candidates.
-std::vector<float> model_like_row(std::mt19937_64& rng, int64_t vocab) {
+// `rows` rows of logits shaped like a language model's (bench/bench_sampling.cpp): a soft-capped
+// normal bulk and a few strong candidates.
+std::vector<float> model_like_rows(std::mt19937_64& rng, int64_t vocab, int64_t rows) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> row(size_t(vocab));
-  for (float& z : row) z = 30.0f * std::tanh(normal(rng) / 30.0f);
-  for (int j = 0; j < 20; ++j) row[size_t(rng() % uint64_t(vocab))] = 15.0f + float(j) * 0.3f;
-  return row;
+  std::vector<float> logits(size_t(vocab * rows));
+  for (float& z : logits) z = 30.0f * std::tanh(normal(rng) / 30.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int j = 0; j < 20; ++j) logits[size_t(r * vocab) + rng() % uint64_t(vocab)] = 15.0f + float(j) * 0.3f;
+  }
+  return logits;
 }
 
 // Parameter sets side by side in one batch: greedy rows beside top-k, top-p, min-p and unfiltered
@@ -190,21 +200,11 @@ TEST_F(CudaSamplerTest, MixedParametersPerRow) {
   std::mt19937_64 rng(5);
   const int64_t vocab = kMaxVocab;
   for (int64_t rows : {1, 3, 8, 17, 64, 65, 129}) {
-    std::vector<float> logits;
+    const std::vector<float> logits = model_like_rows(rng, vocab, rows);
     std::vector<SamplingParams> params;
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::vector<float> row = model_like_row(rng, vocab);
-      logits.insert(logits.end(), row.begin(), row.end());
-      params.push_back(mixed_params(r, rng()));
-    }
-    DeviceArray<float> device_logits(logits.size());
-    DeviceArray<SamplingParams> device_params(params.size());
-    DeviceArray<int64_t> device_tokens(params.size());
-    device_logits.upload(logits);
-    device_params.upload(params);
-    sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+    for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(r, rng()));
+    const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
     sampler_->check_status(nullptr);
-    const std::vector<int64_t> tokens = device_tokens.download(params.size());
     for (int64_t r = 0; r < rows; ++r) {
       EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]))
           << "batch " << rows << ", row " << r << " (parameter set " << r % 10 << ")";
@@ -217,22 +217,12 @@ TEST_F(CudaSamplerTest, MixedParametersPerRow) {
 TEST_F(CudaSamplerTest, ModelLikeRowsWithACutTakeTheSegmentPath) {
   std::mt19937_64 rng(6);
   const int64_t vocab = kMaxVocab, rows = 64;
-  std::vector<float> logits;
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<float> row = model_like_row(rng, vocab);
-    logits.insert(logits.end(), row.begin(), row.end());
-  }
-  DeviceArray<float> device_logits(logits.size());
-  device_logits.upload(logits);
-  DeviceArray<SamplingParams> device_params(size_t(rows));
-  DeviceArray<int64_t> device_tokens(size_t(rows));
+  const std::vector<float> logits = model_like_rows(rng, vocab, rows);
   for (int set : {0, 1, 2, 3, 6, 8}) {
     std::vector<SamplingParams> params;
     for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(set, rng()));
-    device_params.upload(params);
-    sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+    const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
     EXPECT_EQ(sampler_->cluster_kernel_rows(nullptr), 0) << "parameter set " << set;
-    const std::vector<int64_t> tokens = device_tokens.download(size_t(rows));
     for (int64_t r = 0; r < rows; ++r) {
       EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)])) << "set " << set;
     }
@@ -244,22 +234,12 @@ TEST_F(CudaSamplerTest, ModelLikeRowsWithACutTakeTheSegmentPath) {
 TEST_F(CudaSamplerTest, NanInOneRowOfABatch) {
   std::mt19937_64 rng(8);
   const int64_t vocab = kMaxVocab, rows = 65, bad_row = 37;
-  std::vector<float> logits;
+  std::vector<float> logits = model_like_rows(rng, vocab, rows);
   std::vector<SamplingParams> params;
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<float> row = model_like_row(rng, vocab);
-    logits.insert(logits.end(), row.begin(), row.end());
-    params.push_back(mixed_params(r, rng()));
-  }
+  for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(r, rng()));
   logits[size_t(bad_row * vocab + 200000)] = std::numeric_limits<float>::quiet_NaN();
-  DeviceArray<float> device_logits(logits.size());
-  DeviceArray<SamplingParams> device_params(params.size());
-  DeviceArray<int64_t> device_tokens(params.size());
-  device_logits.upload(logits);
-  device_params.upload(params);
-  sampler_->sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
   EXPECT_THROW(sampler_->check_status(nullptr), Error);
-  const std::vector<int64_t> tokens = device_tokens.download(params.size());
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t expected = r == bad_row ? 0 : sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]);
     EXPECT_EQ(tokens[size_t(r)], expected) << "row " << r;

@@ -715,7 +715,8 @@ constexpr int kSortCapacity = 2048;          // candidates the finishing block s
 constexpr int kQuotaFloor = 32;              // tokens a segment offers at least
 constexpr int kFallbackClusters = 16;        // clusters of the cluster kernel (16 fit at once)
 constexpr uint32_t kUnproven = 0xFFFFFFFFu;  // no id: the candidates do not decide the token
-static_assert(kBins % kSegmentThreads == 0 && kSortCapacity <= kRowCandidates, "segment path sizes");
+static_assert(kBins % kSegmentThreads == 0 && kSortCapacity <= kRowCandidates && kSortCapacity <= kBins,
+              "segment path sizes (the weights of the sorted candidates reuse the bins)");
 
 // Segments per row: enough blocks to fill the GPU (batch 1: 64 segments of 4096 logits; batch 64:
 // 32 of 8192), few enough that the candidate lists stay short, at most one per line and at least
@@ -763,8 +764,9 @@ struct SegmentTask {
 struct SegmentShared {
   uint64_t scratch[kSegmentWarps + 1];
   uint64_t found;
-  int count;
-  int last;
+  int count;                 // tokens staged (list_segment_tokens), then kept (sample_listed)
+  unsigned list_offset;      // where this block's staged tokens go in the row's list
+  int last;                  // this block finishes the row
 };
 
 // A segment in registers: the block's vector q = t + j kSegmentThreads (thread t, register j) is
@@ -880,40 +882,58 @@ __device__ uint64_t segment_quota(const SegmentRow& row, const SamplingParams& p
   return min(uint64_t(p.top_k), max(uint64_t(kQuotaFloor), share));
 }
 
-// Appends this segment's tokens of distance bins 0..last (at most up to the list's capacity) to
-// the row's list, and raises the row's boundary to the highest rank of a token inside the gap that
-// it leaves out.
+// Appends this segment's tokens of distance bins 0..last (as many as fit) to the row's list, and
+// raises the row's boundary to the highest rank of a token inside the gap that it leaves out. The
+// tokens are staged in shared memory (`stage`, kStageCapacity), so that the block reserves its
+// place in the list with one global atomic.
+constexpr int kStageCapacity = kBins + kSortCapacity;  // the dynamic shared words, as ranks
+
 __device__ void list_segment_tokens(const SegmentTile& tile, int64_t vocab, const SegmentRow& row, int last_bin,
-                                    RowScratch& scratch, uint64_t* list, SegmentShared& shared) {
+                                    RowScratch& scratch, uint64_t* list, SegmentShared& shared, uint64_t* stage) {
   const int lane = threadIdx.x % 32;
   uint64_t boundary = 0;
+  if (threadIdx.x == 0) shared.count = 0;
+  __syncthreads();
   for_each_slot(tile, vocab, [&](float z, uint32_t id, bool valid) {
     const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
     const bool take = bin <= last_bin;
     const unsigned takers = __ballot_sync(0xFFFFFFFFu, take);
-    int slot = kRowCandidates;
+    int slot = kStageCapacity;
     if (takers != 0) {
       const int leader = __ffs(takers) - 1;
-      unsigned first_slot = 0;
-      if (lane == leader) first_slot = atomicAdd(&scratch.candidates, unsigned(__popc(takers)));
-      first_slot = __shfl_sync(0xFFFFFFFFu, first_slot, leader);
-      slot = int(min(first_slot + unsigned(__popc(takers & ((1u << lane) - 1))), unsigned(kRowCandidates)));
+      int first_slot = 0;
+      if (lane == leader) first_slot = atomicAdd(&shared.count, __popc(takers));
+      slot = __shfl_sync(0xFFFFFFFFu, first_slot, leader) + __popc(takers & ((1u << lane) - 1));
     }
     const uint64_t rank = rank_of(logit_key(z), id);
-    if (take && slot < kRowCandidates) {
-      list[slot] = rank;
+    if (take && slot < kStageCapacity) {
+      stage[slot] = rank;
     } else if (bin != kOutsideGap) {
       boundary = max(boundary, rank);
     }
   });
+  __syncthreads();
+  const int staged = min(shared.count, kStageCapacity);
+  if (threadIdx.x == 0) shared.list_offset = atomicAdd(&scratch.candidates, unsigned(staged));
+  __syncthreads();
+  for (int i = threadIdx.x; i < staged; i += kSegmentThreads) {
+    const unsigned slot = shared.list_offset + unsigned(i);
+    if (slot < unsigned(kRowCandidates)) {
+      list[slot] = stage[i];
+    } else {
+      boundary = max(boundary, stage[i]);
+    }
+  }
   boundary = block_reduce<kSegmentThreads, true>(boundary, shared.scratch);
   if (threadIdx.x == 0 && boundary != 0) atomicMax(&scratch.boundary, boundary);
 }
 
-// sample_segments_kernel's work on one segment of a candidate row (dynamic shared: count bins).
+// sample_segments_kernel's work on one segment of a candidate row. `words`: the dynamic shared
+// memory (count bins, then the staged tokens).
 __device__ void offer_segment(const SegmentTile& tile, int64_t vocab, const SegmentRow& row, const SamplingParams& p,
                               int segments, RowScratch& scratch, uint64_t* list, SegmentShared& shared,
-                              uint32_t* count_bins) {
+                              uint64_t* words) {
+  uint32_t* count_bins = reinterpret_cast<uint32_t*>(words);
   for (int b = threadIdx.x; b < kBins; b += kSegmentThreads) count_bins[b] = 0;
   __syncthreads();
   uint64_t weight = 0;  // the segment's share of the row's weight, needed without a top-k cut
@@ -931,7 +951,7 @@ __device__ void offer_segment(const SegmentTile& tile, int64_t vocab, const Segm
   const uint64_t quota = segment_quota(row, p, segments);
   const int crossing = block_first_reaching<kSegmentThreads>(
       shared, kBins, [&](int b) -> uint64_t { return count_bins[b]; }, [&](uint64_t) { return quota; });
-  list_segment_tokens(tile, vocab, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared);
+  list_segment_tokens(tile, vocab, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared, words);
 }
 
 // True in every thread of the row's last block to finish (which then reads what the others wrote).
@@ -1054,7 +1074,7 @@ __global__ void __launch_bounds__(kSegmentThreads)
   RowScratch& scratch = ws.rows[row_index];
   if (row.kind == RowKind::kCandidates) {
     offer_segment(tile, task.vocab, row, p, segments, scratch,
-                  ws.candidates + int64_t(row_index) * kRowCandidates, shared, reinterpret_cast<uint32_t*>(segment_words));
+                  ws.candidates + int64_t(row_index) * kRowCandidates, shared, segment_words);
   }
   if (!arrive_last(scratch, segments, shared)) return;
   finish_row(row, p, row_index, out, ws, shared, segment_words);
