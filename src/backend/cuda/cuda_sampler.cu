@@ -680,6 +680,8 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     sample_rows_kernel(ClusterTask task, const int* row_list, const int* row_count) {
   extern __shared__ float4 slice_storage[];
   __shared__ SharedState shared;
+  pdl_launch_dependents();
+  pdl_wait();                   // the list is sample_segments_kernel's
   const int rows = *row_count;  // the same in every block of a cluster
   for (int j = blockIdx.y; j < rows; j += gridDim.y) sample_row_in_cluster(task, row_list[j], shared, slice_storage);
 }
@@ -1059,9 +1061,12 @@ size_t segment_shared_bytes() { return size_t(kBins + kSortCapacity) * sizeof(ui
 // Launched with PDL after segment_extremes_kernel. Before pdl_wait it reads only the logits and the
 // parameters: segment_extremes_kernel was launched without PDL, so whatever wrote them (the forward,
 // the previous sampling call's seed update) finished before it started, and this kernel cannot
-// start before it did.
+// start before it did. It lets the cluster kernel launch at once: that one waits (pdl_wait) before
+// it reads the rows left to it, and all of this kernel's blocks are running by then, so its
+// clusters take no SM that this kernel still needs.
 __global__ void __launch_bounds__(kSegmentThreads)
     sample_segments_kernel(SegmentTask task, RowOutput out, SegmentWorkspace ws) {
+  pdl_launch_dependents();
   extern __shared__ uint64_t segment_words[];
   __shared__ SegmentShared shared;
   const int row_index = int(blockIdx.y), segments = int(gridDim.x);
@@ -1128,13 +1133,14 @@ void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream
   launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff, task, ws);
   const RowOutput out{batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
   // PDL on streams g4 creates; the legacy default stream (nullptr) keeps plain stream order.
+  const Pdl pdl = stream != nullptr ? Pdl::kOn : Pdl::kOff;
   launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,
-                stream != nullptr ? Pdl::kOn : Pdl::kOff, task, out, ws);
+                pdl, task, out, ws);
   const ClusterTask cluster_task{batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
                                  batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
   const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
   launch_kernel("sample_rows_kernel", sample_rows_kernel, clusters, kThreads, dynamic_shared_bytes(batch.vocab), stream,
-                Pdl::kOff, cluster_task, ws.fallback_rows, ws.fallback_count);
+                pdl, cluster_task, ws.fallback_rows, ws.fallback_count);
 }
 
 int64_t CudaSampler::cluster_kernel_rows(CUstream_st* stream) const {
