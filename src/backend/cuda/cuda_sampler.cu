@@ -1071,8 +1071,11 @@ __global__ void __launch_bounds__(kSegmentThreads)
   __shared__ SegmentShared shared;
   const int row_index = int(blockIdx.y), segments = int(gridDim.x);
   const SamplingParams p = out.params[row_index];
+  // Greedy and unfiltered rows need no pass here: block 0 alone finishes them.
+  const bool scans = cut_by_rank(p, task.vocab);
+  if (!scans && blockIdx.x != 0) return;
   SegmentTile tile;
-  if (cut_by_rank(p, task.vocab)) load_tile(task, tile);
+  if (scans) load_tile(task, tile);
   pdl_wait();
 
   const SegmentRow row = combine_extremes(ws.extremes + int64_t(row_index) * segments, segments, p, task.vocab, shared);
@@ -1081,7 +1084,7 @@ __global__ void __launch_bounds__(kSegmentThreads)
     offer_segment(tile, task.vocab, row, p, segments, scratch,
                   ws.candidates + int64_t(row_index) * kRowCandidates, shared, segment_words);
   }
-  if (!arrive_last(scratch, segments, shared)) return;
+  if (scans && !arrive_last(scratch, segments, shared)) return;
   finish_row(row, p, row_index, out, ws, shared, segment_words);
 }
 
