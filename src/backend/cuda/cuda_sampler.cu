@@ -611,8 +611,9 @@ struct ClusterTask {
 };
 
 // One row, by the whole cluster; ends with a cluster barrier, so the cluster can go on to another
-// row with the same shared memory.
-__device__ void sample_row_in_cluster(const ClusterTask& task, int64_t row_index, SharedState& shared,
+// row with the same shared memory. Not inlined: inlined into the kernel's loop over rows it spilled
+// ~100 bytes per thread under the 64-register budget of 1024-thread blocks; called, it spills none.
+__device__ __noinline__ void sample_row_in_cluster(const ClusterTask& task, int64_t row_index, SharedState& shared,
                                       float4* slice_storage) {
   const float* logits = task.logits;
   const int64_t row_stride = task.row_stride, vocab = task.vocab;
@@ -682,8 +683,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   __shared__ SharedState shared;
   pdl_launch_dependents();
   pdl_wait();                   // the list is sample_segments_kernel's
-  const int rows = *row_count;  // the same in every block of a cluster
-  for (int j = blockIdx.y; j < rows; j += gridDim.y) sample_row_in_cluster(task, row_list[j], shared, slice_storage);
+#pragma unroll 1
+  for (int j = blockIdx.y; j < *row_count; j += gridDim.y) {  // the same count in every block of a cluster
+    sample_row_in_cluster(task, row_list[j], shared, slice_storage);
+  }
 }
 
 // The logits slice (a multiple of 16 bytes), then the candidate path's arrays.
@@ -700,7 +703,7 @@ size_t dynamic_shared_bytes(int64_t vocab) {
 //   and appends the segment's best tokens (a prefix of its ranking by distance bins) to row r's
 //   candidate list, with the highest rank it left out ("boundary") and, without a top-k cut, the
 //   segment's total weight. The row's last block to finish samples from the candidate list when
-//   the list provably holds every token the answer depends on (candidates_decide); otherwise it
+//   the list provably holds every token the answer depends on (sample_listed); otherwise it
 //   hands the row to the cluster kernel (sample_rows_kernel), which is exact for every row.
 // Three launches per batch of up to kChunkRows rows, whatever the parameters.
 constexpr int kSegmentThreads = 256;
