@@ -759,11 +759,17 @@ struct SegmentWorkspace {  // device arrays, kChunkRows rows
   int* fallback_count;
 };
 
-// Block (s, r) of a segment kernel works on segment s of row r.
+// The segment and row of a segment kernel's block: block (s, r) takes segment s of row r, or,
+// `reversed`, segment S-1-s of row R-1-r. Blocks start roughly in index order, so the second
+// kernel, reversed, first reads what the first kernel read last, which L2 (50 MB) still holds
+// when a batch's logits (64 MB at batch 64) do not fit.
 struct SegmentTask {
   const float* logits;
   int64_t row_stride, vocab;
-  __device__ const float* row() const { return logits + int64_t(blockIdx.y) * row_stride; }
+  bool reversed;
+  __device__ int segment() const { return reversed ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x); }
+  __device__ int row_index() const { return reversed ? int(gridDim.y - 1 - blockIdx.y) : int(blockIdx.y); }
+  __device__ const float* row() const { return logits + int64_t(row_index()) * row_stride; }
 };
 
 struct SegmentShared {
@@ -780,20 +786,21 @@ struct SegmentTile {
   float4 v[kSegmentVectors];
 };
 
-// The id of component c of this thread's vector j (ids below 2^23 fit an int).
-__device__ int tile_id(int j, int c) {
+// The id of component c of this thread's vector j in segment s (ids below 2^23 fit an int).
+__device__ int tile_id(int s, int j, int c) {
   const int q = int(threadIdx.x) + j * kSegmentThreads;
-  return (q / kLineVectors * int(gridDim.x) + int(blockIdx.x)) * kLineFloats + 4 * (q % kLineVectors) + c;
+  return (q / kLineVectors * int(gridDim.x) + s) * kLineFloats + 4 * (q % kLineVectors) + c;
 }
 
 __device__ float tile_value(const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
 
 __device__ void load_tile(const SegmentTask& task, SegmentTile& tile) {
   const float* row = task.row();
+  const int segment = task.segment();
   const bool aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0;
 #pragma unroll
   for (int j = 0; j < kSegmentVectors; ++j) {
-    const int first = tile_id(j, 0);
+    const int first = tile_id(segment, j, 0);
     if (aligned && first + 4 <= task.vocab) {
       tile.v[j] = __ldg(reinterpret_cast<const float4*>(row + first));
     } else {
@@ -808,13 +815,14 @@ __device__ void load_tile(const SegmentTask& task, SegmentTile& tile) {
 // fn(z, id, id < vocab) for every slot of the tile, in every thread the same number of times
 // (whole warps, for ballots).
 template <class Fn>
-__device__ void for_each_slot(const SegmentTile& tile, int64_t vocab, Fn fn) {
+__device__ void for_each_slot(const SegmentTile& tile, const SegmentTask& task, Fn fn) {
+  const int segment = task.segment();
 #pragma unroll
   for (int j = 0; j < kSegmentVectors; ++j) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int id = tile_id(j, c);
-      fn(tile_value(tile.v[j], c), uint32_t(id), id < vocab);
+      const int id = tile_id(segment, j, c);
+      fn(tile_value(tile.v[j], c), uint32_t(id), id < task.vocab);
     }
   }
 }
@@ -825,7 +833,7 @@ __global__ void __launch_bounds__(kSegmentThreads) segment_extremes_kernel(Segme
   SegmentTile tile;
   load_tile(task, tile);
   uint64_t best_rank = 0, inverted_min_key = 0;
-  for_each_slot(tile, task.vocab, [&](float z, uint32_t id, bool valid) {
+  for_each_slot(tile, task, [&](float z, uint32_t id, bool valid) {
     if (!valid) return;
     const uint32_t key = logit_key(z);
     best_rank = max(best_rank, rank_of(key, id));
@@ -834,9 +842,10 @@ __global__ void __launch_bounds__(kSegmentThreads) segment_extremes_kernel(Segme
   best_rank = block_reduce<kSegmentThreads, true>(best_rank, scratch);
   inverted_min_key = block_reduce<kSegmentThreads, true>(inverted_min_key, scratch);
   if (threadIdx.x != 0) return;
-  ws.extremes[blockIdx.y * gridDim.x + blockIdx.x] = {best_rank, inverted_min_key};
-  if (blockIdx.x == 0) ws.rows[blockIdx.y] = RowScratch{};
-  if (blockIdx.x == 0 && blockIdx.y == 0) *ws.fallback_count = 0;
+  const int segment = task.segment(), row_index = task.row_index();
+  ws.extremes[row_index * int(gridDim.x) + segment] = {best_rank, inverted_min_key};
+  if (segment == 0) ws.rows[row_index] = RowScratch{};
+  if (segment == 0 && row_index == 0) *ws.fallback_count = 0;
 }
 
 enum class RowKind { kNan, kGreedy, kCandidates, kWholeRow };
@@ -893,13 +902,13 @@ __device__ uint64_t segment_quota(const SegmentRow& row, const SamplingParams& p
 // place in the list with one global atomic.
 constexpr int kStageCapacity = kBins + kSortCapacity;  // the dynamic shared words, as ranks
 
-__device__ void list_segment_tokens(const SegmentTile& tile, int64_t vocab, const SegmentRow& row, int last_bin,
+__device__ void list_segment_tokens(const SegmentTile& tile, const SegmentTask& task, const SegmentRow& row, int last_bin,
                                     RowScratch& scratch, uint64_t* list, SegmentShared& shared, uint64_t* stage) {
   const int lane = threadIdx.x % 32;
   uint64_t boundary = 0;
   if (threadIdx.x == 0) shared.count = 0;
   __syncthreads();
-  for_each_slot(tile, vocab, [&](float z, uint32_t id, bool valid) {
+  for_each_slot(tile, task, [&](float z, uint32_t id, bool valid) {
     const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
     const bool take = bin <= last_bin;
     const unsigned takers = __ballot_sync(0xFFFFFFFFu, take);
@@ -935,14 +944,14 @@ __device__ void list_segment_tokens(const SegmentTile& tile, int64_t vocab, cons
 
 // sample_segments_kernel's work on one segment of a candidate row. `words`: the dynamic shared
 // memory (count bins, then the staged tokens).
-__device__ void offer_segment(const SegmentTile& tile, int64_t vocab, const SegmentRow& row, const SamplingParams& p,
+__device__ void offer_segment(const SegmentTile& tile, const SegmentTask& task, const SegmentRow& row, const SamplingParams& p,
                               int segments, RowScratch& scratch, uint64_t* list, SegmentShared& shared,
                               uint64_t* words) {
   uint32_t* count_bins = reinterpret_cast<uint32_t*>(words);
   for (int b = threadIdx.x; b < kBins; b += kSegmentThreads) count_bins[b] = 0;
   __syncthreads();
   uint64_t weight = 0;  // the segment's share of the row's weight, needed without a top-k cut
-  for_each_slot(tile, vocab, [&](float z, uint32_t, bool valid) {
+  for_each_slot(tile, task, [&](float z, uint32_t, bool valid) {
     const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
     if (bin == kOutsideGap) return;
     atomicAdd(&count_bins[bin], 1u);
@@ -956,7 +965,7 @@ __device__ void offer_segment(const SegmentTile& tile, int64_t vocab, const Segm
   const uint64_t quota = segment_quota(row, p, segments);
   const int crossing = block_first_reaching<kSegmentThreads>(
       shared, kBins, [&](int b) -> uint64_t { return count_bins[b]; }, [&](uint64_t) { return quota; });
-  list_segment_tokens(tile, vocab, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared, words);
+  list_segment_tokens(tile, task, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared, words);
 }
 
 // True in every thread of the row's last block to finish (which then reads what the others wrote).
@@ -1067,16 +1076,18 @@ size_t segment_shared_bytes() { return size_t(kBins + kSortCapacity) * sizeof(ui
 // start before it did. It lets the cluster kernel launch at once: that one waits (pdl_wait) before
 // it reads the rows left to it, and all of this kernel's blocks are running by then, so its
 // clusters take no SM that this kernel still needs.
-__global__ void __launch_bounds__(kSegmentThreads)
+// Four blocks per SM (64 registers): ptxas spills 12 bytes there; at 80 registers (three blocks)
+// none, but a quarter fewer warps hide the loads.
+__global__ void __launch_bounds__(kSegmentThreads, 4)
     sample_segments_kernel(SegmentTask task, RowOutput out, SegmentWorkspace ws) {
   pdl_launch_dependents();
   extern __shared__ uint64_t segment_words[];
   __shared__ SegmentShared shared;
-  const int row_index = int(blockIdx.y), segments = int(gridDim.x);
+  const int row_index = task.row_index(), segments = int(gridDim.x);
   const SamplingParams p = out.params[row_index];
-  // Greedy and unfiltered rows need no pass here: block 0 alone finishes them.
+  // Greedy and unfiltered rows need no pass here: the block of segment 0 alone finishes them.
   const bool scans = cut_by_rank(p, task.vocab);
-  if (!scans && blockIdx.x != 0) return;
+  if (!scans && task.segment() != 0) return;
   SegmentTile tile;
   if (scans) load_tile(task, tile);
   pdl_wait();
@@ -1084,7 +1095,7 @@ __global__ void __launch_bounds__(kSegmentThreads)
   const SegmentRow row = combine_extremes(ws.extremes + int64_t(row_index) * segments, segments, p, task.vocab, shared);
   RowScratch& scratch = ws.rows[row_index];
   if (row.kind == RowKind::kCandidates) {
-    offer_segment(tile, task.vocab, row, p, segments, scratch,
+    offer_segment(tile, task, row, p, segments, scratch,
                   ws.candidates + int64_t(row_index) * kRowCandidates, shared, segment_words);
   }
   if (scans && !arrive_last(scratch, segments, shared)) return;
@@ -1134,14 +1145,14 @@ void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream
   const int segments = segments_per_row(batch.vocab, batch.rows);
   const SegmentWorkspace ws{extremes_.as<SegmentExtremes>(), row_scratch_.as<RowScratch>(), candidates_.as<uint64_t>(),
                             fallback_.as<int>() + 1, fallback_.as<int>()};
-  const SegmentTask task{batch.logits, batch.logits_row_stride, batch.vocab};
   const dim3 grid(unsigned(segments), unsigned(batch.rows));
-  launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff, task, ws);
+  launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff,
+                SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, false}, ws);
   const RowOutput out{batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
   // PDL on streams g4 creates; the legacy default stream (nullptr) keeps plain stream order.
   const Pdl pdl = stream != nullptr ? Pdl::kOn : Pdl::kOff;
   launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,
-                pdl, task, out, ws);
+                pdl, SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, true}, out, ws);
   const ClusterTask cluster_task{batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
                                  batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
   const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
