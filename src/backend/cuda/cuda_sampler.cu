@@ -1076,7 +1076,7 @@ size_t segment_shared_bytes() { return size_t(kBins + kSortCapacity) * sizeof(ui
 // start before it did. It lets the cluster kernel launch at once: that one waits (pdl_wait) before
 // it reads the rows left to it, and all of this kernel's blocks are running by then, so its
 // clusters take no SM that this kernel still needs.
-// Four blocks per SM (64 registers): ptxas spills 12 bytes there; at 80 registers (three blocks)
+// Four blocks per SM (64 registers): ptxas spills 4 bytes there; at 80 registers (three blocks)
 // none, but a quarter fewer warps hide the loads.
 __global__ void __launch_bounds__(kSegmentThreads, 4)
     sample_segments_kernel(SegmentTask task, RowOutput out, SegmentWorkspace ws) {
