@@ -717,7 +717,8 @@ constexpr int64_t kTargetBlocks = 2048;      // blocks per launch worth aiming f
 constexpr int64_t kChunkRows = 128;          // rows per set of launches (workspace rows)
 constexpr int kRowCandidates = 8192;         // a row's candidate list in global memory
 constexpr int kSortCapacity = 2048;          // candidates the finishing block sorts
-constexpr int kQuotaFloor = 32;              // tokens a segment offers at least
+constexpr int kListTarget = 1024;            // a row's list without a large top-k: ~ this long
+constexpr int kMinQuota = 16;                // tokens a segment offers at least
 constexpr int kFallbackClusters = 16;        // clusters of the cluster kernel (16 fit at once)
 constexpr uint32_t kUnproven = 0xFFFFFFFFu;  // no id: the candidates do not decide the token
 static_assert(kBins % kSegmentThreads == 0 && kSortCapacity <= kRowCandidates && kSortCapacity <= kBins,
@@ -887,13 +888,14 @@ __device__ SegmentRow combine_extremes(const SegmentExtremes* extremes, int segm
   return row;
 }
 
-// How many tokens a segment offers: with a top-k cut every segment offers its own best k (capped at
-// twice its share of k, and at least kQuotaFloor), so the row's best k are listed unless more than
-// that many fall into one segment; without one, kQuotaFloor.
+// How many tokens a segment offers: at least its share of a kListTarget-long list (and kMinQuota);
+// with a top-k cut, its best k, capped at the larger of that and twice its share of k, so the row's
+// best k are listed unless more than that many fall into one segment.
 __device__ uint64_t segment_quota(const SegmentRow& row, const SamplingParams& p, int segments) {
-  if (!row.top_k_active) return kQuotaFloor;
+  const uint64_t floor = uint64_t(max(kMinQuota, kListTarget / segments));
+  if (!row.top_k_active) return floor;
   const uint64_t share = 2 * uint64_t((p.top_k + segments - 1) / segments);
-  return min(uint64_t(p.top_k), max(uint64_t(kQuotaFloor), share));
+  return min(uint64_t(p.top_k), max(floor, share));
 }
 
 // Appends this segment's tokens of distance bins 0..last (as many as fit) to the row's list, and
