@@ -1,7 +1,8 @@
 // Sampling benchmark (docs/PERF.md): median microseconds per call at V = 262144 for batch 1, 8, 64 and
-// greedy / top-k 50 / top-p 0.9 / all filters. CUDA: one call per graph replay, timed with events
-// around graphs of kCallsPerGraph calls (launch gaps included, as in a decode loop). CPU: the host
-// sampler, row by row, one thread.
+// greedy / top-k 50 / top-p 0.9 / all filters / the four mixed row by row. CUDA: one call per graph
+// replay, timed with events around graphs of kCallsPerGraph calls (launch gaps included, as in a
+// decode loop), and how many of a batch-64 call's rows the whole-row cluster kernel sampled. CPU:
+// the host sampler, row by row, one thread.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,9 +26,10 @@ namespace {
 constexpr int64_t kVocab = 262144;
 constexpr int kBatches[] = {1, 8, 64};
 
+// A configuration: the parameters of each row (row r uses params[r % size]).
 struct Config {
   const char* name;
-  g4::SamplingParams params;
+  std::vector<g4::SamplingParams> params;
 };
 
 std::vector<Config> configs() {
@@ -36,7 +38,21 @@ std::vector<Config> configs() {
   top_k.temperature = 1.0f, top_k.top_k = 50;
   top_p.temperature = 1.0f, top_p.top_p = 0.9f;
   all.temperature = 0.8f, all.top_k = 64, all.top_p = 0.95f, all.min_p = 0.05f;
-  return {{"greedy", greedy}, {"top-k 50", top_k}, {"top-p 0.9", top_p}, {"T+top-k 64+top-p 0.95+min-p", all}};
+  return {{"greedy", {greedy}},
+          {"top-k 50", {top_k}},
+          {"top-p 0.9", {top_p}},
+          {"T+top-k 64+top-p 0.95+min-p", {all}},
+          {"mixed (the four, row by row)", {greedy, top_k, top_p, all}}};
+}
+
+// The parameters of `rows` rows, seeds 1, 2, ...
+std::vector<g4::SamplingParams> row_params(const Config& c, int64_t rows) {
+  std::vector<g4::SamplingParams> params;
+  for (int64_t r = 0; r < rows; ++r) {
+    params.push_back(c.params[size_t(r) % c.params.size()]);
+    params.back().seed = uint64_t(r + 1);
+  }
+  return params;
 }
 
 // Logits shaped like a language model's: a soft-capped normal bulk with a few strong candidates.
@@ -56,11 +72,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double cpu_median_us(const std::vector<float>& logits, int64_t rows, g4::SamplingParams p) {
+double cpu_median_us(const std::vector<float>& logits, int64_t rows, const Config& c) {
+  const std::vector<g4::SamplingParams> params = row_params(c, rows);
   std::vector<double> times;
   for (int rep = 0; rep < 15; ++rep) {
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t r = 0; r < rows; ++r, ++p.seed) g4::sample_row(logits.data() + r * kVocab, kVocab, p);
+    for (int64_t r = 0; r < rows; ++r) g4::sample_row(logits.data() + r * kVocab, kVocab, params[size_t(r)]);
     times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
   }
   return median(times);
@@ -74,15 +91,20 @@ void check(cudaError_t err) {
   }
 }
 
-double cuda_median_us(g4::CudaSampler& sampler, const float* logits, int64_t rows, g4::SamplingParams p,
-                      cudaStream_t stream) {
+struct CudaResult {
+  double us;             // median per call
+  int64_t cluster_rows;  // rows of the last call that the whole-row cluster kernel sampled
+};
+
+CudaResult cuda_median_us(g4::CudaSampler& sampler, const float* logits, int64_t rows, const Config& c,
+                          cudaStream_t stream) {
   constexpr int kCallsPerGraph = 20;
   g4::SamplingParams* params = nullptr;
   int64_t* tokens = nullptr;
-  check(cudaMalloc(&params, size_t(rows) * sizeof(p)));
+  const std::vector<g4::SamplingParams> host_params = row_params(c, rows);
+  check(cudaMalloc(&params, size_t(rows) * sizeof(g4::SamplingParams)));
   check(cudaMalloc(&tokens, size_t(rows) * sizeof(int64_t)));
-  const std::vector<g4::SamplingParams> host_params(size_t(rows), p);
-  check(cudaMemcpy(params, host_params.data(), size_t(rows) * sizeof(p), cudaMemcpyHostToDevice));
+  check(cudaMemcpy(params, host_params.data(), size_t(rows) * sizeof(g4::SamplingParams), cudaMemcpyHostToDevice));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -104,13 +126,14 @@ double cuda_median_us(g4::CudaSampler& sampler, const float* logits, int64_t row
     times.push_back(double(ms) * 1000.0 / kCallsPerGraph);
   }
   sampler.check_status(stream);
+  const int64_t cluster_rows = sampler.cluster_kernel_rows(stream);
   check(cudaGraphExecDestroy(exec));
   check(cudaGraphDestroy(graph));
   check(cudaEventDestroy(begin));
   check(cudaEventDestroy(end));
   check(cudaFree(params));
   check(cudaFree(tokens));
-  return median(times);
+  return {median(times), cluster_rows};
 }
 
 bool gpu_present() {
@@ -136,11 +159,16 @@ int main() {
     g4::CudaSampler sampler(kVocab);
     std::printf("\nCUDA (%s), graph replays\n%-30s", prop.name, "config");
     for (int b : kBatches) std::printf(" %10s", ("batch " + std::to_string(b)).c_str());
-    std::printf("\n");
+    std::printf(" %14s\n", "cluster rows");
     for (const Config& c : configs()) {
       std::printf("%-30s", c.name);
-      for (int b : kBatches) std::printf(" %10.2f", cuda_median_us(sampler, device_logits, b, c.params, stream));
-      std::printf("\n");
+      int64_t cluster_rows = 0;  // of the last (largest) batch
+      for (int b : kBatches) {
+        const CudaResult result = cuda_median_us(sampler, device_logits, b, c, stream);
+        std::printf(" %10.2f", result.us);
+        cluster_rows = result.cluster_rows;
+      }
+      std::printf(" %14lld\n", static_cast<long long>(cluster_rows));
     }
     check(cudaStreamDestroy(stream));
     check(cudaFree(device_logits));
@@ -153,7 +181,7 @@ int main() {
   std::printf("\n");
   for (const Config& c : configs()) {
     std::printf("%-30s", c.name);
-    for (int b : kBatches) std::printf(" %10.1f", cpu_median_us(logits, b, c.params));
+    for (int b : kBatches) std::printf(" %10.1f", cpu_median_us(logits, b, c));
     std::printf("\n");
   }
   return 0;

@@ -3,12 +3,14 @@
 // Skipped (with the reason) when CUDA is not compiled in or no GPU is present; G4_REQUIRE_GPU=1 fails instead.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sampling/cpu_sampler.h"
@@ -102,6 +104,20 @@ SamplingParams random_params(std::mt19937_64& rng, int64_t vocab) {
   return p;
 }
 
+// The CUDA sampler's tokens for rows of `vocab` logits (one row per parameter set), without
+// reading the status word.
+std::vector<int64_t> sample_on_gpu(CudaSampler& sampler, const std::vector<float>& logits,
+                                   const std::vector<SamplingParams>& params, int64_t vocab) {
+  DeviceArray<float> device_logits(logits.size());
+  DeviceArray<SamplingParams> device_params(params.size());
+  DeviceArray<int64_t> device_tokens(params.size());
+  device_logits.upload(logits);
+  device_params.upload(params);
+  const int64_t rows = int64_t(params.size());
+  sampler.sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  return device_tokens.download(params.size());
+}
+
 // Samples `rows` random (logits, params, seed) cases of one vocabulary size on both samplers.
 int64_t expect_same_tokens(CudaSampler& sampler, std::mt19937_64& rng, int64_t vocab, int64_t rows) {
   std::vector<float> logits;
@@ -112,14 +128,8 @@ int64_t expect_same_tokens(CudaSampler& sampler, std::mt19937_64& rng, int64_t v
     logits.insert(logits.end(), row.begin(), row.end());
     params.push_back(random_params(rng, vocab));
   }
-  DeviceArray<float> device_logits(logits.size());
-  DeviceArray<SamplingParams> device_params(params.size());
-  DeviceArray<int64_t> device_tokens(params.size());
-  device_logits.upload(logits);
-  device_params.upload(params);
-  sampler.sample({device_logits.data, vocab, rows, vocab, device_params.data, device_tokens.data, false}, nullptr);
+  const std::vector<int64_t> tokens = sample_on_gpu(sampler, logits, params, vocab);
   sampler.check_status(nullptr);
-  const std::vector<int64_t> tokens = device_tokens.download(params.size());
   int64_t mismatches = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t expected = sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]);
@@ -144,6 +154,96 @@ TEST_F(CudaSamplerTest, SameTokenAsTheCpuSampler) {
   cases += expect_same_tokens(*sampler_, rng, 50001, 512);
   for (int batch = 0; batch < 4; ++batch) cases += expect_same_tokens(*sampler_, rng, kMaxVocab, 64);
   EXPECT_GE(cases, 100000);
+}
+
+// Batches around the sampler's chunks of 128 rows and its segment counts, odd vocabularies (rows
+// not 16-byte aligned, partial 32-logit lines), random shapes and parameters per row.
+TEST_F(CudaSamplerTest, BatchSizesAndOddVocabularies) {
+  std::mt19937_64 rng(77);
+  const std::pair<int64_t, int64_t> cases[] = {{262143, 17}, {100003, 65}, {8193, 129}, {33, 300}, {4096, 3}, {262144, 1}};
+  for (const auto& [vocab, rows] : cases) expect_same_tokens(*sampler_, rng, vocab, rows);
+}
+
+// `rows` rows of logits shaped like a language model's (bench/bench_sampling.cpp): a soft-capped
+// normal bulk and a few strong candidates.
+std::vector<float> model_like_rows(std::mt19937_64& rng, int64_t vocab, int64_t rows) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(size_t(vocab * rows));
+  for (float& z : logits) z = 30.0f * std::tanh(normal(rng) / 30.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int j = 0; j < 20; ++j) logits[size_t(r * vocab) + rng() % uint64_t(vocab)] = 15.0f + float(j) * 0.3f;
+  }
+  return logits;
+}
+
+// Parameter sets side by side in one batch: greedy rows beside top-k, top-p, min-p and unfiltered
+// rows (the last two take the cluster kernel).
+SamplingParams mixed_params(int64_t row, uint64_t seed) {
+  SamplingParams p;
+  p.seed = seed;
+  switch (row % 10) {
+    case 0: p.temperature = 0.0f; break;
+    case 1: p.top_k = 50; break;
+    case 2: p.top_p = 0.9f; break;
+    case 3: p.temperature = 0.8f, p.top_k = 64, p.top_p = 0.95f, p.min_p = 0.05f; break;
+    case 4: break;  // no filter
+    case 5: p.min_p = 0.1f; break;
+    case 6: p.top_k = 1; break;
+    case 7: p.temperature = 1.7f, p.top_p = 0.5f; break;
+    case 8: p.temperature = 0.5f, p.top_k = 1000, p.top_p = 0.99f; break;
+    default: p.temperature = 1.2f, p.top_p = 1e-6f, p.min_p = 0.2f; break;
+  }
+  return p;
+}
+
+TEST_F(CudaSamplerTest, MixedParametersPerRow) {
+  std::mt19937_64 rng(5);
+  const int64_t vocab = kMaxVocab;
+  for (int64_t rows : {1, 3, 8, 17, 64, 65, 129}) {
+    const std::vector<float> logits = model_like_rows(rng, vocab, rows);
+    std::vector<SamplingParams> params;
+    for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(r, rng()));
+    const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
+    sampler_->check_status(nullptr);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]))
+          << "batch " << rows << ", row " << r << " (parameter set " << r % 10 << ")";
+    }
+  }
+}
+
+// The rows of the benchmark's configurations are decided by their candidates: none is left to the
+// whole-row cluster kernel (which would be correct, but slow).
+TEST_F(CudaSamplerTest, ModelLikeRowsWithACutTakeTheSegmentPath) {
+  std::mt19937_64 rng(6);
+  const int64_t vocab = kMaxVocab, rows = 64;
+  const std::vector<float> logits = model_like_rows(rng, vocab, rows);
+  for (int set : {0, 1, 2, 3, 6, 8}) {
+    std::vector<SamplingParams> params;
+    for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(set, rng()));
+    const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
+    EXPECT_EQ(sampler_->cluster_kernel_rows(nullptr), 0) << "parameter set " << set;
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)])) << "set " << set;
+    }
+  }
+}
+
+// A NaN in one row of a large mixed batch: that row gets token 0 and the status bit, the others
+// their tokens.
+TEST_F(CudaSamplerTest, NanInOneRowOfABatch) {
+  std::mt19937_64 rng(8);
+  const int64_t vocab = kMaxVocab, rows = 65, bad_row = 37;
+  std::vector<float> logits = model_like_rows(rng, vocab, rows);
+  std::vector<SamplingParams> params;
+  for (int64_t r = 0; r < rows; ++r) params.push_back(mixed_params(r, rng()));
+  logits[size_t(bad_row * vocab + 200000)] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
+  EXPECT_THROW(sampler_->check_status(nullptr), Error);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t expected = r == bad_row ? 0 : sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]);
+    EXPECT_EQ(tokens[size_t(r)], expected) << "row " << r;
+  }
 }
 
 // Every row samples the same logits row (stride 0) with seeds first_seed + row.

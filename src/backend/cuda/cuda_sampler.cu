@@ -1,9 +1,14 @@
-// The fused CUDA sampler. One thread-block cluster of kClusterBlocks blocks samples one row: each
-// block copies its slice of the logits into shared memory once, and every later pass reads shared
-// memory; the blocks combine their partial results through distributed shared memory and cluster
-// barriers. Nothing sorts the vocabulary.
+// The CUDA sampler (docs/DESIGN.md §4). Two paths, both returning sample_row()'s token:
+//  * the segment path (below, "The segment path"): rows spread over the whole GPU, one block per
+//    segment of a row; takes every greedy and NaN row and every row with a top-k or top-p cut
+//    whose candidates provably decide the token;
+//  * the cluster kernel (sample_rows_kernel), for the rows the segment path leaves: one
+//    thread-block cluster of kClusterBlocks blocks samples one row. Each block copies its slice of
+//    the logits into shared memory once, and every later pass reads shared memory; the blocks
+//    combine their partial results through distributed shared memory and cluster barriers.
+// Nothing sorts the vocabulary.
 //
-// Per row (sampling_math.h defines every number):
+// The cluster kernel, per row (sampling_math.h defines every number):
 //  1. load + row statistics: largest rank (argmax, lowest id), smallest key, NaN flag;
 //  2. greedy rows stop at the argmax; NaN rows stop with token 0 and the status bit;
 //  3. candidates (sample_from_candidates): one histogram pass over distance bins (how far below
@@ -20,6 +25,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -112,32 +118,38 @@ __device__ uint64_t warp_inclusive_scan(uint64_t v) {
   return v;
 }
 
-template <bool kMax>
+// Block-wide helpers, for the cluster kernel's blocks (kThreads) and the segment kernels' (kSegmentThreads).
+// `scratch` holds kBlock / 32 + 1 values.
+template <int kBlock, bool kMax>
 __device__ uint64_t block_reduce(uint64_t v, uint64_t* scratch) {
+  constexpr int kBlockWarps = kBlock / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();  // the previous user of scratch is done
   v = kMax ? warp_reduce<MaxOp>(v) : warp_reduce<SumOp>(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    uint64_t x = scratch[lane];
+    uint64_t x = lane < kBlockWarps ? scratch[lane] : 0;
     x = kMax ? warp_reduce<MaxOp>(x) : warp_reduce<SumOp>(x);
-    if (lane == 0) scratch[kWarps] = x;
+    if (lane == 0) scratch[kBlockWarps] = x;
   }
   __syncthreads();
-  return scratch[kWarps];
+  return scratch[kBlockWarps];
 }
 
 // Exclusive prefix sum over the threads of the block, in thread order.
+template <int kBlock>
 __device__ uint64_t block_exclusive_scan(uint64_t v, uint64_t* scratch) {
+  constexpr int kBlockWarps = kBlock / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();
   const uint64_t inclusive = warp_inclusive_scan(v);
   if (lane == 31) scratch[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    const uint64_t total = scratch[lane];
-    scratch[lane] = warp_inclusive_scan(total) - total;
+    const uint64_t total = lane < kBlockWarps ? scratch[lane] : 0;
+    const uint64_t before = warp_inclusive_scan(total) - total;
+    if (lane < kBlockWarps) scratch[lane] = before;
   }
   __syncthreads();
   return scratch[warp] + inclusive - v;
@@ -172,7 +184,7 @@ template <class Measure, class TargetOf>
 __device__ uint32_t find_first_reaching(RowContext& row, Measure measure, TargetOf target_of) {
   uint64_t local = 0;
   for_each_logit(row, [&](float z, uint32_t id) { local += measure(z, id); });
-  const uint64_t block_total = block_reduce<false>(local, row.shared.scratch);
+  const uint64_t block_total = block_reduce<kThreads, false>(local, row.shared.scratch);
   cluster_gather(row, block_total);
   const int rank = int(cg::this_cluster().block_rank());
   const uint64_t target = target_of(gathered_sum(row, kClusterBlocks));
@@ -195,7 +207,7 @@ __device__ uint32_t find_first_reaching(RowContext& row, Measure measure, Target
       if (lane == j) mine = part;
     }
     const uint64_t local_target = target - before;
-    uint64_t cumulative = block_exclusive_scan(mine, row.shared.scratch);
+    uint64_t cumulative = block_exclusive_scan<kThreads>(mine, row.shared.scratch);
     if (cumulative < local_target && local_target <= cumulative + mine) {
       const int start = threadIdx.x * segment;
       for (int i = start; i < start + segment && i < row.count; ++i) {
@@ -295,7 +307,7 @@ __device__ uint64_t select_cut(RowContext& row, uint64_t target) {
     }
     cluster.sync();
     const BinPair pair = cluster_bin_pair(bins);
-    select_crossing(shared, pair, above + block_exclusive_scan(pair.sum(), shared.scratch), target);
+    select_crossing(shared, pair, above + block_exclusive_scan<kThreads>(pair.sum(), shared.scratch), target);
     __syncthreads();
     const uint32_t bin = uint32_t(shared.selected[0]);
     above = shared.selected[1];
@@ -327,7 +339,7 @@ __device__ uint32_t sample_whole_row(RowContext& row, const SamplingParams& para
     for_each_logit(row, [&](float z, uint32_t id) {
       if (rank_of(logit_key(z), id) >= cut) local += token_weight(z, row.z_max, row.inv_temperature);
     });
-    cluster_gather(row, block_reduce<false>(local, row.shared.scratch));
+    cluster_gather(row, block_reduce<kThreads, false>(local, row.shared.scratch));
     const uint64_t top_k_weight = gathered_sum(row, kClusterBlocks);
     cut = select_cut<true>(row, top_p_target(params.top_p, top_k_weight));
   }
@@ -349,12 +361,14 @@ __device__ uint32_t sample_whole_row(RowContext& row, const SamplingParams& para
 // 0). Every float step is monotone, so the bin never increases with z: bins 0..b hold the
 // highest-ranked tokens, and tokens of equal logits share a bin. Bins spread the tokens that carry
 // weight evenly, where the top key bits of close logits agree.
-__device__ int distance_bin(const RowContext& row, float z) {
-  if (z == row.z_max) return 0;  // also z_max = +inf, where d would be NaN
-  const float d = (z - row.z_max) * row.inv_temperature;
+__device__ int distance_bin(float z, float z_max, float inv_temperature) {
+  if (z == z_max) return 0;  // also z_max = +inf, where d would be NaN
+  const float d = (z - z_max) * inv_temperature;
   if (!(d >= -kMaxLogGap)) return kOutsideGap;
   return min(kBins - 1, int(-d * kDistanceBinsPerUnit));
 }
+
+__device__ int distance_bin(const RowContext& row, float z) { return distance_bin(z, row.z_max, row.inv_temperature); }
 
 // Fills this block's histogram over distance bins with 1 per token (Count = uint32_t) or its
 // weight (uint64_t). Each block's array is read by the others after the next cluster barrier.
@@ -385,9 +399,9 @@ template <class Count, class TargetOf>
 __device__ BinCrossing cluster_bin_crossing(SharedState& shared, const Count* bins, TargetOf target_of) {
   cg::this_cluster().sync();
   const BinPair pair = cluster_bin_pair(bins);
-  const uint64_t total = block_reduce<false>(pair.sum(), shared.scratch);
+  const uint64_t total = block_reduce<kThreads, false>(pair.sum(), shared.scratch);
   if (threadIdx.x == 0) shared.selected[0] = kBins;
-  select_crossing(shared, pair, block_exclusive_scan(pair.sum(), shared.scratch), target_of(total));
+  select_crossing(shared, pair, block_exclusive_scan<kThreads>(pair.sum(), shared.scratch), target_of(total));
   __syncthreads();
   return {int(shared.selected[0]), total};
 }
@@ -420,9 +434,10 @@ __device__ void sync_sorting_threads(int threads) {
 // Sorts values[0, count) in descending order (count a power of two) by a bitonic network. Only as
 // many threads as the network has pairs take part, so that small sorts synchronise one or two
 // warps rather than the block. All threads of the block must call it.
+template <int kBlock>
 __device__ void sort_descending(uint64_t* values, int count) {
   __syncthreads();
-  const int threads = min(kThreads, max(32, count / 2));
+  const int threads = min(kBlock, max(32, count / 2));
   if (int(threadIdx.x) < threads) {
     for (int size = 2; size <= count; size *= 2) {
       for (int stride = size / 2; stride > 0; stride /= 2) {
@@ -440,15 +455,18 @@ __device__ void sort_descending(uint64_t* values, int count) {
 }
 
 // The first index of [0, count) at which the running sum of value_at(index) reaches
-// target_of(sum of all count values); block-wide, the same answer in every thread.
-template <class ValueAt, class TargetOf>
-__device__ int block_first_reaching(SharedState& shared, int count, ValueAt value_at, TargetOf target_of) {
-  const int per_thread = (count + kThreads - 1) / kThreads;
+// target_of(sum of all count values), or -1 when the sum stays below it; block-wide, the same
+// answer in every thread. State: SharedState or SegmentShared (scratch and found).
+template <int kBlock, class State, class ValueAt, class TargetOf>
+__device__ int block_first_reaching(State& shared, int count, ValueAt value_at, TargetOf target_of) {
+  const int per_thread = (count + kBlock - 1) / kBlock;
   const int begin = min(count, int(threadIdx.x) * per_thread), end = min(count, begin + per_thread);
   uint64_t mine = 0;
   for (int i = begin; i < end; ++i) mine += value_at(i);
-  const uint64_t target = target_of(block_reduce<false>(mine, shared.scratch));
-  uint64_t cumulative = block_exclusive_scan(mine, shared.scratch);
+  const uint64_t target = target_of(block_reduce<kBlock, false>(mine, shared.scratch));
+  // Every thread has read the previous call's answer: block_reduce's first barrier is behind it.
+  if (threadIdx.x == 0) shared.found = kNoToken;
+  uint64_t cumulative = block_exclusive_scan<kBlock>(mine, shared.scratch);
   if (cumulative < target && target <= cumulative + mine) {
     for (int i = begin; i < end; ++i) {
       cumulative += value_at(i);
@@ -459,10 +477,55 @@ __device__ int block_first_reaching(SharedState& shared, int count, ValueAt valu
     }
   }
   __syncthreads();
-  return int(shared.found);
+  return shared.found == kNoToken ? -1 : int(shared.found);
 }
 
 __device__ int next_power_of_two(int n) { return n <= 1 ? 1 : 1 << (32 - __clz(n - 1)); }
+
+// The last steps, once a row's best tokens are listed by rank, highest first: the cluster kernel's
+// block 0 and a segment kernel's finishing block both run them (docs/DESIGN.md §4).
+
+// weights[j] = the weight of the token of ranks[j], for j < count.
+template <int kBlock>
+__device__ void weigh_ranks(const uint64_t* ranks, uint64_t* weights, int count, float z_max, float inv_temperature) {
+  for (int j = threadIdx.x; j < count; j += kBlock) {
+    weights[j] = token_weight(key_logit(uint32_t(ranks[j] >> 32)), z_max, inv_temperature);
+  }
+  __syncthreads();
+}
+
+// How many of the ranked weights[0, count) top_p keeps: 1 + the first index at which their
+// cumulative weight reaches top_p_target(top_p, Q), Q = `total` when total_known, else their sum;
+// 0 when they never reach it (possible only with a given total).
+template <int kBlock, class State>
+__device__ int top_p_keep(State& shared, const uint64_t* weights, int count, float top_p, bool total_known,
+                          uint64_t total) {
+  return 1 + block_first_reaching<kBlock>(shared, count, [&](int j) { return weights[j]; }, [&](uint64_t sum) {
+           return top_p_target(top_p, total_known ? total : sum);
+         });
+}
+
+// min_p over the kept ranks[0, kept), then the draw among the survivors in id order; returns the
+// drawn id. Overwrites ranks with draw keys, up to next_power_of_two(kept).
+template <int kBlock, class State>
+__device__ uint32_t draw_kept(State& shared, uint64_t* ranks, const uint64_t* weights, int kept,
+                              const SamplingParams& params) {
+  const uint64_t weight_floor = min_p_floor(params.min_p);
+  const int draw_count = next_power_of_two(kept);
+  uint64_t* draw_keys = ranks;
+  for (int j = threadIdx.x; j < draw_count; j += kBlock) {
+    uint64_t key = 0;
+    if (j < kept && weights[j] >= weight_floor && weights[j] > 0) {
+      key = (uint64_t(kMaxVocab - 1 - rank_id(ranks[j])) << kDrawIdShift) | weights[j];
+    }
+    draw_keys[j] = key;  // the same thread read ranks[j]
+  }
+  sort_descending<kBlock>(draw_keys, draw_count);
+  const int drawn = block_first_reaching<kBlock>(
+      shared, kept, [&](int j) { return draw_keys[j] & kDrawWeightMask; },
+      [&](uint64_t kept_weight) { return draw_target(params.seed, kept_weight); });
+  return uint32_t(kMaxVocab - 1 - int64_t(draw_keys[drawn] >> kDrawIdShift));
+}
 
 // Step 3 of the file comment. Returns false, in every block, when the row needs the whole-row
 // path; otherwise block 0 gets the token in *token (the other blocks' is unset).
@@ -514,38 +577,17 @@ __device__ bool sample_from_candidates(RowContext& row, const CandidateStorage& 
   }
   const int sorted_count = next_power_of_two(count);
   for (int j = count + threadIdx.x; j < sorted_count; j += kThreads) ranks[j] = 0;  // below every rank
-  sort_descending(ranks, sorted_count);
+  sort_descending<kThreads>(ranks, sorted_count);
 
-  // top_k keeps the first k; their weights, Q_k and the top_p cut.
+  // top_k keeps the first k; their weights, Q_k and the top_p cut; then min_p and the draw.
   const int top_k_count = top_k_cuts ? int(top_k) : count;
   uint64_t* weights = storage.candidates;  // block 0's own list is merged already
-  for (int j = threadIdx.x; j < top_k_count; j += kThreads) {
-    weights[j] = token_weight(key_logit(uint32_t(ranks[j] >> 32)), row.z_max, row.inv_temperature);
-  }
-  __syncthreads();
+  weigh_ranks<kThreads>(ranks, weights, top_k_count, row.z_max, row.inv_temperature);
   int kept_count = top_k_count;
   if (params.top_p < 1.0f) {
-    kept_count = 1 + block_first_reaching(shared, top_k_count, [&](int j) { return weights[j]; }, [&](uint64_t sum) {
-      return top_p_target(params.top_p, weight_known ? top_k_weight : sum);
-    });
+    kept_count = top_p_keep<kThreads>(shared, weights, top_k_count, params.top_p, weight_known, top_k_weight);
   }
-
-  // min_p, then the draw over the kept tokens in id order.
-  const uint64_t weight_floor = min_p_floor(params.min_p);
-  const int draw_count = next_power_of_two(kept_count);
-  uint64_t* draw_keys = storage.merged;
-  for (int j = threadIdx.x; j < draw_count; j += kThreads) {
-    uint64_t key = 0;
-    if (j < kept_count && weights[j] >= weight_floor && weights[j] > 0) {
-      key = (uint64_t(kMaxVocab - 1 - rank_id(ranks[j])) << kDrawIdShift) | weights[j];
-    }
-    draw_keys[j] = key;  // the same thread read ranks[j]
-  }
-  sort_descending(draw_keys, draw_count);
-  const int drawn = block_first_reaching(
-      shared, kept_count, [&](int j) { return draw_keys[j] & kDrawWeightMask; },
-      [&](uint64_t kept_weight) { return draw_target(params.seed, kept_weight); });
-  *token = uint32_t(kMaxVocab - 1 - int64_t(draw_keys[drawn] >> kDrawIdShift));
+  *token = draw_kept<kThreads>(shared, ranks, weights, kept_count, params);
   return true;
 }
 
@@ -557,15 +599,28 @@ __device__ uint32_t sample_filtered(RowContext& row, const CandidateStorage& sto
   return sample_whole_row(row, params, vocab);
 }
 
-__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 1)
-    sample_rows_kernel(const float* __restrict__ logits, int64_t row_stride, int64_t vocab, int slice,
-                       SamplingParams* params, int64_t* tokens, int* status, bool advance_seed) {
-  extern __shared__ float4 slice_storage[];
-  __shared__ SharedState shared;
+// What the cluster kernel reads and writes besides the row index (device pointers).
+struct ClusterTask {
+  const float* logits;
+  int64_t row_stride, vocab;
+  int slice;
+  SamplingParams* params;
+  int64_t* tokens;
+  int* status;
+  bool advance_seed;
+};
+
+// One row, by the whole cluster; ends with a cluster barrier, so the cluster can go on to another
+// row with the same shared memory. Not inlined: inlined into the kernel's loop over rows it spilled
+// ~100 bytes per thread under the 64-register budget of 1024-thread blocks; called, it spills none.
+__device__ __noinline__ void sample_row_in_cluster(const ClusterTask& task, int64_t row_index, SharedState& shared,
+                                      float4* slice_storage) {
+  const float* logits = task.logits;
+  const int64_t row_stride = task.row_stride, vocab = task.vocab;
+  const int slice = task.slice;
   cg::cluster_group cluster = cg::this_cluster();
   const int block = int(cluster.block_rank());
-  const int64_t row_index = blockIdx.y;
-  const SamplingParams p = params[row_index];
+  const SamplingParams p = task.params[row_index];
 
   const int64_t first = int64_t(block) * slice;
   const int count = int(max(int64_t(0), min(int64_t(slice), vocab - first)));
@@ -594,16 +649,16 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     }
   }
   RowContext row{shared, values, count, uint32_t(first)};
-  cluster_gather(row, block_reduce<true>(best_rank, shared.scratch));
+  cluster_gather(row, block_reduce<kThreads, true>(best_rank, shared.scratch));
   for (int b = 0; b < kClusterBlocks; ++b) best_rank = max(best_rank, shared.gathered[b]);
-  cluster_gather(row, block_reduce<true>(inverted_min_key, shared.scratch));
+  cluster_gather(row, block_reduce<kThreads, true>(inverted_min_key, shared.scratch));
   for (int b = 0; b < kClusterBlocks; ++b) inverted_min_key = max(inverted_min_key, shared.gathered[b]);
 
   const bool has_nan = (inverted_min_key >> 32) != 0;
   uint32_t token;
   if (has_nan) {
     token = 0;
-    if (block == 0 && threadIdx.x == 0) atomicOr(status, kSampleStatusNanLogits);
+    if (block == 0 && threadIdx.x == 0) atomicOr(task.status, kSampleStatusNanLogits);
   } else if (is_greedy(p)) {
     token = rank_id(best_rank);
   } else {
@@ -613,16 +668,440 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     row.inv_temperature = inverse_temperature(p.temperature);
     token = sample_filtered(row, carve_candidate_storage(slice_storage + slice / 4), p, vocab);
   }
-  cluster.sync();  // no block may exit while another reads its shared memory
+  cluster.sync();  // no block may exit or go on while another reads its shared memory
   if (block == 0 && threadIdx.x == 0) {
-    tokens[row_index] = token;
-    if (advance_seed) params[row_index].seed = p.seed + 1;
+    task.tokens[row_index] = token;
+    if (task.advance_seed) task.params[row_index].seed = p.seed + 1;
+  }
+}
+
+// The rows that the segment kernels left to it (row_list[0, *row_count)), one cluster per row in
+// turn: the path that is exact for every row (docs/DESIGN.md §4).
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 1)
+    sample_rows_kernel(ClusterTask task, const int* row_list, const int* row_count) {
+  extern __shared__ float4 slice_storage[];
+  __shared__ SharedState shared;
+  pdl_launch_dependents();
+  pdl_wait();                   // the list is sample_segments_kernel's
+#pragma unroll 1
+  for (int j = blockIdx.y; j < *row_count; j += gridDim.y) {  // the same count in every block of a cluster
+    sample_row_in_cluster(task, row_list[j], shared, slice_storage);
   }
 }
 
 // The logits slice (a multiple of 16 bytes), then the candidate path's arrays.
 size_t dynamic_shared_bytes(int64_t vocab) {
   return size_t(slice_length(vocab)) * sizeof(float) + candidate_storage_bytes();
+}
+
+
+// ---- The segment path (docs/DESIGN.md §4): rows spread over the whole GPU ----
+//
+// segment_extremes_kernel: block (s, r) reads segment s of row r and writes its largest rank,
+//   smallest key and NaN flag.
+// sample_segments_kernel: block (s, r) combines row r's extremes (z_max), reads segment s again
+//   and appends the segment's best tokens (a prefix of its ranking by distance bins) to row r's
+//   candidate list, with the highest rank it left out ("boundary") and, without a top-k cut, the
+//   segment's total weight. The row's last block to finish samples from the candidate list when
+//   the list provably holds every token the answer depends on (sample_listed); otherwise it
+//   hands the row to the cluster kernel (sample_rows_kernel), which is exact for every row.
+// Three launches per batch of up to kChunkRows rows, whatever the parameters.
+constexpr int kSegmentThreads = 256;
+constexpr int kSegmentWarps = kSegmentThreads / 32;
+constexpr int kSegmentVectors = 8;                          // float4 registers per thread
+constexpr int kLineVectors = 8;                             // a line: 32 logits, 128 bytes
+constexpr int kLineFloats = 4 * kLineVectors;
+constexpr int kMaxSegmentLines = kSegmentThreads * kSegmentVectors / kLineVectors;  // 256 lines, 8192 logits
+constexpr int kMaxSegmentsPerRow = 64;       // more would only lengthen the candidate lists
+constexpr int64_t kTargetBlocks = 2048;      // blocks per launch worth aiming for (132 SMs)
+constexpr int64_t kChunkRows = 128;          // rows per set of launches (workspace rows)
+constexpr int kRowCandidates = 8192;         // a row's candidate list in global memory
+constexpr int kSortCapacity = 2048;          // candidates the finishing block sorts
+constexpr int kListTarget = 1024;            // a row's list without a large top-k: ~ this long
+constexpr int kMinQuota = 16;                // tokens a segment offers at least
+constexpr int kFallbackClusters = 16;        // clusters of the cluster kernel (16 fit at once)
+constexpr uint32_t kUnproven = 0xFFFFFFFFu;  // no id: the candidates do not decide the token
+static_assert(kBins % kSegmentThreads == 0 && kSortCapacity <= kRowCandidates && kSortCapacity <= kBins,
+              "segment path sizes (the weights of the sorted candidates reuse the bins)");
+
+// Segments per row: enough blocks to fill the GPU (batch 1: 64 segments of 4096 logits; batch 64:
+// 32 of 8192), few enough that the candidate lists stay short, at most one per line and at least
+// as many as fit the lines into the tiles. Segment s holds the lines s, s + S, s + 2S, ... of the
+// row, so that tokens of neighbouring ids (a script, the digits) spread over all segments.
+int segments_per_row(int64_t vocab, int64_t rows) {
+  const int64_t lines = ceil_div(vocab, kLineFloats);
+  const int64_t wanted = std::clamp<int64_t>(kTargetBlocks / rows, 1, kMaxSegmentsPerRow);
+  return int(std::max(ceil_div(lines, kMaxSegmentLines), std::min(wanted, lines)));
+}
+
+// The most segments segments_per_row gives any vocabulary up to max_vocab.
+int64_t max_segments(int64_t max_vocab) {
+  return std::max<int64_t>(kMaxSegmentsPerRow, ceil_div(ceil_div(max_vocab, kLineFloats), kMaxSegmentLines));
+}
+
+struct SegmentExtremes {
+  uint64_t best_rank;         // largest rank (the argmax)
+  uint64_t inverted_min_key;  // ~(smallest key), NaN flag in bit 32
+};
+
+// Per row, zeroed by segment_extremes_kernel, filled by sample_segments_kernel's blocks.
+struct RowScratch {
+  unsigned long long boundary;      // highest rank of a token inside the gap that is not listed
+  unsigned long long total_weight;  // the row's weight (rows without a top-k cut)
+  unsigned int candidates;          // tokens appended (the list keeps kRowCandidates)
+  unsigned int arrived;             // blocks done
+};
+
+struct SegmentWorkspace {  // device arrays, kChunkRows rows
+  SegmentExtremes* extremes;  // [rows][segments]
+  RowScratch* rows;
+  uint64_t* candidates;       // [rows][kRowCandidates] ranks
+  int* fallback_rows;         // rows for the cluster kernel
+  int* fallback_count;
+};
+
+// The segment and row of a segment kernel's block: block (s, r) takes segment s of row r, or,
+// `reversed`, segment S-1-s of row R-1-r. Blocks start roughly in index order, so the second
+// kernel, reversed, first reads what the first kernel read last, which L2 (50 MB) still holds
+// when a batch's logits (64 MB at batch 64) do not fit.
+struct SegmentTask {
+  const float* logits;
+  int64_t row_stride, vocab;
+  bool reversed;
+  __device__ int segment() const { return reversed ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x); }
+  __device__ int row_index() const { return reversed ? int(gridDim.y - 1 - blockIdx.y) : int(blockIdx.y); }
+  __device__ const float* row() const { return logits + int64_t(row_index()) * row_stride; }
+};
+
+struct SegmentShared {
+  uint64_t scratch[kSegmentWarps + 1];
+  uint64_t found;
+  int count;                 // tokens staged (list_segment_tokens), then kept (sample_listed)
+  unsigned list_offset;      // where this block's staged tokens go in the row's list
+  int last;                  // this block finishes the row
+};
+
+// A segment in registers: the block's vector q = t + j kSegmentThreads (thread t, register j) is
+// vector q % 8 of the segment's line q / 8, so that a warp's load reads four whole lines.
+struct SegmentTile {
+  float4 v[kSegmentVectors];
+};
+
+// The id of component c of this thread's vector j in segment s (ids below 2^23 fit an int).
+__device__ int tile_id(int s, int j, int c) {
+  const int q = int(threadIdx.x) + j * kSegmentThreads;
+  return (q / kLineVectors * int(gridDim.x) + s) * kLineFloats + 4 * (q % kLineVectors) + c;
+}
+
+__device__ float tile_value(const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
+
+__device__ void load_tile(const SegmentTask& task, SegmentTile& tile) {
+  const float* row = task.row();
+  const int segment = task.segment();
+  const bool aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0;
+#pragma unroll
+  for (int j = 0; j < kSegmentVectors; ++j) {
+    const int first = tile_id(segment, j, 0);
+    if (aligned && first + 4 <= task.vocab) {
+      tile.v[j] = __ldg(reinterpret_cast<const float4*>(row + first));
+    } else {
+      float e[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) e[c] = first + c < task.vocab ? __ldg(row + first + c) : 0.0f;
+      tile.v[j] = make_float4(e[0], e[1], e[2], e[3]);
+    }
+  }
+}
+
+// fn(z, id, id < vocab) for every slot of the tile, in every thread the same number of times
+// (whole warps, for ballots).
+template <class Fn>
+__device__ void for_each_slot(const SegmentTile& tile, const SegmentTask& task, Fn fn) {
+  const int segment = task.segment();
+#pragma unroll
+  for (int j = 0; j < kSegmentVectors; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int id = tile_id(segment, j, c);
+      fn(tile_value(tile.v[j], c), uint32_t(id), id < task.vocab);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kSegmentThreads) segment_extremes_kernel(SegmentTask task, SegmentWorkspace ws) {
+  pdl_launch_dependents();  // sample_segments_kernel may load its logits meanwhile
+  __shared__ uint64_t scratch[kSegmentWarps + 1];
+  SegmentTile tile;
+  load_tile(task, tile);
+  uint64_t best_rank = 0, inverted_min_key = 0;
+  for_each_slot(tile, task, [&](float z, uint32_t id, bool valid) {
+    if (!valid) return;
+    const uint32_t key = logit_key(z);
+    best_rank = max(best_rank, rank_of(key, id));
+    inverted_min_key = max(inverted_min_key, uint64_t(~key) | (uint64_t(z != z) << 32));
+  });
+  best_rank = block_reduce<kSegmentThreads, true>(best_rank, scratch);
+  inverted_min_key = block_reduce<kSegmentThreads, true>(inverted_min_key, scratch);
+  if (threadIdx.x != 0) return;
+  const int segment = task.segment(), row_index = task.row_index();
+  ws.extremes[row_index * int(gridDim.x) + segment] = {best_rank, inverted_min_key};
+  if (segment == 0) ws.rows[row_index] = RowScratch{};
+  if (segment == 0 && row_index == 0) *ws.fallback_count = 0;
+}
+
+enum class RowKind { kNan, kGreedy, kCandidates, kWholeRow };
+
+// A row as every block of sample_segments_kernel sees it.
+struct SegmentRow {
+  RowKind kind;
+  uint32_t argmax;
+  float z_max, inv_temperature;
+  bool top_k_active;
+};
+
+__device__ bool top_k_active(const SamplingParams& p, int64_t vocab) { return p.top_k > 0 && p.top_k < vocab; }
+
+// Rows whose kept set a prefix of the ranking bounds (a top-k or top-p cut) take the candidates;
+// the others (no cut, or only min_p) need every token and take the cluster kernel.
+__device__ bool cut_by_rank(const SamplingParams& p, int64_t vocab) {
+  return !is_greedy(p) && (top_k_active(p, vocab) || p.top_p < 1.0f);
+}
+
+__device__ SegmentRow combine_extremes(const SegmentExtremes* extremes, int segments, const SamplingParams& p,
+                                       int64_t vocab, SegmentShared& shared) {
+  uint64_t best_rank = 0, inverted_min_key = 0;
+  for (int s = threadIdx.x; s < segments; s += kSegmentThreads) {
+    best_rank = max(best_rank, extremes[s].best_rank);
+    inverted_min_key = max(inverted_min_key, extremes[s].inverted_min_key);
+  }
+  best_rank = block_reduce<kSegmentThreads, true>(best_rank, shared.scratch);
+  inverted_min_key = block_reduce<kSegmentThreads, true>(inverted_min_key, shared.scratch);
+  SegmentRow row{};
+  row.kind = (inverted_min_key >> 32) != 0 ? RowKind::kNan
+             : is_greedy(p)                ? RowKind::kGreedy
+             : cut_by_rank(p, vocab)       ? RowKind::kCandidates
+                                           : RowKind::kWholeRow;
+  row.argmax = rank_id(best_rank);
+  row.z_max = key_logit(uint32_t(best_rank >> 32));
+  row.inv_temperature = row.kind == RowKind::kCandidates ? inverse_temperature(p.temperature) : 0.0f;
+  row.top_k_active = top_k_active(p, vocab);
+  return row;
+}
+
+// How many tokens a segment offers: at least its share of a kListTarget-long list (and kMinQuota);
+// with a top-k cut, its best k, capped at the larger of that and twice its share of k, so the row's
+// best k are listed unless more than that many fall into one segment.
+__device__ uint64_t segment_quota(const SegmentRow& row, const SamplingParams& p, int segments) {
+  const uint64_t floor = uint64_t(max(kMinQuota, kListTarget / segments));
+  if (!row.top_k_active) return floor;
+  const uint64_t share = 2 * uint64_t((p.top_k + segments - 1) / segments);
+  return min(uint64_t(p.top_k), max(floor, share));
+}
+
+// Appends this segment's tokens of distance bins 0..last (as many as fit) to the row's list, and
+// raises the row's boundary to the highest rank of a token inside the gap that it leaves out. The
+// tokens are staged in shared memory (`stage`, kStageCapacity), so that the block reserves its
+// place in the list with one global atomic.
+constexpr int kStageCapacity = kBins + kSortCapacity;  // the dynamic shared words, as ranks
+
+__device__ void list_segment_tokens(const SegmentTile& tile, const SegmentTask& task, const SegmentRow& row, int last_bin,
+                                    RowScratch& scratch, uint64_t* list, SegmentShared& shared, uint64_t* stage) {
+  const int lane = threadIdx.x % 32;
+  uint64_t boundary = 0;
+  if (threadIdx.x == 0) shared.count = 0;
+  __syncthreads();
+  for_each_slot(tile, task, [&](float z, uint32_t id, bool valid) {
+    const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
+    const bool take = bin <= last_bin;
+    const unsigned takers = __ballot_sync(0xFFFFFFFFu, take);
+    int slot = kStageCapacity;
+    if (takers != 0) {
+      const int leader = __ffs(takers) - 1;
+      int first_slot = 0;
+      if (lane == leader) first_slot = atomicAdd(&shared.count, __popc(takers));
+      slot = __shfl_sync(0xFFFFFFFFu, first_slot, leader) + __popc(takers & ((1u << lane) - 1));
+    }
+    const uint64_t rank = rank_of(logit_key(z), id);
+    if (take && slot < kStageCapacity) {
+      stage[slot] = rank;
+    } else if (bin != kOutsideGap) {
+      boundary = max(boundary, rank);
+    }
+  });
+  __syncthreads();
+  const int staged = min(shared.count, kStageCapacity);
+  if (threadIdx.x == 0) shared.list_offset = atomicAdd(&scratch.candidates, unsigned(staged));
+  __syncthreads();
+  for (int i = threadIdx.x; i < staged; i += kSegmentThreads) {
+    const unsigned slot = shared.list_offset + unsigned(i);
+    if (slot < unsigned(kRowCandidates)) {
+      list[slot] = stage[i];
+    } else {
+      boundary = max(boundary, stage[i]);
+    }
+  }
+  boundary = block_reduce<kSegmentThreads, true>(boundary, shared.scratch);
+  if (threadIdx.x == 0 && boundary != 0) atomicMax(&scratch.boundary, boundary);
+}
+
+// sample_segments_kernel's work on one segment of a candidate row. `words`: the dynamic shared
+// memory (count bins, then the staged tokens).
+__device__ void offer_segment(const SegmentTile& tile, const SegmentTask& task, const SegmentRow& row, const SamplingParams& p,
+                              int segments, RowScratch& scratch, uint64_t* list, SegmentShared& shared,
+                              uint64_t* words) {
+  uint32_t* count_bins = reinterpret_cast<uint32_t*>(words);
+  for (int b = threadIdx.x; b < kBins; b += kSegmentThreads) count_bins[b] = 0;
+  __syncthreads();
+  uint64_t weight = 0;  // the segment's share of the row's weight, needed without a top-k cut
+  for_each_slot(tile, task, [&](float z, uint32_t, bool valid) {
+    const int bin = valid ? distance_bin(z, row.z_max, row.inv_temperature) : kOutsideGap;
+    if (bin == kOutsideGap) return;
+    atomicAdd(&count_bins[bin], 1u);
+    if (!row.top_k_active) weight += token_weight(z, row.z_max, row.inv_temperature);
+  });
+  if (!row.top_k_active) {
+    weight = block_reduce<kSegmentThreads, false>(weight, shared.scratch);
+    if (threadIdx.x == 0 && weight != 0) atomicAdd(&scratch.total_weight, weight);
+  }
+  __syncthreads();
+  const uint64_t quota = segment_quota(row, p, segments);
+  const int crossing = block_first_reaching<kSegmentThreads>(
+      shared, kBins, [&](int b) -> uint64_t { return count_bins[b]; }, [&](uint64_t) { return quota; });
+  list_segment_tokens(tile, task, row, crossing < 0 ? kBins - 1 : crossing, scratch, list, shared, words);
+}
+
+// True in every thread of the row's last block to finish (which then reads what the others wrote).
+__device__ bool arrive_last(RowScratch& scratch, int segments, SegmentShared& shared) {
+  __threadfence();  // this thread's list entries and atomics before the arrival
+  __syncthreads();
+  if (threadIdx.x == 0) shared.last = atomicAdd(&scratch.arrived, 1u) == unsigned(segments - 1);
+  __syncthreads();
+  if (shared.last) __threadfence();
+  return shared.last;
+}
+
+// The finishing block of a candidate row: the token, or kUnproven when the listed candidates do not
+// decide it. `words`: kBins + kSortCapacity values of dynamic shared memory.
+//
+// Why the answer is exact when it is given: every token ranked above the boundary is listed (the
+// boundary is the highest rank of an unlisted token inside the gap; tokens beyond the gap weigh 0
+// and rank below all inside it). The top-k set, the top-p crossing and so the kept set are taken
+// only when they lie above the boundary, and then they are exactly the CPU's; the weights, Q and
+// the draw are those of sampling_math.h, computed by the same helpers as the cluster kernel.
+__device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p, const RowScratch& scratch,
+                                  const uint64_t* list, SegmentShared& shared, uint64_t* words) {
+  const int listed = int(min(__ldcg(&scratch.candidates), unsigned(kRowCandidates)));
+  const uint64_t boundary = __ldcg(&scratch.boundary);
+  const uint64_t row_weight = __ldcg(&scratch.total_weight);
+  uint64_t* bins = words;  // later the weights
+  uint64_t* ranks = words + kBins;
+  auto bin_of = [&](uint64_t rank) { return distance_bin(key_logit(uint32_t(rank >> 32)), row.z_max, row.inv_temperature); };
+
+  // Narrow the list to its bins up to the one where the count reaches k (top-k cut) or the weight
+  // reaches the top-p target: every token at or above the cut is in them.
+  for (int b = threadIdx.x; b < kBins; b += kSegmentThreads) bins[b] = 0;
+  if (threadIdx.x == 0) shared.count = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < listed; i += kSegmentThreads) {
+    const uint64_t rank = __ldcg(reinterpret_cast<const unsigned long long*>(list + i));
+    const uint64_t measure =
+        row.top_k_active ? 1 : token_weight(key_logit(uint32_t(rank >> 32)), row.z_max, row.inv_temperature);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&bins[bin_of(rank)]), measure);
+  }
+  __syncthreads();
+  const uint64_t target = row.top_k_active ? uint64_t(p.top_k) : top_p_target(p.top_p, row_weight);
+  const int crossing = block_first_reaching<kSegmentThreads>(
+      shared, kBins, [&](int b) { return bins[b]; }, [&](uint64_t) { return target; });
+  const int last_bin = crossing < 0 ? kBins - 1 : crossing;
+  for (int i = threadIdx.x; i < listed; i += kSegmentThreads) {
+    const uint64_t rank = __ldcg(reinterpret_cast<const unsigned long long*>(list + i));
+    if (bin_of(rank) > last_bin) continue;
+    const int slot = atomicAdd(&shared.count, 1);
+    if (slot < kSortCapacity) ranks[slot] = rank;
+  }
+  __syncthreads();
+  const int count = shared.count;
+  if (count > kSortCapacity) return kUnproven;
+  const int padded = next_power_of_two(count);
+  for (int j = count + threadIdx.x; j < padded; j += kSegmentThreads) ranks[j] = 0;  // below every rank
+  sort_descending<kSegmentThreads>(ranks, padded);
+
+  int top_k_count = count;
+  if (row.top_k_active) {
+    const int k = p.top_k;
+    if (boundary != 0 && (count < k || ranks[k - 1] <= boundary)) return kUnproven;
+    top_k_count = min(count, k);  // fewer only when every token inside the gap is listed
+  }
+  uint64_t* weights = bins;
+  weigh_ranks<kSegmentThreads>(ranks, weights, top_k_count, row.z_max, row.inv_temperature);
+  int kept = top_k_count;
+  if (p.top_p < 1.0f) {
+    kept = top_p_keep<kSegmentThreads>(shared, weights, top_k_count, p.top_p, !row.top_k_active, row_weight);
+    if (kept == 0) return kUnproven;
+    if (!row.top_k_active && boundary != 0 && ranks[kept - 1] <= boundary) return kUnproven;
+  }
+  return draw_kept<kSegmentThreads>(shared, ranks, weights, kept, p);
+}
+
+// What a finished row writes: its token (and the next seed), or its index for the cluster kernel.
+struct RowOutput {
+  SamplingParams* params;
+  int64_t* tokens;
+  int* status;
+  bool advance_seed;
+};
+
+__device__ void finish_row(const SegmentRow& row, const SamplingParams& p, int row_index, const RowOutput& out,
+                           const SegmentWorkspace& ws, SegmentShared& shared, uint64_t* words) {
+  uint32_t token = kUnproven;
+  if (row.kind == RowKind::kNan) token = 0;
+  if (row.kind == RowKind::kGreedy) token = row.argmax;
+  if (row.kind == RowKind::kCandidates) {
+    token = sample_listed(row, p, ws.rows[row_index], ws.candidates + int64_t(row_index) * kRowCandidates, shared,
+                          words);
+  }
+  if (threadIdx.x != 0) return;
+  if (token == kUnproven) {
+    ws.fallback_rows[atomicAdd(ws.fallback_count, 1)] = row_index;
+    return;
+  }
+  if (row.kind == RowKind::kNan) atomicOr(out.status, kSampleStatusNanLogits);
+  out.tokens[row_index] = token;
+  if (out.advance_seed) out.params[row_index].seed = p.seed + 1;
+}
+
+size_t segment_shared_bytes() { return size_t(kBins + kSortCapacity) * sizeof(uint64_t); }
+
+// Launched with PDL after segment_extremes_kernel. Before pdl_wait it reads only the logits and the
+// parameters: segment_extremes_kernel was launched without PDL, so whatever wrote them (the forward,
+// the previous sampling call's seed update) finished before it started, and this kernel cannot
+// start before it did. It lets the cluster kernel launch at once: that one waits (pdl_wait) before
+// it reads the rows left to it, and all of this kernel's blocks are running by then, so its
+// clusters take no SM that this kernel still needs.
+// Four blocks per SM (64 registers): ptxas spills 4 bytes there; at 80 registers (three blocks)
+// none, but a quarter fewer warps hide the loads.
+__global__ void __launch_bounds__(kSegmentThreads, 4)
+    sample_segments_kernel(SegmentTask task, RowOutput out, SegmentWorkspace ws) {
+  pdl_launch_dependents();
+  extern __shared__ uint64_t segment_words[];
+  __shared__ SegmentShared shared;
+  const int row_index = task.row_index(), segments = int(gridDim.x);
+  const SamplingParams p = out.params[row_index];
+  // Greedy and unfiltered rows need no pass here: the block of segment 0 alone finishes them.
+  const bool scans = cut_by_rank(p, task.vocab);
+  if (!scans && task.segment() != 0) return;
+  SegmentTile tile;
+  if (scans) load_tile(task, tile);
+  pdl_wait();
+
+  const SegmentRow row = combine_extremes(ws.extremes + int64_t(row_index) * segments, segments, p, task.vocab, shared);
+  RowScratch& scratch = ws.rows[row_index];
+  if (row.kind == RowKind::kCandidates) {
+    offer_segment(tile, task, row, p, segments, scratch,
+                  ws.candidates + int64_t(row_index) * kRowCandidates, shared, segment_words);
+  }
+  if (scans && !arrive_last(scratch, segments, shared)) return;
+  finish_row(row, p, row_index, out, ws, shared, segment_words);
 }
 
 }  // namespace
@@ -640,6 +1119,11 @@ CudaSampler::CudaSampler(int64_t max_vocab) : max_vocab_(max_vocab) {
   // launch_kernel raises the kernel's shared memory limit when a launch needs it.
   status_ = DeviceBuffer(sizeof(int));
   G4_CUDA(cudaMemset(status_.data(), 0, sizeof(int)));
+  // The segment path's workspace, reused by every call (segment_extremes_kernel clears what it must).
+  extremes_ = DeviceBuffer(size_t(kChunkRows * max_segments(max_vocab)) * sizeof(SegmentExtremes));
+  row_scratch_ = DeviceBuffer(size_t(kChunkRows) * sizeof(RowScratch));
+  candidates_ = DeviceBuffer(size_t(kChunkRows) * kRowCandidates * sizeof(uint64_t));
+  fallback_ = DeviceBuffer(size_t(kChunkRows + 1) * sizeof(int));
 }
 
 CudaSampler::~CudaSampler() = default;
@@ -648,10 +1132,41 @@ void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) cons
   G4_CHECK(batch.vocab >= 1 && batch.vocab <= max_vocab_,
            "CUDA sampler: vocab " + std::to_string(batch.vocab) + " exceeds the prepared " + std::to_string(max_vocab_));
   G4_CHECK(batch.rows >= 1 && batch.rows <= 65535, "CUDA sampler: batch of " + std::to_string(batch.rows) + " rows out of range");
-  const dim3 grid(kClusterBlocks, unsigned(batch.rows));
-  launch_kernel("sample_rows_kernel", sample_rows_kernel, grid, kThreads, dynamic_shared_bytes(batch.vocab), stream,
-                Pdl::kOff, batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
-                batch.params, batch.tokens, status_.as<int>(), batch.advance_seed);
+  for (int64_t first = 0; first < batch.rows; first += kChunkRows) {
+    CudaSampleBatch chunk = batch;
+    chunk.rows = std::min(kChunkRows, batch.rows - first);
+    chunk.logits += first * batch.logits_row_stride;
+    chunk.params += first;
+    chunk.tokens += first;
+    sample_chunk(chunk, stream);
+  }
+}
+
+// Up to kChunkRows rows: the two segment kernels, then the cluster kernel for the rows they leave.
+void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream) const {
+  const int segments = segments_per_row(batch.vocab, batch.rows);
+  const SegmentWorkspace ws{extremes_.as<SegmentExtremes>(), row_scratch_.as<RowScratch>(), candidates_.as<uint64_t>(),
+                            fallback_.as<int>() + 1, fallback_.as<int>()};
+  const dim3 grid(unsigned(segments), unsigned(batch.rows));
+  launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff,
+                SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, false}, ws);
+  const RowOutput out{batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
+  // PDL on streams g4 creates; the legacy default stream (nullptr) keeps plain stream order.
+  const Pdl pdl = stream != nullptr ? Pdl::kOn : Pdl::kOff;
+  launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,
+                pdl, SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, true}, out, ws);
+  const ClusterTask cluster_task{batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
+                                 batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
+  const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
+  launch_kernel("sample_rows_kernel", sample_rows_kernel, clusters, kThreads, dynamic_shared_bytes(batch.vocab), stream,
+                pdl, cluster_task, ws.fallback_rows, ws.fallback_count);
+}
+
+int64_t CudaSampler::cluster_kernel_rows(CUstream_st* stream) const {
+  int count = 0;
+  G4_CUDA(cudaMemcpyAsync(&count, fallback_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+  G4_CUDA(cudaStreamSynchronize(stream));
+  return count;
 }
 
 void CudaSampler::check_status(CUstream_st* stream) {

@@ -1,11 +1,12 @@
-// The CUDA sampler: one fused kernel samples a batch of logits rows on the device with per-row
+// The CUDA sampler: three kernels sample a batch of logits rows on the device with per-row
 // parameters read from device memory, returning exactly sample_row()'s token (cpu_sampler.h) for
-// the same logits, parameters and seed. Includable without the CUDA headers; the implementation
-// (cuda_sampler.cu) is built only when CUDA is.
+// the same logits, parameters and seed (docs/DESIGN.md §4). Includable without the CUDA headers;
+// the implementation (cuda_sampler.cu) is built only when CUDA is.
 //
-// Graph-friendly: sample() only enqueues one kernel (no allocation, no host synchronisation), reads
-// the parameters and seeds from device memory on every launch, and can advance each row's seed in
-// device memory after its draw, so replays of a captured graph follow the seed schedule.
+// Graph-friendly: sample() only enqueues three kernels per 128 rows (no allocation, no host
+// synchronisation; the workspace is allocated once here), reads the parameters and seeds from
+// device memory on every launch, and can advance each row's seed in device memory after its draw,
+// so replays of a captured graph follow the seed schedule.
 #pragma once
 #include <cstdint>
 
@@ -31,8 +32,9 @@ struct CudaSampleBatch {
 
 class CudaSampler {
  public:
-  // Prepares the kernel for rows of up to `max_vocab` logits on the current device and allocates
-  // the status word. Throws g4::Error when the device cannot hold such a row in one cluster.
+  // Prepares the kernels for rows of up to `max_vocab` logits on the current device and allocates
+  // the status word and the workspace (~8.5 MB at V = 262 144). Throws g4::Error when the device
+  // cannot hold such a row in one cluster.
   explicit CudaSampler(int64_t max_vocab);
   ~CudaSampler();
   CudaSampler(const CudaSampler&) = delete;
@@ -51,9 +53,20 @@ class CudaSampler {
 
   int64_t max_vocab() const { return max_vocab_; }
 
+  // Waits for `stream` and returns how many rows of the last call's last 128 the whole-row cluster
+  // kernel sampled (rows without a top-k or top-p cut, or whose candidates did not decide the
+  // token): a diagnostic for tests and benchmarks, 0 for typical rows with a cut.
+  int64_t cluster_kernel_rows(CUstream_st* stream) const;
+
  private:
+  void sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream) const;
+
   int64_t max_vocab_ = 0;
-  DeviceBuffer status_;  // int
+  DeviceBuffer status_;       // int
+  DeviceBuffer extremes_;     // the segment path's workspace (cuda_sampler.cu)
+  DeviceBuffer row_scratch_;
+  DeviceBuffer candidates_;
+  DeviceBuffer fallback_;     // int count, then the rows left to the cluster kernel
 };
 
 }  // namespace g4
