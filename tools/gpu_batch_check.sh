@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The batched-decode checks for the GPU machine (issues 15 and 16): builds, runs the sampler,
+# packed-weight and scheduler tests with G4_REQUIRE_GPU=1, times the sampler (bench_sampling),
+# batch-1 decode of the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16) and continuous batching
+# (q4_0). Logs in one archive, $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/g4-gpu-batch}
+mkdir -p "$OUT"
+started=$SECONDS
+cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sampling_cuda \
+  bench_sampling > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+echo "built in $((SECONDS - started)) s"
+for t in "test_sampling_cuda *" "test_cuda_quant *" "test_cuda_backend CudaOps.*:CudaDemoModel.*" "test_scheduler *Cuda*"; do
+  set -- $t
+  G4_REQUIRE_GPU=1 timeout 150 "./build-gpu/tests/$1" --gtest_filter="$2" > "$OUT/$1.log" 2>&1; echo "$1 rc=$?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|FAILED  \]" "$OUT/$1.log" | head -12
+done
+timeout 60 ./build-gpu/bench/bench_sampling > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
+for w in q4_0 q4_k_m q8_0 bf16; do
+  timeout 90 ./build-gpu/g4 bench --synthetic 31b --weights $w --prompt_len 512 --gen 64 > "$OUT/bench_$w.json" 2>&1
+  grep -E '"(decode_greedy_graph_tok_s|achieved_pct_of_copy|prefill_tok_s|gemv_[a-z_]+_tb_s)"' "$OUT/bench_$w.json" | tr -d '\n'; echo " [$w]"
+done
+timeout $((585 - (SECONDS - started))) ./build-gpu/g4 bench --synthetic 31b --weights q4_0 --concurrency 1,8,64 \
+  --prompt_len 128 --gen 32 > "$OUT/conc.json" 2>&1
+grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc.json" | tr -d '\n'; echo
+echo "done in $((SECONDS - started)) s"
+(cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)
