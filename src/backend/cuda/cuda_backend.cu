@@ -13,7 +13,6 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/packed_kernels.h"
-#include "backend/cuda/tile_matmul.h"
 #include "backend/memory_meter.h"
 #include "format/tensor_source.h"
 #include "backend/cuda/cuda_sampler.h"
@@ -86,10 +85,9 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::BF16; }
-  // Up to kMaxTileTokens rows the matmuls run the tile kernel (packed weights) or the GEMV in groups
-  // of kMaxGemvTokens rows (bf16), whose per-row sums do not depend on the row count; cuBLAS beyond
-  // that picks its reduction by shape (docs/DESIGN.md §7).
-  int64_t batch_invariant_rows() const override { return kMaxTileTokens; }
+  // Up to kMaxGemvTokens rows the matmuls run the GEMV, whose per-row sums do not depend on the row
+  // count; cuBLAS beyond that picks its reduction by shape (docs/DESIGN.md §7).
+  int64_t batch_invariant_rows() const override { return kMaxGemvTokens; }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
     G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");
@@ -113,10 +111,7 @@ class CudaBackend final : public Backend {
     t.owner = memory_.track(p, bytes, [](void* q) { cudaFree(q); });
     t.data = p;
     G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
-    if (is_block_quantized(dtype)) {
-      reserve_packed_scratch(cols);
-      reserve_tile_scratch(rows, cols);
-    }
+    if (is_block_quantized(dtype)) reserve_packed_scratch(cols);
     return t;
   }
 
@@ -200,20 +195,12 @@ class CudaBackend final : public Backend {
              "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
-    if (tile_runs(w, T)) {
-      const TileTarget target = tile_target(w, y, 0);
-      launch_tile_matmul(w.dtype, ptr<bf16>(x), T, K, &target, 1, stream_);
-      return;
-    }
-    if (gemv_runs(w, T)) {
-      for (int64_t t = 0; t < T; t += kMaxGemvTokens) {
-        const int64_t n = std::min<int64_t>(kMaxGemvTokens, T - t);
-        const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y) + t * N, N};
-        launch_gemv(ptr<bf16>(x) + t * K, &target, 1, n, K, stream_);
-      }
-      return;
-    }
     if (is_block_quantized(w.dtype)) {
+      if (T <= kMaxGemvTokens) {
+        const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
+        launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, stream_);
+        return;
+      }
       // Prefill: chunks of rows dequantized into the L2-sized scratch, each chunk's GEMM writing its
       // columns of y. (A tensor-core kernel reading the packed tiles itself would skip the scratch.)
       const int64_t chunk = dequantized_rows_per_chunk(K);
@@ -224,45 +211,47 @@ class CudaBackend final : public Backend {
       }
       return;
     }
+    if (T <= kMaxGemvTokens && K % 8 == 0) {
+      const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y), N};
+      launch_gemv(ptr<bf16>(x), &target, 1, T, K, stream_);
+      return;
+    }
     gemm(w.data, x.data, ptr<bf16>(y), N, T, K, N);
   }
 
-  // A few tokens: the matrices of each weight type in one launch (a Q4_K_M file's v_proj may be Q6_K
-  // beside Q4_K q and k), bf16 ones by the GEMV in groups of kMaxGemvTokens rows; otherwise one
+  // A few tokens: the matrices of each weight type in one GEMV launch (a Q4_K_M file's v_proj may
+  // be Q6_K beside Q4_K q and k), the input quantized once for all packed ones; otherwise one
   // matmul each.
   void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
     // A weight without its output goes to Backend::matmuls, whose check names it.
-    const bool few_tokens = ws.size() == ys.size() && ws.size() <= size_t(kMaxTileTargets) &&
+    const bool few_tokens = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && ws.size() <= size_t(kMaxGemvTargets) &&
                             std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) {
-                              return w.cols == x.cols && (tile_runs(w, x.rows) || gemv_runs(w, x.rows));
+                              return w.cols == x.cols && (is_block_quantized(w.dtype) || x.cols % 8 == 0);
                             });
     if (!few_tokens) return Backend::matmuls(x, ws, ys);
     expect_dtype(x, DType::BF16, "matmul input");
-    const int64_t T = x.rows, K = x.cols;
-    bool launched[kMaxTileTargets] = {};
+    const uint4* quantized = nullptr;
+    bool launched[kMaxGemvTargets] = {};
     for (size_t i = 0; i < ws.size(); ++i) {
       if (launched[i]) continue;
       const DType type = ws[i].dtype;
-      TileTarget tile_targets[kMaxTileTargets];
-      GemvTarget gemv_targets[kMaxTileTargets];
+      GemvTarget bf16_targets[kMaxGemvTargets];
+      PackedGemvTarget packed_targets[kMaxGemvTargets];
       int count = 0;
       for (size_t j = i; j < ws.size(); ++j) {
         if (ws[j].dtype != type) continue;
         launched[j] = true;
         expect_weight(ws[j], "matmul weight");
-        G4_CHECK(ys[j].rows == T && ys[j].cols == ws[j].rows, "matmuls: output shape does not match its weight");
-        if (is_block_quantized(type)) tile_targets[count] = tile_target(ws[j], ys[j], count);
-        gemv_targets[count++] = GemvTarget{ptr<bf16>(ws[j]), ptr<bf16>(ys[j]), ws[j].rows};
+        G4_CHECK(ys[j].rows == x.rows && ys[j].cols == ws[j].rows, "matmuls: output shape does not match its weight");
+        bf16_targets[count] = GemvTarget{ptr<bf16>(ws[j]), ptr<bf16>(ys[j]), ws[j].rows};
+        packed_targets[count++] = PackedGemvTarget{ptr<uint8_t>(ws[j]), ptr<bf16>(ys[j]), ws[j].rows};
       }
-      if (is_block_quantized(type)) {
-        launch_tile_matmul(type, ptr<bf16>(x), T, K, tile_targets, count, stream_);
+      if (!is_block_quantized(type)) {
+        launch_gemv(ptr<bf16>(x), bf16_targets, count, x.rows, x.cols, stream_);
         continue;
       }
-      for (int64_t t = 0; t < T; t += kMaxGemvTokens) {
-        GemvTarget group[kMaxTileTargets];
-        for (int c = 0; c < count; ++c) group[c] = {gemv_targets[c].w, gemv_targets[c].y + t * gemv_targets[c].rows, gemv_targets[c].rows};
-        launch_gemv(ptr<bf16>(x) + t * K, group, count, std::min<int64_t>(kMaxGemvTokens, T - t), K, stream_);
-      }
+      if (!quantized) quantized = quantized_input(x);
+      launch_packed_gemv(type, quantized, packed_targets, count, x.rows, x.cols, stream_);
     }
   }
 
@@ -323,15 +312,16 @@ class CudaBackend final : public Backend {
              "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
                  "], w_gate [" + std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
-    if (w_gate.dtype == w_up.dtype && tile_runs(w_gate, T)) {
-      launch_tile_gated_gelu(w_gate.dtype, ptr<bf16>(x), T, K, tile_target(w_gate, out, 0), w_up.data, stream_);
-      return;
-    }
-    if (w_gate.dtype == w_up.dtype && gemv_runs(w_gate, T)) {
-      for (int64_t t = 0; t < T; t += kMaxGemvTokens)
-        launch_gated_gelu(ptr<bf16>(x) + t * K, ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out) + t * N,
-                          std::min<int64_t>(kMaxGemvTokens, T - t), N, K, stream_);
-      return;
+    if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype) {
+      if (is_block_quantized(w_gate.dtype)) {
+        launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
+                                 ptr<bf16>(out), T, N, K, stream_);
+        return;
+      }
+      if (K % 8 == 0) {
+        launch_gated_gelu(ptr<bf16>(x), ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out), T, N, K, stream_);
+        return;
+      }
     }
     // Larger chunks (or gate and up of different types): two matmuls, the up projection into a
     // backend-owned buffer, then the GELU-mul. A prompt's prefill sizes that buffer before any
@@ -430,47 +420,6 @@ class CudaBackend final : public Backend {
                            CUBLAS_GEMM_DEFAULT));
   }
 
-  // Up to kMaxTileTokens rows: packed weights run the tile kernel, bf16 ones the GEMV in groups of
-  // kMaxGemvTokens rows (each row's sums as if it ran alone).
-  static bool tile_runs(const Tensor& w, int64_t T) {
-    return is_block_quantized(w.dtype) && T >= 1 && T <= kMaxTileTokens;
-  }
-  static bool gemv_runs(const Tensor& w, int64_t T) {
-    return w.dtype == DType::BF16 && T >= 1 && T <= kMaxTileTokens && w.cols % 8 == 0;
-  }
-
-  // Target `index` of a tile launch: its slices, and its own region of the workspace (the gated
-  // GELU's gate takes a double region, for gate and up).
-  TileTarget tile_target(const Tensor& w, const Tensor& y, int index) {
-    TileTarget t;
-    t.w = w.data;
-    t.y = ptr<bf16>(y);
-    t.rows = w.rows;
-    t.slices = tile_slices(w.rows, w.cols);
-    if (t.slices > 1) {
-      G4_CHECK(2 * tile_partial_floats(w.rows, w.cols) <= tile_region_floats_ &&
-                   tile_counter_count(w.rows) <= tile_region_counters_,
-               "tile matmul: a weight larger than any reserved for");
-      t.partials = ptr<float>(tile_partials_) + size_t(index) * tile_region_floats_;
-      t.counters = ptr<unsigned>(tile_counters_) + size_t(index) * size_t(tile_region_counters_);
-    }
-    return t;
-  }
-
-  // The tile kernel's workspace for a packed [rows, cols] weight, allocated with the weight (never
-  // during a decode step, which a graph may be capturing): kMaxTileTargets regions, each for a
-  // gated GELU's two matrices of kMaxTileTokens rows.
-  void reserve_tile_scratch(int64_t rows, int64_t cols) {
-    if (rows < 1 || tile_slices(rows, cols) == 1) return;
-    const size_t floats = 2 * tile_partial_floats(rows, cols);
-    const int64_t counters = tile_counter_count(rows);
-    if (floats <= tile_region_floats_ && counters <= tile_region_counters_) return;
-    tile_region_floats_ = std::max(tile_region_floats_, floats);
-    tile_region_counters_ = std::max(tile_region_counters_, counters);
-    tile_partials_ = alloc(DType::F32, kMaxTileTargets, int64_t(tile_region_floats_));
-    tile_counters_ = alloc(DType::I32, kMaxTileTargets, tile_region_counters_);
-  }
-
   // What matmuls over a packed weight of row length `cols` need, allocated with the weight, never
   // during a decode step (which a graph may be capturing): the quantized input of up to
   // kMaxGemvTokens rows, and the bf16 rows a prefill GEMM reads.
@@ -540,11 +489,7 @@ class CudaBackend final : public Backend {
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
   // dequantized_: packed weight rows for a prefill GEMM
-  // tile_partials_, tile_counters_: the tile kernel's slices meet there (reserve_tile_scratch)
-  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_, tile_partials_,
-      tile_counters_;
-  size_t tile_region_floats_ = 0;
-  int64_t tile_region_counters_ = 0;
+  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool sampled_since_check_ = false, capturing_ = false;
