@@ -5,6 +5,9 @@
 // (whole UTF-8 characters, partial stop strings) are tested on byte tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -549,6 +552,44 @@ TEST_F(Serve, StopFinishesTheRequestsInFlight) {
   streaming.join();
   EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << "the stream in flight was cut:\n" << body;
   EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);
+}
+
+// The binary: SIGTERM (and SIGINT) stop g4 serve gracefully, with exit status 0.
+TEST(ServeCli, SigtermStopsTheServerWithExitStatusZero) {
+  for (int signal_number : {SIGTERM, SIGINT}) {
+    int err[2];
+    ASSERT_EQ(pipe(err), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      dup2(err[1], 2);
+      close(err[0]);
+      execl(G4_BINARY, G4_BINARY, "serve", "--port", "0", "--max_seq_len", "64", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(err[1]);
+    std::string log;
+    int port = 0;
+    const std::string marker = "listening on http://127.0.0.1:";
+    char buffer[512];
+    for (ssize_t n; port == 0 && (n = read(err[0], buffer, sizeof buffer)) > 0;) {
+      log.append(buffer, size_t(n));
+      if (const size_t at = log.find(marker); at != std::string::npos && log.find('\n', at) != std::string::npos)
+        port = std::stoi(log.substr(at + marker.size()));
+    }
+    ASSERT_GT(port, 0) << log;
+    httplib::Client c("127.0.0.1", port);
+    const httplib::Result health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+    kill(pid, signal_number);
+    for (ssize_t n; (n = read(err[0], buffer, sizeof buffer)) > 0;) log.append(buffer, size_t(n));
+    close(err[0]);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+    EXPECT_NE(log.find("g4 serve: stopped"), std::string::npos) << log;
+  }
 }
 
 // ---- ReplyText, on byte-fallback tokens (one byte each) ----
