@@ -15,18 +15,11 @@ namespace {
 
 using nlohmann::json;
 
-ParsedOutput& operator+=(ParsedOutput& all, ParsedOutput part) {
-  all.content += part.content;
-  all.reasoning += part.reasoning;
-  for (ParsedToolCall& call : part.tool_calls) all.tool_calls.push_back(std::move(call));
-  return all;
-}
-
 ParsedOutput parse_in_pieces(const std::vector<std::string>& pieces, bool tools = true) {
   Gemma4OutputParser parser({.parse_tool_calls = tools});
   ParsedOutput all;
-  for (const std::string& piece : pieces) all += parser.push(piece);
-  all += parser.finish();
+  for (const std::string& piece : pieces) all.append(parser.push(piece));
+  all.append(parser.finish());
   return all;
 }
 

@@ -23,6 +23,7 @@
 #include "serve/openai_api.h"
 #include "serve/reply_text.h"
 #include "serve/server.h"
+#include "support/running_server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,7 +32,6 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 constexpr int64_t kContext = 256;
 constexpr size_t kBodyLimit = 64 << 10;
 const std::string kKey = "test-key";
@@ -45,12 +45,7 @@ const json kTools = json::array({{{"type", "function"},
                                       {"properties", {{"city", {{"type", "string"}, {"description", "The city"}}}}},
                                       {"required", {"city"}}}}}}}});
 
-EngineOptions demo_options() {
-  EngineOptions o;
-  o.model_path = kDemo;
-  o.max_seq_len = kContext;
-  return o;
-}
+EngineOptions demo_options() { return test::demo_serve_options(kContext); }
 
 // One server for the whole suite (loading is the slow part).
 class Serve : public ::testing::Test {
@@ -60,22 +55,12 @@ class Serve : public ::testing::Test {
     so.api_key = kKey;
     so.stop_ids = kStopIds;
     so.max_body_bytes = kBodyLimit;
-    worker_ = new serve::EngineWorker(demo_options(), {.max_sessions = 2, .max_waiting = 8}, [&](Engine& engine) {
-      tokenizer_ = new Tokenizer(Tokenizer::from_json(*engine.tokenizer_json()));
-    });
-    server_ = new serve::Server(*worker_, *tokenizer_, so);
-    port_ = server_->bind("127.0.0.1", 0);
-    thread_ = new std::thread([] { server_->listen(); });
-    for (int i = 0; i < 200 && !client().Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    running_ = new test::RunningServer(kContext, {.max_sessions = 2, .max_waiting = 8}, so);
+    worker_ = &running_->worker();
+    tokenizer_ = &running_->tokenizer();
+    port_ = running_->port();
   }
-  static void TearDownTestSuite() {
-    server_->stop();
-    thread_->join();
-    delete thread_;
-    delete server_;
-    delete worker_;
-    delete tokenizer_;
-  }
+  static void TearDownTestSuite() { delete running_; }
 
   static httplib::Client client(bool with_key = true) {
     httplib::Client c("127.0.0.1", port_);
@@ -115,10 +100,9 @@ class Serve : public ::testing::Test {
             {"temperature", 0}};
   }
 
+  static inline test::RunningServer* running_ = nullptr;
   static inline serve::EngineWorker* worker_ = nullptr;
-  static inline serve::Server* server_ = nullptr;
-  static inline Tokenizer* tokenizer_ = nullptr;
-  static inline std::thread* thread_ = nullptr;
+  static inline const Tokenizer* tokenizer_ = nullptr;
   static inline int port_ = 0;
 };
 
@@ -263,12 +247,11 @@ TEST_F(Serve, ClientDisconnectCancelsTheStream) {
 
 TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {
   // One session, no queue: while a request runs, the next is refused at once.
-  serve::EngineWorker worker(demo_options(), {.max_sessions = 1, .max_waiting = 0});
   serve::ServerOptions so;
   so.stop_ids = {};  // the first request runs to its max_new_tokens
-  serve::Server server(worker, *tokenizer_, so);
-  const int port = server.bind("127.0.0.1", 0);
-  std::thread listening([&] { server.listen(); });
+  test::RunningServer server(kContext, {.max_sessions = 1, .max_waiting = 0}, so);
+  serve::EngineWorker& worker = server.worker();
+  const int port = server.port();
   SchedulerRequest running;
   running.prompt = {2, 17, 30};
   running.sampling = SamplingParams{.temperature = 0.0f};
@@ -294,8 +277,6 @@ TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {
   const httplib::Result next = c.Post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(), "application/json");
   ASSERT_TRUE(next);
   EXPECT_EQ(next->status, 200) << next->body;
-  server.stop();
-  listening.join();
 }
 
 TEST_F(Serve, ApiKeyIsRequired) {
@@ -522,12 +503,10 @@ TEST_F(Serve, MetricsCountRequestsTokensAndShowEverySessionFreed) {
 // stop() (what SIGINT/SIGTERM trigger in g4 serve) lets a stream in flight finish, then listen()
 // returns.
 TEST_F(Serve, StopFinishesTheRequestsInFlight) {
-  serve::EngineWorker worker(demo_options(), {.max_sessions = 1, .max_waiting = 0});
   serve::ServerOptions so;
   so.stop_ids = {};
-  serve::Server server(worker, *tokenizer_, so);
-  const int port = server.bind("127.0.0.1", 0);
-  std::thread listening([&] { server.listen(); });
+  test::RunningServer running(kContext, {.max_sessions = 1, .max_waiting = 0}, so);
+  const int port = running.port();
   std::atomic<bool> started{false};
   std::string body;
   std::thread streaming([&] {
@@ -547,8 +526,7 @@ TEST_F(Serve, StopFinishesTheRequestsInFlight) {
   });
   for (int i = 0; i < 1000 && !started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_TRUE(started);
-  server.stop();
-  listening.join();  // listen() returned
+  running.stop();  // returns once listen() has returned
   streaming.join();
   EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << "the stream in flight was cut:\n" << body;
   EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);

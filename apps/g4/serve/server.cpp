@@ -220,7 +220,7 @@ void Server::add_routes() {
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'", "",
-                             "invalid_request_error"));
+                             "invalid_request_error", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
   // httplib's own answers (404, 413, a bad request line) in the same error shape.
