@@ -13,8 +13,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::string_view kChannelOpen = "<|channel>", kChannelClose = "<channel|>";
-constexpr std::string_view kToolCallOpen = "<|tool_call>", kToolCallClose = "<tool_call|>";
 constexpr size_t kMaxChannelName = 64;  // "thought"; a longer first line is taken as the thought itself
 constexpr int kMaxDepth = 64;           // nesting of arguments; deeper is malformed (and bounds recursion)
 
@@ -86,38 +84,42 @@ class CallReader {
     return utf8::is_valid(out);
   }
 
-  bool object(json& out, int depth) {
-    if (depth > kMaxDepth || !consume("{")) return false;
-    out = json::object();
+  // "{…}" or "[…]": items separated by commas, whitespace allowed around them.
+  template <typename ReadItem>
+  bool items(std::string_view open, std::string_view close, int depth, ReadItem&& read_item) {
+    if (depth > kMaxDepth || !consume(open)) return false;
     skip_space();
-    if (consume("}")) return true;
+    if (consume(close)) return true;
     for (;;) {
-      std::string name;
-      json item;
       skip_space();
-      if (!key(name)) return false;
+      if (!read_item()) return false;
       skip_space();
-      if (!consume(":") || !value(item, depth + 1)) return false;
-      out[name] = std::move(item);
-      skip_space();
-      if (consume("}")) return true;
+      if (consume(close)) return true;
       if (!consume(",")) return false;
     }
   }
 
+  bool object(json& out, int depth) {
+    out = json::object();
+    return items("{", "}", depth, [&] {
+      std::string name;
+      json item;
+      if (!key(name)) return false;
+      skip_space();
+      if (!consume(":") || !value(item, depth + 1)) return false;
+      out[name] = std::move(item);
+      return true;
+    });
+  }
+
   bool array(json& out, int depth) {
-    if (depth > kMaxDepth || !consume("[")) return false;
     out = json::array();
-    skip_space();
-    if (consume("]")) return true;
-    for (;;) {
+    return items("[", "]", depth, [&] {
       json item;
       if (!value(item, depth + 1)) return false;
       out.push_back(std::move(item));
-      skip_space();
-      if (consume("]")) return true;
-      if (!consume(",")) return false;
-    }
+      return true;
+    });
   }
 
   // JSON's number grammar, read by the JSON library (which refuses what does not fit a double).
@@ -157,6 +159,12 @@ class CallReader {
 }  // namespace
 
 std::optional<ParsedToolCall> parse_gemma4_tool_call(std::string_view body) { return CallReader(body).call(); }
+
+void ParsedOutput::append(ParsedOutput other) {
+  content += other.content;
+  reasoning += other.reasoning;
+  for (ParsedToolCall& call : other.tool_calls) tool_calls.push_back(std::move(call));
+}
 
 ParsedOutput Gemma4OutputParser::push(std::string_view text) {
   ParsedOutput out;

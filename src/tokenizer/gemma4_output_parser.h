@@ -7,6 +7,7 @@
 //   for (piece : decoded text with special tokens) use(parser.push(piece));
 //   use(parser.finish());
 #pragma once
+#include <array>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,6 +16,12 @@
 #include <vector>
 
 namespace g4 {
+
+// The markers of a reply: a thought's start and end, a call's start and end, the string delimiter.
+inline constexpr std::string_view kChannelOpen = "<|channel>", kChannelClose = "<channel|>";
+inline constexpr std::string_view kToolCallOpen = "<|tool_call>", kToolCallClose = "<tool_call|>";
+inline constexpr std::array<std::string_view, 5> kGemma4OutputMarkers = {kChannelOpen, kChannelClose, kToolCallOpen,
+                                                                         kToolCallClose, "<|\"|>"};
 
 struct ParsedToolCall {
   std::string name;
@@ -26,6 +33,7 @@ struct ParsedOutput {
   std::string content, reasoning;
   std::vector<ParsedToolCall> tool_calls;
   bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty(); }
+  void append(ParsedOutput other);
 };
 
 // Parses the body of one call, "call:NAME{key:value,…}" (what lies between <|tool_call> and

@@ -35,6 +35,17 @@ bool bool_field(const json& body, const char* name) {
   return v.get<bool>();
 }
 
+// body[object][member] when given (null is absent): the object must be an object, the member a bool.
+std::optional<bool> nested_bool(const json& body, const char* object, const char* member) {
+  if (!body.contains(object) || body[object].is_null()) return std::nullopt;
+  const json& o = body[object];
+  if (!o.is_object()) throw bad(object, std::string("'") + object + "' must be an object");
+  if (!o.contains(member) || o[member].is_null()) return std::nullopt;
+  const std::string name = std::string(object) + "." + member;
+  if (!o[member].is_boolean()) throw bad(name, "'" + name + "' must be true or false");
+  return o[member].get<bool>();
+}
+
 // Checks one sampling value on its own with Sampler (the others at their valid defaults), so that
 // its error names this field.
 void check_sampling(const char* name, const SamplingParams& params) {
@@ -212,15 +223,7 @@ void parse_chat_options(const json& body, CompletionRequest& r) {
   auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
   if (given("tools")) r.chat.tools = parse_tools(body["tools"]);
   r.parse_tool_calls = !r.chat.tools.empty() && (!given("tool_choice") || tool_choice_parses(body["tool_choice"]));
-  if (given("chat_template_kwargs")) {
-    const json& kwargs = body["chat_template_kwargs"];
-    if (!kwargs.is_object()) throw bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    if (kwargs.contains("enable_thinking") && !kwargs["enable_thinking"].is_null()) {
-      if (!kwargs["enable_thinking"].is_boolean())
-        throw bad("chat_template_kwargs.enable_thinking", "'chat_template_kwargs.enable_thinking' must be true or false");
-      r.chat.enable_thinking = kwargs["enable_thinking"].get<bool>();
-    }
-  }
+  r.chat.enable_thinking = nested_bool(body, "chat_template_kwargs", "enable_thinking").value_or(false);
 }
 
 // Chat: logprobs (bool) and top_logprobs (0..20, needs logprobs); completions: logprobs (0..20).
@@ -313,15 +316,7 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
     throw bad("n", "'n' must be 1 (one choice per request)");
   if (body.contains("stop")) r.stop = parse_stop(body["stop"]);
   if (given("stream")) r.stream = bool_field(body, "stream");
-  if (given("stream_options")) {
-    const json& o = body["stream_options"];
-    if (!o.is_object()) throw bad("stream_options", "'stream_options' must be an object");
-    if (o.contains("include_usage") && !o["include_usage"].is_null()) {
-      if (!o["include_usage"].is_boolean())
-        throw bad("stream_options.include_usage", "'stream_options.include_usage' must be true or false");
-      r.include_usage = o["include_usage"].get<bool>();
-    }
-  }
+  r.include_usage = nested_bool(body, "stream_options", "include_usage").value_or(false);
   return r;
 }
 
