@@ -7,11 +7,10 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <span>
 
 #include "serve/openai_api.h"
-#include "serve/reply_text.h"
+#include "serve/reply_assembler.h"
 #include "tokenizer/chat_template.h"
 #include "util/error.h"
 
@@ -35,68 +34,6 @@ void send_error(httplib::Response& res, const ApiError& error) { send_json(res, 
 using Clock = std::chrono::steady_clock;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-// Turns one request's generated tokens into ReplyParts: text through ReplyText (UTF-8, the output
-// parser for chat, stop strings), calls with ids and JSON arguments, log-probabilities as shown.
-class ReplyAssembler {
- public:
-  ReplyAssembler(const Tokenizer& tokenizer, const CompletionRequest& request)
-      : tokenizer_(tokenizer),
-        text_(tokenizer, request.stop,
-              request.endpoint == Endpoint::kChat
-                  ? std::optional<OutputParserOptions>(OutputParserOptions{.parse_tool_calls = request.parse_tool_calls})
-                  : std::nullopt) {}
-
-  ReplyPart push(const SequenceEvent& event) {
-    ReplyPart part = convert(text_.push(event.drawn.token));
-    if (event.logprobs) part.logprobs.push_back(token_logprob(event.drawn.token, *event.logprobs));
-    return part;
-  }
-  ReplyPart finish() { return convert(text_.finish()); }
-  bool stopped() const { return text_.stopped(); }
-  bool made_tool_calls() const { return calls_ > 0; }
-
- private:
-  ReplyPart convert(ParsedOutput parsed) {
-    ReplyPart part;
-    part.content = std::move(parsed.content);
-    part.reasoning = std::move(parsed.reasoning);
-    for (const ParsedToolCall& call : parsed.tool_calls)
-      part.tool_calls.push_back({calls_++, tool_call_id(), call.name, dump(call.arguments)});
-    return part;
-  }
-
-  std::string text_of(int32_t id, std::vector<uint8_t>& bytes) const {
-    std::string raw;
-    tokenizer_.append_token_bytes(id, /*skip_special=*/false, raw);
-    bytes.assign(raw.begin(), raw.end());
-    return tokenizer_.decode(std::span(&id, 1));
-  }
-
-  TokenLogprob token_logprob(int32_t token, const TokenLogprobs& logprobs) {
-    TokenLogprob out;
-    out.token = text_of(token, out.bytes);
-    out.logprob = logprobs.logprob;
-    out.text_offset = text_offset_;
-    text_offset_ += out.token.size();
-    for (const auto& [id, logprob] : logprobs.top) {
-      out.top_bytes.emplace_back();
-      out.top.emplace_back(text_of(id, out.top_bytes.back()), logprob);
-    }
-    return out;
-  }
-
-  static std::string tool_call_id() {
-    thread_local std::mt19937_64 random{std::random_device{}()};
-    char id[32];
-    std::snprintf(id, sizeof id, "call_%016llx", static_cast<unsigned long long>(random()));
-    return id;
-  }
-
-  const Tokenizer& tokenizer_;
-  ReplyText text_;
-  size_t calls_ = 0, text_offset_ = 0;
-};
 
 // How one generation ended, as the handler saw it.
 struct Outcome {
