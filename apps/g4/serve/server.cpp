@@ -144,9 +144,13 @@ int Server::bind(const std::string& host, int port) {
   return bound;
 }
 
-void Server::listen() { http_->listen_after_bind(); }
+void Server::listen() {
+  if (!stop_requested_) http_->listen_after_bind();
+}
 
+// httplib's stop() acts only on a running server: the flag covers a stop() that comes first.
 void Server::stop() {
+  stop_requested_ = true;
   if (http_->is_running()) http_->stop();
 }
 

@@ -6,6 +6,7 @@
 //   int port = server.bind("127.0.0.1", 0);  // 0: any free port
 //   server.listen();                         // until stop()
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,7 +48,8 @@ class Server {
   // Serves until stop(); call after bind().
   void listen();
   // Stops accepting connections and makes listen() return once the requests in flight have
-  // finished (each runs to its end). Any thread may call it; g4 serve calls it on SIGINT/SIGTERM.
+  // finished (each runs to its end); called before listen(), listen() returns at once. Any thread
+  // may call it; g4 serve calls it on SIGINT/SIGTERM.
   void stop();
 
  private:
@@ -60,6 +62,7 @@ class Server {
   const Tokenizer& tokenizer_;
   ServerOptions options_;
   Metrics metrics_;
+  std::atomic<bool> stop_requested_{false};
   std::unique_ptr<httplib::Server> http_;
 };
 
