@@ -1,8 +1,10 @@
 // g4 serve (docs/DESIGN.md §8): the server runs in-process on a free port over the demo model and
 // is driven with httplib's client: the routes, a chat completion equal to what g4 run generates,
 // streaming equal to the whole answer, stop strings, concurrent requests equal to each alone, the
-// API key, and a 400 naming the field for each kind of bad input. ReplyText's hold-back rules
-// (whole UTF-8 characters, partial stop strings) are tested on byte tokens.
+// API key, a 400 naming the field for each kind of bad input, 404/413/429, tool messages rendered
+// as the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics,
+// stop() and SIGTERM on the binary. ReplyText's hold-back rules (whole UTF-8 characters, partial
+// stop strings) are tested on byte tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
