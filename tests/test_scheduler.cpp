@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -218,6 +219,57 @@ TEST(Scheduler, BadRequestsAreClearErrors) {
   EXPECT_NE(test::error_of([&] { Scheduler(engine->runner(), SchedulerOptions{.prefill_tokens_per_step = 1000}); })
                 .find("exceeds the forward workspace"),
             std::string::npos);
+}
+
+// Log-probabilities (docs/DESIGN.md §8) are the log-softmax of the model's own logits at the
+// position each token was drawn from — checked against the full logits of the whole sequence
+// computed afresh by a session (`g4 logits`' path), in a batch beside a request without them.
+TEST(Scheduler, LogprobsAreTheLogSoftmaxOfTheModelsLogits) {
+  auto engine = demo_engine(3);
+  Scheduler scheduler(engine->runner());
+  std::vector<SchedulerRequest> rs = requests();
+  rs[1].top_logprobs = 5;
+  rs[2].top_logprobs = 0;
+  rs[3].top_logprobs = -1;
+  std::map<RequestId, std::vector<SequenceEvent>> events;
+  std::vector<RequestId> ids;
+  for (int i = 1; i <= 3; ++i) ids.push_back(scheduler.add(rs[size_t(i)]));
+  while (!scheduler.idle())
+    for (SequenceEvent& e : scheduler.step()) events[e.id].push_back(std::move(e));
+  for (const SequenceEvent& e : events[ids[2]]) EXPECT_FALSE(e.logprobs) << "not asked for";
+
+  const int64_t vocab = engine->runner().model().config().vocab_size;
+  for (int k = 0; k < 2; ++k) {
+    const SchedulerRequest& r = rs[size_t(k + 1)];
+    std::vector<int32_t> sequence = r.prompt;
+    for (const SequenceEvent& e : events[ids[size_t(k)]]) sequence.push_back(e.drawn.token);
+    sequence.pop_back();  // the last drawn token is never fed
+    const std::vector<float> logits = engine->create_session()->logits_all(sequence);
+    const auto& drawn = events[ids[size_t(k)]];
+    ASSERT_EQ(drawn.size(), size_t(r.max_new_tokens));
+    for (size_t j = 0; j < drawn.size(); ++j) {
+      ASSERT_TRUE(drawn[j].logprobs);
+      const float* row = logits.data() + (r.prompt.size() - 1 + j) * size_t(vocab);
+      double max = row[0], sum = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) max = std::max(max, double(row[v]));
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
+      const double log_z = max + std::log(sum);
+      EXPECT_NEAR(drawn[j].logprobs->logprob, row[drawn[j].drawn.token] - log_z, 1e-4) << "token " << j;
+      ASSERT_EQ(drawn[j].logprobs->top.size(), size_t(r.top_logprobs));
+      for (size_t t = 0; t < drawn[j].logprobs->top.size(); ++t) {
+        const auto [id, logprob] = drawn[j].logprobs->top[t];
+        EXPECT_NEAR(logprob, row[id] - log_z, 1e-4);
+        if (t > 0) EXPECT_GE(drawn[j].logprobs->top[t - 1].second, logprob) << "most likely first";
+      }
+      if (!drawn[j].logprobs->top.empty()) {
+        const float* best = std::max_element(row, row + vocab);
+        EXPECT_EQ(drawn[j].logprobs->top[0].first, int32_t(best - row)) << "the argmax leads";
+      }
+    }
+  }
+  SchedulerRequest too_many = rs[0];
+  too_many.top_logprobs = 21;
+  EXPECT_NE(test::error_of([&] { scheduler.add(too_many); }).find("top_logprobs must be in [0, 20]"), std::string::npos);
 }
 
 }  // namespace

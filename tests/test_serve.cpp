@@ -1,11 +1,17 @@
 // g4 serve (docs/DESIGN.md §8): the server runs in-process on a free port over the demo model and
 // is driven with httplib's client: the routes, a chat completion equal to what g4 run generates,
 // streaming equal to the whole answer, stop strings, concurrent requests equal to each alone, the
-// API key, and a 400 naming the field for each kind of bad input. ReplyText's hold-back rules
-// (whole UTF-8 characters, partial stop strings) are tested on byte tokens.
+// API key, a 400 naming the field for each kind of bad input, 404/413/429, tool messages rendered
+// as the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics,
+// stop() and SIGTERM on the binary. ReplyText's hold-back rules (whole UTF-8 characters, partial
+// stop strings) are tested on byte tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -16,8 +22,10 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "serve/engine_worker.h"
+#include "serve/openai_api.h"
 #include "serve/reply_text.h"
 #include "serve/server.h"
+#include "support/running_server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -26,17 +34,20 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
-constexpr int64_t kContext = 96;
+constexpr int64_t kContext = 256;
+constexpr size_t kBodyLimit = 64 << 10;
 const std::string kKey = "test-key";
 const std::vector<int32_t> kStopIds = {1, 106, 50};
+const json kTools = json::array({{{"type", "function"},
+                                  {"function",
+                                   {{"name", "get_weather"},
+                                    {"description", "The weather in a city"},
+                                    {"parameters",
+                                     {{"type", "object"},
+                                      {"properties", {{"city", {{"type", "string"}, {"description", "The city"}}}}},
+                                      {"required", {"city"}}}}}}}});
 
-EngineOptions demo_options() {
-  EngineOptions o;
-  o.model_path = kDemo;
-  o.max_seq_len = kContext;
-  return o;
-}
+EngineOptions demo_options() { return test::demo_serve_options(kContext); }
 
 // One server for the whole suite (loading is the slow part).
 class Serve : public ::testing::Test {
@@ -45,22 +56,13 @@ class Serve : public ::testing::Test {
     serve::ServerOptions so;
     so.api_key = kKey;
     so.stop_ids = kStopIds;
-    worker_ = new serve::EngineWorker(demo_options(), {.max_sessions = 2, .max_waiting = 8}, [&](Engine& engine) {
-      tokenizer_ = new Tokenizer(Tokenizer::from_json(*engine.tokenizer_json()));
-    });
-    server_ = new serve::Server(*worker_, *tokenizer_, so);
-    port_ = server_->bind("127.0.0.1", 0);
-    thread_ = new std::thread([] { server_->listen(); });
-    for (int i = 0; i < 200 && !client().Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    so.max_body_bytes = kBodyLimit;
+    running_ = new test::RunningServer(kContext, {.max_sessions = 2, .max_waiting = 8}, so);
+    worker_ = &running_->worker();
+    tokenizer_ = &running_->tokenizer();
+    port_ = running_->port();
   }
-  static void TearDownTestSuite() {
-    server_->stop();
-    thread_->join();
-    delete thread_;
-    delete server_;
-    delete worker_;
-    delete tokenizer_;
-  }
+  static void TearDownTestSuite() { delete running_; }
 
   static httplib::Client client(bool with_key = true) {
     httplib::Client c("127.0.0.1", port_);
@@ -100,10 +102,9 @@ class Serve : public ::testing::Test {
             {"temperature", 0}};
   }
 
+  static inline test::RunningServer* running_ = nullptr;
   static inline serve::EngineWorker* worker_ = nullptr;
-  static inline serve::Server* server_ = nullptr;
-  static inline Tokenizer* tokenizer_ = nullptr;
-  static inline std::thread* thread_ = nullptr;
+  static inline const Tokenizer* tokenizer_ = nullptr;
   static inline int port_ = 0;
 };
 
@@ -246,14 +247,13 @@ TEST_F(Serve, ClientDisconnectCancelsTheStream) {
   for (std::thread& t : threads) t.join();
 }
 
-TEST_F(Serve, AFullQueueIsBusy) {
+TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {
   // One session, no queue: while a request runs, the next is refused at once.
-  serve::EngineWorker worker(demo_options(), {.max_sessions = 1, .max_waiting = 0});
   serve::ServerOptions so;
   so.stop_ids = {};  // the first request runs to its max_new_tokens
-  serve::Server server(worker, *tokenizer_, so);
-  const int port = server.bind("127.0.0.1", 0);
-  std::thread listening([&] { server.listen(); });
+  test::RunningServer server(kContext, {.max_sessions = 1, .max_waiting = 0}, so);
+  serve::EngineWorker& worker = server.worker();
+  const int port = server.port();
   SchedulerRequest running;
   running.prompt = {2, 17, 30};
   running.sampling = SamplingParams{.temperature = 0.0f};
@@ -267,18 +267,18 @@ TEST_F(Serve, AFullQueueIsBusy) {
   // (The socket listens from bind() on: a request before listen() waits in the backlog.)
   const httplib::Result busy = c.Post("/v1/completions", json{{"prompt", "hi"}}.dump(), "application/json");
   ASSERT_TRUE(busy);
-  EXPECT_EQ(busy->status, 503) << busy->body;
-  EXPECT_EQ(json::parse(busy->body)["error"]["type"], "server_busy");
+  EXPECT_EQ(busy->status, 429) << busy->body;
+  EXPECT_EQ(busy->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(busy->body)["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(json::parse(busy->body)["error"]["code"], "server_busy");
   // Once the first request has ended, there is room again.
   EXPECT_FALSE(first->wait_admitted());
   for (bool last = false; !last;)
-    for (const DecodedToken& t : first->take()) last = last || t.last();
+    for (const SequenceEvent& t : first->take()) last = last || t.drawn.last();
   // (The count drops before the last token goes out, so the room is there at once.)
   const httplib::Result next = c.Post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(), "application/json");
   ASSERT_TRUE(next);
   EXPECT_EQ(next->status, 200) << next->body;
-  server.stop();
-  listening.join();
 }
 
 TEST_F(Serve, ApiKeyIsRequired) {
@@ -298,7 +298,7 @@ TEST_F(Serve, ApiKeyIsRequired) {
 TEST_F(Serve, BadInputIsA400NamingTheField) {
   const json user = json::array({{{"role", "user"}, {"content", "hi"}}});
   std::string long_prompt;
-  for (int i = 0; i < 200; ++i) long_prompt += "word" + std::to_string(i) + " ";
+  for (int i = 0; i < 600; ++i) long_prompt += "word" + std::to_string(i) + " ";
   struct Case {
     std::string path;
     std::string body;
@@ -323,6 +323,20 @@ TEST_F(Serve, BadInputIsA400NamingTheField) {
       {"/v1/chat/completions", json{{"messages", user}, {"stream", "yes"}}.dump(), "stream"},
       {"/v1/chat/completions", json{{"messages", user}, {"n", 2}}.dump(), "n"},
       {"/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", long_prompt}}}}}.dump(), "messages"},
+      {"/v1/chat/completions", json{{"messages", {{{"role", "tool"}, {"content", "42"}}}}}.dump(), "messages[0].role"},
+      {"/v1/chat/completions",
+       json{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "x"}}}}}}}}.dump(),
+       "messages[0].content"},
+      {"/v1/chat/completions",
+       json{{"messages", {{{"role", "assistant"}, {"tool_calls", {{{"function", {{"name", 3}}}}}}}}}}.dump(),
+       "messages[0].tool_calls[0].function.name"},
+      {"/v1/chat/completions", json{{"messages", user}, {"tools", {{{"type", "code"}}}}}.dump(), "tools[0]"},
+      {"/v1/chat/completions", json{{"messages", user}, {"tools", kTools}, {"tool_choice", "always"}}.dump(), "tool_choice"},
+      {"/v1/chat/completions", json{{"messages", user}, {"chat_template_kwargs", {{"enable_thinking", "on"}}}}.dump(),
+       "chat_template_kwargs.enable_thinking"},
+      {"/v1/chat/completions", json{{"messages", user}, {"logprobs", true}, {"top_logprobs", 21}}.dump(), "top_logprobs"},
+      {"/v1/chat/completions", json{{"messages", user}, {"top_logprobs", 2}}.dump(), "top_logprobs"},
+      {"/v1/completions", json{{"prompt", "hi"}, {"logprobs", -1}}.dump(), "logprobs"},
       {"/v1/completions", json{{"max_tokens", 4}}.dump(), "prompt"},
       {"/v1/completions", json{{"prompt", long_prompt}}.dump(), "prompt"},
   };
@@ -338,6 +352,224 @@ TEST_F(Serve, BadInputIsA400NamingTheField) {
   }
   // The server goes on serving.
   EXPECT_EQ(post("/v1/chat/completions", chat("hi", 2))["object"], "chat.completion");
+}
+
+TEST_F(Serve, UnknownModelIs404AndAnOversizedBodyIs413) {
+  httplib::Result r = client().Post("/v1/chat/completions", json{{"model", "gpt-9"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump(),
+                                    "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "model");
+  r = client().Post("/v1/completions", json{{"prompt", std::string(kBodyLimit + 1, 'a')}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "request_too_large");
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 1}, {"model", "g4-demo"}})["object"], "text_completion");
+}
+
+const json kToolRoundTrip = json::array(
+    {{{"role", "system"}, {"content", "You answer briefly."}},
+     {{"role", "user"}, {"content", "What is the weather in Paris?"}},
+     {{"role", "assistant"},
+      {"content", nullptr},
+      {"tool_calls",
+       {{{"id", "call_1"}, {"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}}}},
+     {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "{\"temperature\": 21, \"sky\": \"clear\"}"}}});
+
+// OpenAI's tool messages become the tool responses of the call they answer, as the template
+// writes them: the model's turn stays open for its answer.
+TEST_F(Serve, ToolResultsReachTheTemplateAsToolResponses) {
+  const json body = {{"messages", kToolRoundTrip}, {"tools", kTools}, {"max_tokens", 3}, {"temperature", 0}};
+  const serve::CompletionRequest request = serve::parse_completion_request(body.dump(), serve::Endpoint::kChat);
+  EXPECT_TRUE(request.parse_tool_calls);
+  const std::string rendered = format_gemma4_chat(request.messages, request.chat);
+  const std::string expected =
+      "<bos><|turn>system\nYou answer briefly.<|tool>declaration:get_weather{description:<|\"|>The weather in a "
+      "city<|\"|>,parameters:{properties:{city:{description:<|\"|>The city<|\"|>,type:<|\"|>STRING<|\"|>}},"
+      "required:[<|\"|>city<|\"|>],type:<|\"|>OBJECT<|\"|>}}<tool|><turn|>\n<|turn>user\nWhat is the weather in "
+      "Paris?<turn|>\n<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"
+      "<|tool_response>response:get_weather{sky:<|\"|>clear<|\"|>,temperature:21}<tool_response|>"
+      "<|channel>thought\n<channel|>";
+  EXPECT_EQ(rendered, expected);
+  const json answer = post("/v1/chat/completions", body);
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], tokenizer_->encode(expected, /*parse_special=*/true).size());
+  EXPECT_EQ(answer["choices"][0]["message"]["role"], "assistant");
+  // Thinking on: "<|think|>" in the system turn, no empty thought channel.
+  json thinking = body;
+  thinking["chat_template_kwargs"] = {{"enable_thinking", true}};
+  const serve::CompletionRequest on = serve::parse_completion_request(thinking.dump(), serve::Endpoint::kChat);
+  const std::string with_thinking = format_gemma4_chat(on.messages, on.chat);
+  EXPECT_EQ(with_thinking.rfind("<bos><|turn>system\n<|think|>\nYou answer briefly.", 0), 0u);
+  EXPECT_EQ(with_thinking.find("<|channel>thought\n<channel|>"), std::string::npos);
+  EXPECT_EQ(post("/v1/chat/completions", thinking)["object"], "chat.completion");
+}
+
+// The model's side of a tool call, token by token through ReplyText as the server reads replies:
+// thoughts become reasoning, the call a parsed call, other special tokens are dropped.
+TEST_F(Serve, ModelOutputBecomesReasoningAndToolCalls) {
+  std::vector<int32_t> ids = tokenizer_->encode(
+      "<|channel>thought\nThe user wants weather.<channel|>Let me check.<bos><|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,"
+      "days:2}<tool_call|>",
+      /*parse_special=*/true);
+  serve::ReplyText text(*tokenizer_, {}, OutputParserOptions{.parse_tool_calls = true});
+  ParsedOutput all;
+  for (int32_t id : ids) all.append(text.push(id));
+  all.append(text.finish());
+  EXPECT_EQ(all.reasoning, "The user wants weather.");
+  EXPECT_EQ(all.content, "Let me check.");
+  ASSERT_EQ(all.tool_calls.size(), 1u);
+  EXPECT_EQ(all.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(all.tool_calls[0].arguments, (json{{"city", "Paris"}, {"days", 2}}));
+  // A malformed call is content, as written.
+  serve::ReplyText malformed(*tokenizer_, {}, OutputParserOptions{.parse_tool_calls = true});
+  ParsedOutput kept;
+  for (int32_t id : tokenizer_->encode("<|tool_call>call:get_weather{city:Paris}<tool_call|>", true)) kept.append(malformed.push(id));
+  kept.append(malformed.finish());
+  EXPECT_TRUE(kept.tool_calls.empty());
+  EXPECT_EQ(kept.content, "<|tool_call>call:get_weather{city:Paris}<tool_call|>");
+}
+
+void expect_logprob_entry(const json& entry, size_t top) {
+  EXPECT_LE(entry["logprob"].get<double>(), 0.0);
+  EXPECT_TRUE(entry["bytes"].is_array());
+  ASSERT_EQ(entry["top_logprobs"].size(), top);
+  for (size_t i = 1; i < top; ++i)
+    EXPECT_GE(entry["top_logprobs"][i - 1]["logprob"].get<double>(), entry["top_logprobs"][i]["logprob"].get<double>());
+  // Greedy: the drawn token is the most likely one.
+  EXPECT_EQ(entry["token"], entry["top_logprobs"][0]["token"]);
+  EXPECT_DOUBLE_EQ(entry["logprob"].get<double>(), entry["top_logprobs"][0]["logprob"].get<double>());
+}
+
+TEST_F(Serve, LogprobsOfEveryGeneratedToken) {
+  json body = chat("Tell me a fortune.", 6);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const json answer = post("/v1/chat/completions", body);
+  const json& content = answer["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), answer["usage"]["completion_tokens"].get<size_t>());
+  for (const json& entry : content) expect_logprob_entry(entry, 3);
+  body["stream"] = true;
+  size_t streamed = 0;
+  for (const std::string& e : events("/v1/chat/completions", body)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"];
+    const json logprobs = c.empty() ? json() : c[0].value("logprobs", json());
+    if (logprobs.is_null()) continue;
+    for (const json& entry : logprobs["content"]) {
+      expect_logprob_entry(entry, 3);
+      ++streamed;
+    }
+  }
+  EXPECT_EQ(streamed, content.size());
+  const json completion = post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}});
+  const json& lp = completion["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), completion["usage"]["completion_tokens"].get<size_t>());
+  ASSERT_EQ(lp["token_logprobs"].size(), lp["tokens"].size());
+  ASSERT_EQ(lp["top_logprobs"].size(), lp["tokens"].size());
+  ASSERT_EQ(lp["text_offset"].size(), lp["tokens"].size());
+  for (const json& top : lp["top_logprobs"]) EXPECT_GE(top.size(), 1u);
+  EXPECT_TRUE(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 1}})["choices"][0]["logprobs"].is_null());
+}
+
+double metric(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  EXPECT_NE(at, std::string::npos) << name << " not in\n" << text;
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+TEST_F(Serve, MetricsCountRequestsTokensAndShowEverySessionFreed) {
+  const json answer = post("/v1/chat/completions", chat("hi", 3));
+  const std::string counted = "g4_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}";
+  std::string text;
+  for (int i = 0; i < 200 && text.find(counted) == std::string::npos; ++i) {
+    httplib::Result r = client(/*with_key=*/false).Get("/metrics");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    text = r->body;
+  }
+  EXPECT_NE(text.find(counted), std::string::npos) << text;
+  EXPECT_GE(metric(text, "g4_generated_tokens_total"), answer["usage"]["completion_tokens"].get<double>());
+  EXPECT_GE(metric(text, "g4_prompt_tokens_total"), answer["usage"]["prompt_tokens"].get<double>());
+  EXPECT_EQ(metric(text, "g4_running_sequences"), 0);
+  EXPECT_EQ(metric(text, "g4_queue_depth"), 0);
+  EXPECT_EQ(metric(text, "g4_kv_bytes_in_use"), 0);
+  EXPECT_GT(metric(text, "g4_kv_bytes_budget"), 0);
+  EXPECT_GE(metric(text, "g4_time_to_first_token_seconds_count"), 1);
+  EXPECT_GE(metric(text, "g4_decode_token_seconds_count"), 1);
+  for (const char* type : {"# TYPE g4_requests_total counter", "# TYPE g4_time_to_first_token_seconds histogram",
+                           "g4_decode_token_seconds_bucket{le=\"+Inf\"}", "# TYPE g4_kv_bytes_in_use gauge"})
+    EXPECT_NE(text.find(type), std::string::npos) << type;
+}
+
+// stop() (what SIGINT/SIGTERM trigger in g4 serve) lets a stream in flight finish, then listen()
+// returns.
+TEST_F(Serve, StopFinishesTheRequestsInFlight) {
+  serve::ServerOptions so;
+  so.stop_ids = {};
+  test::RunningServer running(kContext, {.max_sessions = 1, .max_waiting = 0}, so);
+  const int port = running.port();
+  std::atomic<bool> started{false};
+  std::string body;
+  std::thread streaming([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/completions";
+    request.headers = {{"Content-Type", "application/json"}};
+    request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 40}, {"stream", true}}.dump();
+    request.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      body.append(data, n);
+      started = true;
+      return true;
+    };
+    c.send(request);
+  });
+  for (int i = 0; i < 1000 && !started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(started);
+  running.stop();  // returns once listen() has returned
+  streaming.join();
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << "the stream in flight was cut:\n" << body;
+  EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);
+}
+
+// The binary: SIGTERM (and SIGINT) stop g4 serve gracefully, with exit status 0.
+TEST(ServeCli, SigtermStopsTheServerWithExitStatusZero) {
+  for (int signal_number : {SIGTERM, SIGINT}) {
+    int err[2];
+    ASSERT_EQ(pipe(err), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      dup2(err[1], 2);
+      close(err[0]);
+      execl(G4_BINARY, G4_BINARY, "serve", "--port", "0", "--max_seq_len", "64", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(err[1]);
+    std::string log;
+    int port = 0;
+    const std::string marker = "listening on http://127.0.0.1:";
+    char buffer[512];
+    for (ssize_t n; port == 0 && (n = read(err[0], buffer, sizeof buffer)) > 0;) {
+      log.append(buffer, size_t(n));
+      if (const size_t at = log.find(marker); at != std::string::npos && log.find('\n', at) != std::string::npos)
+        port = std::stoi(log.substr(at + marker.size()));
+    }
+    ASSERT_GT(port, 0) << log;
+    httplib::Client c("127.0.0.1", port);
+    const httplib::Result health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+    kill(pid, signal_number);
+    for (ssize_t n; (n = read(err[0], buffer, sizeof buffer)) > 0;) log.append(buffer, size_t(n));
+    close(err[0]);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
+    EXPECT_NE(log.find("g4 serve: stopped"), std::string::npos) << log;
+  }
 }
 
 // ---- ReplyText, on byte-fallback tokens (one byte each) ----
@@ -357,30 +589,30 @@ std::vector<int32_t> byte_ids(const Tokenizer& tokenizer, const std::string& byt
 TEST_F(Serve, ReplyTextNeverSplitsACharacter) {
   serve::ReplyText text(*tokenizer_, {});
   std::vector<std::string> pieces;
-  for (int32_t id : byte_ids(*tokenizer_, "a\xE2\x98\x83" "b")) pieces.push_back(text.push(id));  // a☃b
+  for (int32_t id : byte_ids(*tokenizer_, "a\xE2\x98\x83" "b")) pieces.push_back(text.push(id).content);  // a☃b
   EXPECT_EQ(pieces, (std::vector<std::string>{"a", "", "", "\xE2\x98\x83", "b"}));
-  EXPECT_EQ(text.finish(), "");
+  EXPECT_EQ(text.finish().content, "");
 }
 
 TEST_F(Serve, ReplyTextHoldsBackAPartialStopString) {
   serve::ReplyText cut(*tokenizer_, {"XYZ"});
   std::string sent;
-  for (int32_t id : byte_ids(*tokenizer_, "abXY")) sent += cut.push(id);
+  for (int32_t id : byte_ids(*tokenizer_, "abXY")) sent += cut.push(id).content;
   EXPECT_EQ(sent, "ab") << "XY may begin the stop string";
-  EXPECT_EQ(cut.push(byte_ids(*tokenizer_, "Z")[0]), "");
+  EXPECT_EQ(cut.push(byte_ids(*tokenizer_, "Z")[0]).content, "");
   EXPECT_TRUE(cut.stopped());
-  EXPECT_EQ(cut.push(byte_ids(*tokenizer_, "q")[0]), "") << "nothing after the stop string";
+  EXPECT_EQ(cut.push(byte_ids(*tokenizer_, "q")[0]).content, "") << "nothing after the stop string";
 
   serve::ReplyText released(*tokenizer_, {"XYZ"});
   sent.clear();
-  for (int32_t id : byte_ids(*tokenizer_, "abXYq")) sent += released.push(id);
+  for (int32_t id : byte_ids(*tokenizer_, "abXYq")) sent += released.push(id).content;
   EXPECT_EQ(sent, "abXYq") << "XYq cannot begin the stop string: all of it goes";
   EXPECT_FALSE(released.stopped());
 
   serve::ReplyText ended(*tokenizer_, {"XYZ"});
   sent.clear();
-  for (int32_t id : byte_ids(*tokenizer_, "abX")) sent += ended.push(id);
-  EXPECT_EQ(sent + ended.finish(), "abX") << "at the end a partial match is plain text";
+  for (int32_t id : byte_ids(*tokenizer_, "abX")) sent += ended.push(id).content;
+  EXPECT_EQ(sent + ended.finish().content, "abX") << "at the end a partial match is plain text";
 }
 
 }  // namespace

@@ -10,6 +10,13 @@
 #include "generation_flags.h"
 #include "util/error.h"
 #if G4_WITH_SERVER
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
 #include "serve/engine_worker.h"
 #include "serve/server.h"
 #endif
@@ -23,7 +30,49 @@ struct ServeOptions {
   std::string host = "127.0.0.1", api_key;
   int port = 8080;
   int64_t max_sessions = 4, max_waiting = 64;
+  int64_t max_body_bytes = 8 << 20;
 };
+
+#if G4_WITH_SERVER
+// SIGINT and SIGTERM stop the server gracefully (docs/DESIGN.md §8) without work in a signal
+// handler: the signals are blocked in every thread (threads inherit the mask, so it is set before
+// any starts) and one thread waits for them with sigwait, then calls the stop function.
+class ShutdownSignals {
+ public:
+  ShutdownSignals() {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, &previous_);
+  }
+  ~ShutdownSignals() {
+    if (waiter_.joinable()) {
+      finished_ = true;
+      pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes the waiter if no signal came
+      waiter_.join();
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  ShutdownSignals(const ShutdownSignals&) = delete;
+  ShutdownSignals& operator=(const ShutdownSignals&) = delete;
+
+  void on_signal(std::function<void()> stop) {
+    waiter_ = std::thread([this, stop = std::move(stop)] {
+      int received = 0;
+      sigwait(&signals_, &received);
+      if (finished_) return;
+      std::fprintf(stderr, "g4 serve: %s: finishing the requests in flight, then stopping\n",
+                   received == SIGINT ? "SIGINT" : "SIGTERM");
+      stop();
+    });
+  }
+
+ private:
+  sigset_t signals_{}, previous_{};
+  std::atomic<bool> finished_{false};
+  std::thread waiter_;
+};
+#endif
 
 #if !G4_WITH_SERVER
 void serve(const ServeOptions&) {
@@ -37,6 +86,7 @@ void serve(const ServeOptions& o) {
   G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
   G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));
 
+  ShutdownSignals signals;  // before any thread starts
   serve::ServerOptions so;
   std::optional<Tokenizer> tokenizer;
   serve::EngineWorker worker(engine_options(o.gen), {o.max_sessions, o.max_waiting}, [&](Engine& engine) {
@@ -58,6 +108,8 @@ void serve(const ServeOptions& o) {
   so.api_key = o.api_key;
   so.bos_id = o.gen.bos_id;
   so.default_max_tokens = o.gen.max_new_tokens;
+  G4_CHECK(o.max_body_bytes >= 1024, "--max_body_bytes must be >= 1024, got " + std::to_string(o.max_body_bytes));
+  so.max_body_bytes = size_t(o.max_body_bytes);
   G4_CHECK(so.default_max_tokens >= 1, "--max_new_tokens (the default max_tokens) must be >= 1");
 
   serve::Server server(worker, *tokenizer, so);
@@ -65,7 +117,9 @@ void serve(const ServeOptions& o) {
   std::fprintf(stderr, "g4 serve: model %s, %lld sessions of %lld tokens; listening on http://%s:%d\n",
                so.model_id.c_str(), static_cast<long long>(o.max_sessions),
                static_cast<long long>(worker.max_seq_len()), o.host.c_str(), port);
+  signals.on_signal([&server] { server.stop(); });
   server.listen();
+  std::fprintf(stderr, "g4 serve: stopped\n");
 }
 #endif
 
@@ -83,7 +137,10 @@ void add_serve_command(CLI::App& app) {
                   "Requests generated at once (each holds a KV cache of --max_seq_len)")
       ->capture_default_str();
   cmd->add_option("--max_waiting,--max-waiting", o->max_waiting,
-                  "Requests queued beyond those; more are answered 503 (busy)")
+                  "Requests queued beyond those; more are answered 429 (busy, with Retry-After)")
+      ->capture_default_str();
+  cmd->add_option("--max_body_bytes,--max-body-bytes", o->max_body_bytes,
+                  "Larger request bodies are answered 413")
       ->capture_default_str();
   cmd->footer("Sampling flags set the defaults of requests that leave a field out; -n is the default max_tokens.\n"
               "Example: curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' "

@@ -25,9 +25,13 @@ RequestId Scheduler::add(const SchedulerRequest& request) {
   G4_CHECK(bytes <= pool.budget_bytes(), "out of KV memory: " + std::to_string(bytes) +
                                              " bytes requested, more than the whole budget of " +
                                              std::to_string(pool.budget_bytes()) + " bytes");
+  G4_CHECK(request.top_logprobs >= -1 && request.top_logprobs <= kMaxTopLogprobs,
+           "top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "] (or -1: none), got " +
+               std::to_string(request.top_logprobs));
   G4_CHECK(waiting_.size() < max_waiting_,
            "busy: " + std::to_string(waiting_.size()) + " requests are waiting (the queue's bound); try again later");
-  waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, -1, false});
+  waiting_.push_back(
+      Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, -1, false, request.top_logprobs});
   return next_id_++;
 }
 
@@ -53,17 +57,31 @@ std::vector<SequenceEvent> Scheduler::step() {
   return events;
 }
 
+std::vector<float> Scheduler::logprob_rows(std::span<Sequence* const> rows, const Tensor& logits) {
+  const bool wanted = std::any_of(rows.begin(), rows.end(), [](const Sequence* s) { return s->top_logprobs >= 0; });
+  if (!wanted) return {};
+  std::vector<float> host(size_t(logits.numel()));
+  runner_.backend().download(logits, host.data());
+  return host;
+}
+
 void Scheduler::draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events) {
   std::vector<SamplingParams> params;
   for (const Sequence* s : rows) params.push_back(s->generation.next_params());
-  const std::vector<int32_t> tokens =
-      runner_.sample(runner_.workspace_logits(int64_t(rows.size())).logits, params);
+  const Tensor logits = runner_.workspace_logits(int64_t(rows.size())).logits;
+  const std::vector<float> host_logits = logprob_rows(rows, logits);  // read before the draw
+  const std::vector<int32_t> tokens = runner_.sample(logits, params);
   for (size_t i = 0; i < rows.size(); ++i) {
     Sequence& s = *rows[i];
     const StopReason stop = s.generation.record(tokens[i], s.kv.position(), s.kv.max_seq_len());
     s.ended = stop != StopReason::kNone;
     s.pending = s.ended ? -1 : tokens[i];
-    events.push_back(SequenceEvent{s.id, DecodedToken{tokens[i], stop}});
+    SequenceEvent event{s.id, DecodedToken{tokens[i], stop}, std::nullopt};
+    if (s.top_logprobs >= 0) {
+      const std::span<const float> row(host_logits.data() + i * size_t(logits.cols), size_t(logits.cols));
+      event.logprobs = token_logprobs(row, tokens[i], s.top_logprobs);
+    }
+    events.push_back(std::move(event));
   }
 }
 

@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <optional>
 #include <vector>
 
 #include "runtime/generation.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_runner.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
 
 namespace g4 {
@@ -25,6 +27,9 @@ struct SchedulerRequest {
   SamplingParams sampling;           // validated by add(); sampling.seed draws token 0
   int64_t max_new_tokens = 128;      // >= 1
   std::vector<int32_t> stop_ids{1};
+  // -1: no log-probabilities; 0..kMaxTopLogprobs: each drawn token's, and that many alternatives
+  // (docs/DESIGN.md §8: the model's distribution, read back from the logits the token was drawn from).
+  int32_t top_logprobs = -1;
 };
 
 using RequestId = uint64_t;
@@ -34,6 +39,7 @@ using RequestId = uint64_t;
 struct SequenceEvent {
   RequestId id = 0;
   DecodedToken drawn;
+  std::optional<TokenLogprobs> logprobs;  // when the request asked for them
 };
 
 struct SchedulerOptions {
@@ -73,6 +79,7 @@ class Scheduler {
     KvSequence kv;
     int32_t pending = -1;  // drawn, to be fed by the next decode
     bool ended = false;
+    int32_t top_logprobs = -1;
   };
   struct PrefillChunk {
     Sequence* sequence;
@@ -84,6 +91,9 @@ class Scheduler {
   void run_prefill(std::span<const PrefillChunk> chunks, std::vector<SequenceEvent>& events);
   // Draws the token of each row of `rows`, from the logits the last forward left in the workspace.
   void draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events);
+  // The logits rows of the rows that asked for log-probabilities, read back from the backend
+  // (empty when none asked).
+  std::vector<float> logprob_rows(std::span<Sequence* const> rows, const Tensor& logits);
   void drop_ended();
 
   ModelRunner& runner_;

@@ -11,10 +11,10 @@ std::optional<std::string> RequestChannel::wait_admitted() {
   return failure_;
 }
 
-std::vector<DecodedToken> RequestChannel::take() {
+std::vector<SequenceEvent> RequestChannel::take() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return !tokens_.empty() || !failure_.empty(); });
-  std::vector<DecodedToken> out(tokens_.begin(), tokens_.end());
+  std::vector<SequenceEvent> out(std::make_move_iterator(tokens_.begin()), std::make_move_iterator(tokens_.end()));
   tokens_.clear();
   return out;
 }
@@ -30,9 +30,9 @@ void RequestChannel::admit() {
   changed_.notify_all();
 }
 
-void RequestChannel::push(const DecodedToken& token) {
+void RequestChannel::push(SequenceEvent token) {
   std::lock_guard lock(mutex_);
-  tokens_.push_back(token);
+  tokens_.push_back(std::move(token));
   changed_.notify_all();
 }
 
@@ -62,6 +62,7 @@ EngineWorker::EngineWorker(EngineOptions engine_options, WorkerOptions options,
   SchedulerOptions so;
   so.max_waiting = max_in_flight_;  // submit() bounds the queue first, so add() never answers "busy"
   scheduler_ = std::make_unique<Scheduler>(engine_->runner(), so);
+  update_gauges();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -114,7 +115,7 @@ void EngineWorker::run() {
     size_t ended_now = 0;
     // The last tokens go out after the count drops, so a client that sends its next request as
     // soon as it has its answer finds the room its last one left.
-    std::vector<std::pair<std::shared_ptr<RequestChannel>, DecodedToken>> last_tokens;
+    std::vector<std::pair<std::shared_ptr<RequestChannel>, SequenceEvent>> last_tokens;
     // Admissions first, so that a request cancelled as soon as it was submitted is found.
     for (auto& [request, channel] : submitted) {
       try {
@@ -131,20 +132,20 @@ void EngineWorker::run() {
       if (channel->id_ == 0 || it == requests_.end() || it->second != channel) continue;  // ended already
       scheduler_->cancel(channel->id_);
       requests_.erase(it);
-      last_tokens.emplace_back(channel, DecodedToken{-1, StopReason::kCancelled});
+      last_tokens.emplace_back(channel, SequenceEvent{channel->id_, DecodedToken{-1, StopReason::kCancelled}, {}});
       ++ended_now;
       ++cancelled_count_;
     }
     if (!scheduler_->idle()) {
       try {
-        for (const SequenceEvent& event : scheduler_->step()) {
+        for (SequenceEvent& event : scheduler_->step()) {
           auto it = requests_.find(event.id);
           if (it == requests_.end()) continue;
           if (!event.drawn.last()) {
-            it->second->push(event.drawn);
+            it->second->push(std::move(event));
             continue;
           }
-          last_tokens.emplace_back(it->second, event.drawn);
+          last_tokens.emplace_back(it->second, std::move(event));
           requests_.erase(it);
           ++ended_now;
         }
@@ -154,14 +155,37 @@ void EngineWorker::run() {
         fail_all(std::string("the engine failed: ") + e.what());
       }
     }
+    update_gauges();
     ended(ended_now);
-    for (const auto& [channel, token] : last_tokens) channel->push(token);
+    for (auto& [channel, token] : last_tokens) channel->push(std::move(token));
     lock.lock();
   }
   lock.unlock();
   ended(requests_.size());
   fail_all("the server is stopping");
   for (auto& [request, channel] : submitted_) channel->fail("the server is stopping");
+}
+
+void EngineWorker::update_gauges() {
+  EngineGauges g;
+  g.waiting = scheduler_->waiting();
+  g.running = scheduler_->running();
+  const KvPool& pool = engine_->kv_pool();
+  g.kv_bytes_in_use = pool.bytes_in_use();
+  g.kv_bytes_kept = pool.bytes_kept();
+  g.kv_budget_bytes = pool.budget_bytes();
+  std::lock_guard lock(gauges_mutex_);
+  gauges_ = g;
+}
+
+EngineGauges EngineWorker::gauges() const {
+  std::lock_guard lock(gauges_mutex_);
+  EngineGauges g = gauges_;
+  {
+    std::lock_guard queue(mutex_);
+    g.waiting += submitted_.size();  // handed over, not yet in the scheduler
+  }
+  return g;
 }
 
 void EngineWorker::fail_all(const std::string& why) {

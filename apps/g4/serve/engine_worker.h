@@ -18,6 +18,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
+#include "serve/metrics.h"
 
 namespace g4::serve {
 
@@ -30,12 +31,12 @@ class RequestChannel {
   std::optional<std::string> wait_admitted();
   // Blocks until there are tokens or a failure; returns the tokens since the last call. An empty
   // result means the engine failed: failure() says why.
-  std::vector<DecodedToken> take();
+  std::vector<SequenceEvent> take();
   std::string failure() const;
 
   // ---- the engine thread's side ----
   void admit();
-  void push(const DecodedToken& token);
+  void push(SequenceEvent token);
   // Refused before admission (wait_admitted() returns why) or failed after it (take() returns
   // nothing, failure() says why).
   void fail(std::string why);
@@ -46,13 +47,13 @@ class RequestChannel {
   std::condition_variable changed_;
   bool decided_ = false, admitted_ = false;
   std::string failure_;
-  std::deque<DecodedToken> tokens_;
+  std::deque<SequenceEvent> tokens_;
   RequestId id_ = 0;  // the scheduler's id; only the engine thread reads or writes it
 };
 
 struct WorkerOptions {
   int64_t max_sessions = 4;  // sequences running at once (their KV caches are reserved)
-  int64_t max_waiting = 64;  // requests waiting beyond those; more get "busy"
+  int64_t max_waiting = 64;  // requests waiting beyond those; more get "busy" (HTTP 429)
 };
 
 class EngineWorker {
@@ -71,6 +72,8 @@ class EngineWorker {
   int64_t max_seq_len() const { return max_seq_len_; }
   // Requests cancelled while running or waiting so far (a stop string, a client that went away).
   uint64_t cancelled() const { return cancelled_count_.load(); }
+  // Queue depth, running sequences and KV bytes, as of the engine thread's last step.
+  EngineGauges gauges() const;
 
   // Queues a request for the engine thread, or returns nullptr when max_sessions + max_waiting
   // requests are already in flight (the caller answers "busy").
@@ -83,6 +86,7 @@ class EngineWorker {
   void start_submitted(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted);
   void fail_all(const std::string& why);
   void ended(size_t requests);  // that many requests left the engine: room for others
+  void update_gauges();
 
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -90,7 +94,7 @@ class EngineWorker {
   size_t max_in_flight_ = 0;
   std::atomic<uint64_t> cancelled_count_{0};
 
-  std::mutex mutex_;  // guards what follows
+  mutable std::mutex mutex_;  // guards what follows
   std::condition_variable work_;
   bool stopping_ = false;
   size_t in_flight_ = 0;
@@ -99,6 +103,8 @@ class EngineWorker {
 
   // The requests in the scheduler (waiting or running), by id: the engine thread's own.
   std::map<RequestId, std::shared_ptr<RequestChannel>> requests_;
+  mutable std::mutex gauges_mutex_;
+  EngineGauges gauges_;
   std::thread thread_;
 };
 

@@ -1,8 +1,10 @@
 #include "serve/openai_api.h"
 
 #include <limits>
+#include <map>
 #include <random>
 
+#include "sampling/logprobs.h"
 #include "util/error.h"
 
 namespace g4::serve {
@@ -33,6 +35,17 @@ bool bool_field(const json& body, const char* name) {
   return v.get<bool>();
 }
 
+// body[object][member] when given (null is absent): the object must be an object, the member a bool.
+std::optional<bool> nested_bool(const json& body, const char* object, const char* member) {
+  if (!body.contains(object) || body[object].is_null()) return std::nullopt;
+  const json& o = body[object];
+  if (!o.is_object()) throw bad(object, std::string("'") + object + "' must be an object");
+  if (!o.contains(member) || o[member].is_null()) return std::nullopt;
+  const std::string name = std::string(object) + "." + member;
+  if (!o[member].is_boolean()) throw bad(name, "'" + name + "' must be true or false");
+  return o[member].get<bool>();
+}
+
 // Checks one sampling value on its own with Sampler (the others at their valid defaults), so that
 // its error names this field.
 void check_sampling(const char* name, const SamplingParams& params) {
@@ -43,28 +56,148 @@ void check_sampling(const char* name, const SamplingParams& params) {
   }
 }
 
+// Content as a string, as text parts ([{"type": "text", "text": …}]) or absent/null (none).
+void parse_content(const json& m, const std::string& at, ChatMessage& out) {
+  if (!m.contains("content") || m["content"].is_null()) return;
+  const json& content = m["content"];
+  if (content.is_string()) {
+    out.content = content.get<std::string>();
+    return;
+  }
+  const std::string field = at + ".content";
+  if (!content.is_array()) throw bad(field, field + " must be a string or an array of text parts");
+  std::vector<std::string> parts;
+  for (const json& part : content) {
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string())
+      throw bad(field, field + " parts must be {\"type\": \"text\", \"text\": string} (only text is supported)");
+    parts.push_back(part["text"].get<std::string>());
+  }
+  out.text_parts = std::move(parts);
+}
+
+const json& string_member(const json& object, const char* name, const std::string& at) {
+  if (!object.is_object() || !object.contains(name) || !object[name].is_string())
+    throw bad(at + "." + name, at + "." + name + " must be a string");
+  return object[name];
+}
+
+// An assistant's calls; arguments (a JSON string in OpenAI's protocol) are given to the template
+// as the object they encode, else as the string they are (docs/DESIGN.md §8).
+void parse_tool_calls(const json& m, const std::string& at, ChatMessage& out,
+                      std::map<std::string, std::string>& names_by_id) {
+  if (!m.contains("tool_calls") || m["tool_calls"].is_null()) return;
+  if (!m["tool_calls"].is_array()) throw bad(at + ".tool_calls", at + ".tool_calls must be an array");
+  for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
+    const std::string call_at = at + ".tool_calls[" + std::to_string(k) + "]";
+    const json& call = m["tool_calls"][k];
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+      throw bad(call_at + ".function", call_at + ".function must be an object with 'name' and 'arguments'");
+    const json& function = call["function"];
+    ChatToolCall parsed{string_member(function, "name", call_at + ".function").get<std::string>(), json::object()};
+    if (function.contains("arguments") && !function["arguments"].is_null()) {
+      const json& arguments = function["arguments"];
+      if (arguments.is_object()) parsed.arguments = arguments;
+      else if (arguments.is_string()) {
+        json decoded = json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        parsed.arguments = decoded.is_object() ? std::move(decoded) : arguments;
+      } else {
+        throw bad(call_at + ".function.arguments", call_at + ".function.arguments must be a JSON string");
+      }
+    }
+    if (call.contains("id") && call["id"].is_string()) names_by_id[call["id"].get<std::string>()] = parsed.name;
+    out.tool_calls.push_back(std::move(parsed));
+  }
+}
+
+// An OpenAI `tool` message: the response of the call it names, given to the template as a
+// tool_response of the assistant message that made the call (content that is JSON as the value it
+// encodes, else as text).
+ChatToolResponse parse_tool_result(const json& m, const std::string& at,
+                                   const std::map<std::string, std::string>& names_by_id) {
+  ChatMessage content;
+  parse_content(m, at, content);
+  std::string text = content.content;
+  if (content.text_parts)
+    for (const std::string& part : *content.text_parts) text += part;
+  ChatToolResponse response{"unknown", json()};
+  if (m.contains("tool_call_id") && m["tool_call_id"].is_string())
+    if (auto it = names_by_id.find(m["tool_call_id"].get<std::string>()); it != names_by_id.end())
+      response.name = it->second;
+  if (m.contains("name") && m["name"].is_string()) response.name = m["name"].get<std::string>();
+  json decoded = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  response.response = decoded.is_discarded() ? json(text) : std::move(decoded);
+  return response;
+}
+
 std::vector<ChatMessage> parse_messages(const json& body) {
   if (!body.contains("messages")) throw bad("messages", "'messages' is required");
   const json& list = body["messages"];
   if (!list.is_array() || list.empty()) throw bad("messages", "'messages' must be a non-empty array of messages");
   std::vector<ChatMessage> messages;
+  std::map<std::string, std::string> names_by_id;
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string at = "messages[" + std::to_string(i) + "]";
     const json& m = list[i];
     if (!m.is_object()) throw bad(at, at + " must be an object with 'role' and 'content'");
-    if (!m.contains("role") || !m["role"].is_string()) throw bad(at + ".role", at + ".role must be a string");
-    const std::string role = m["role"].get<std::string>();
-    std::string gemma_role;
-    if (role == "system" || role == "developer") gemma_role = "system";
-    else if (role == "user") gemma_role = "user";
-    else if (role == "assistant") gemma_role = "model";
-    else
-      throw bad(at + ".role", at + ".role '" + role + "' is not supported (system, developer, user or assistant)");
-    if (!m.contains("content") || !m["content"].is_string())
-      throw bad(at + ".content", at + ".content must be a string");
-    messages.push_back({gemma_role, m["content"].get<std::string>()});
+    const std::string role = string_member(m, "role", at).get<std::string>();
+    if (role == "tool") {
+      if (messages.empty() || messages.back().tool_calls.empty())
+        throw bad(at + ".role", at + " is a tool result, but no assistant message with tool_calls comes before it");
+      messages.back().tool_responses.push_back(parse_tool_result(m, at, names_by_id));
+      continue;
+    }
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant")
+      throw bad(at + ".role", at + ".role '" + role + "' is not supported (system, developer, user, assistant or tool)");
+    ChatMessage message;
+    message.role = role;
+    parse_content(m, at, message);
+    if (role == "system" || role == "developer") {  // the template trims a system text whole
+      if (message.text_parts)
+        for (const std::string& part : *message.text_parts) message.content += part;
+      message.text_parts.reset();
+    }
+    if (role == "assistant") {
+      parse_tool_calls(m, at, message, names_by_id);
+      if (m.contains("reasoning_content") && !m["reasoning_content"].is_null())
+        message.reasoning_content = string_member(m, "reasoning_content", at).get<std::string>();
+    }
+    if (role != "assistant" && !m.contains("content"))
+      throw bad(at + ".content", at + ".content is required");
+    messages.push_back(std::move(message));
   }
   return messages;
+}
+
+// OpenAI tool definitions: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
+json parse_tools(const json& tools) {
+  if (!tools.is_array()) throw bad("tools", "'tools' must be an array of {\"type\": \"function\", \"function\": {...}}");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    const json& tool = tools[i];
+    if (!tool.is_object() || tool.value("type", json()) != "function" || !tool.contains("function") ||
+        !tool["function"].is_object())
+      throw bad(at, at + " must be {\"type\": \"function\", \"function\": {...}}");
+    string_member(tool["function"], "name", at + ".function");
+    if (tool["function"].contains("parameters") && !tool["function"]["parameters"].is_object() &&
+        !tool["function"]["parameters"].is_null())
+      throw bad(at + ".function.parameters", at + ".function.parameters must be a JSON Schema object");
+  }
+  return tools;
+}
+
+// "none" keeps calls as text; "auto", "required" and a named function parse them (g4 does not
+// constrain decoding: docs/DESIGN.md §8).
+bool tool_choice_parses(const json& choice) {
+  if (choice.is_string()) {
+    const std::string c = choice.get<std::string>();
+    if (c == "none") return false;
+    if (c == "auto" || c == "required") return true;
+  } else if (choice.is_object() && choice.value("type", json()) == "function" && choice.contains("function") &&
+             choice["function"].is_object() && choice["function"].contains("name")) {
+    return true;
+  }
+  throw bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                           "\"function\": {\"name\": …}}");
 }
 
 std::vector<std::string> parse_stop(const json& v) {
@@ -85,6 +218,36 @@ std::vector<std::string> parse_stop(const json& v) {
   return stops;
 }
 
+// tools, tool_choice and chat_template_kwargs.enable_thinking (vLLM's convention).
+void parse_chat_options(const json& body, CompletionRequest& r) {
+  auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
+  if (given("tools")) r.chat.tools = parse_tools(body["tools"]);
+  r.parse_tool_calls = !r.chat.tools.empty() && (!given("tool_choice") || tool_choice_parses(body["tool_choice"]));
+  r.chat.enable_thinking = nested_bool(body, "chat_template_kwargs", "enable_thinking").value_or(false);
+}
+
+// Chat: logprobs (bool) and top_logprobs (0..20, needs logprobs); completions: logprobs (0..20).
+void parse_logprobs(const json& body, CompletionRequest& r) {
+  auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
+  const std::string bound = "[0, " + std::to_string(kMaxTopLogprobs) + "]";
+  auto in_range = [&](const char* name) {
+    const int64_t n = integer_field(body, name);
+    if (n < 0 || n > kMaxTopLogprobs) throw bad(name, std::string("'") + name + "' must be in " + bound);
+    return int32_t(n);
+  };
+  if (r.endpoint == Endpoint::kCompletion) {
+    if (given("logprobs")) r.top_logprobs = in_range("logprobs");
+    return;
+  }
+  const bool wanted = given("logprobs") && bool_field(body, "logprobs");
+  if (given("top_logprobs")) {
+    if (!wanted) throw bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.top_logprobs = in_range("top_logprobs");
+  } else if (wanted) {
+    r.top_logprobs = 0;
+  }
+}
+
 }  // namespace
 
 json error_json(const ApiError& error) {
@@ -92,7 +255,7 @@ json error_json(const ApiError& error) {
            {{"message", error.what()},
             {"type", error.type},
             {"param", error.param.empty() ? json(nullptr) : json(error.param)},
-            {"code", nullptr}}}};
+            {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}};
 }
 
 CompletionRequest parse_completion_request(std::string_view body_text, Endpoint endpoint) {
@@ -107,8 +270,13 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
 
   CompletionRequest r;
   r.endpoint = endpoint;
+  if (given("model")) {
+    if (!body["model"].is_string()) throw bad("model", "'model' must be a string");
+    r.model = body["model"].get<std::string>();
+  }
   if (endpoint == Endpoint::kChat) {
     r.messages = parse_messages(body);
+    parse_chat_options(body, r);
   } else {
     if (!given("prompt") || !body["prompt"].is_string()) throw bad("prompt", "'prompt' must be a string");
     r.prompt = body["prompt"].get<std::string>();
@@ -143,19 +311,12 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
     r.max_tokens = integer_field(body, name);
     if (*r.max_tokens < 1) throw bad(name, std::string("'") + name + "' must be >= 1");
   }
+  parse_logprobs(body, r);
   if (given("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1))
     throw bad("n", "'n' must be 1 (one choice per request)");
   if (body.contains("stop")) r.stop = parse_stop(body["stop"]);
   if (given("stream")) r.stream = bool_field(body, "stream");
-  if (given("stream_options")) {
-    const json& o = body["stream_options"];
-    if (!o.is_object()) throw bad("stream_options", "'stream_options' must be an object");
-    if (o.contains("include_usage") && !o["include_usage"].is_null()) {
-      if (!o["include_usage"].is_boolean())
-        throw bad("stream_options.include_usage", "'stream_options.include_usage' must be true or false");
-      r.include_usage = o["include_usage"].get<bool>();
-    }
-  }
+  r.include_usage = nested_bool(body, "stream_options", "include_usage").value_or(false);
   return r;
 }
 
@@ -196,29 +357,93 @@ json finish(const std::string& reason) { return reason.empty() ? json(nullptr) :
 
 }  // namespace
 
-json completion_json(const ResponseHeader& h, const std::string& text, const std::string& finish_reason,
-                     const Usage& usage) {
+void ReplyPart::append(ReplyPart other) {
+  content += other.content;
+  reasoning += other.reasoning;
+  for (ReplyToolCall& call : other.tool_calls) tool_calls.push_back(std::move(call));
+  for (TokenLogprob& l : other.logprobs) logprobs.push_back(std::move(l));
+}
+
+namespace {
+
+json tool_calls_json(const std::vector<ReplyToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (const ReplyToolCall& c : calls) {
+    json call = {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+    if (with_index) call["index"] = c.index;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs_json(const std::vector<TokenLogprob>& logprobs) {
+  json content = json::array();
+  for (const TokenLogprob& l : logprobs) {
+    json top = json::array();
+    for (size_t i = 0; i < l.top.size(); ++i)
+      top.push_back({{"token", l.top[i].first}, {"logprob", l.top[i].second}, {"bytes", l.top_bytes[i]}});
+    content.push_back({{"token", l.token}, {"logprob", l.logprob}, {"bytes", l.bytes}, {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}.
+json completion_logprobs_json(const std::vector<TokenLogprob>& logprobs) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& l : logprobs) {
+    tokens.push_back(l.token);
+    values.push_back(l.logprob);
+    json top = json::object();
+    for (const auto& [text, logprob] : l.top)
+      if (!top.contains(text)) top[text] = logprob;  // two ids of one text: the likelier one
+    tops.push_back(std::move(top));
+    offsets.push_back(l.text_offset);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& logprobs, bool with_logprobs) {
+  if (!with_logprobs) return nullptr;
+  return endpoint == Endpoint::kChat ? chat_logprobs_json(logprobs) : completion_logprobs_json(logprobs);
+}
+
+}  // namespace
+
+json completion_json(const ResponseHeader& h, const ReplyPart& reply, const std::string& finish_reason,
+                     const Usage& usage, bool with_logprobs) {
   json out = envelope(h, false);
-  json choice = {{"index", 0}, {"finish_reason", finish(finish_reason)}};
+  json choice = {{"index", 0}, {"finish_reason", finish(finish_reason)},
+                 {"logprobs", logprobs_json(h.endpoint, reply.logprobs, with_logprobs)}};
   if (h.endpoint == Endpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    json message = {{"role", "assistant"}, {"content", reply.content}};
+    if (!reply.tool_calls.empty()) {
+      message["tool_calls"] = tool_calls_json(reply.tool_calls, false);
+      if (reply.content.empty()) message["content"] = nullptr;
+    }
+    if (!reply.reasoning.empty()) message["reasoning_content"] = reply.reasoning;
+    choice["message"] = std::move(message);
   } else {
-    choice["text"] = text;
-    choice["logprobs"] = nullptr;
+    choice["text"] = reply.content;
   }
   out["choices"] = json::array({choice});
   out["usage"] = usage_json(usage);
   return out;
 }
 
-json chunk_json(const ResponseHeader& h, const std::string& text, const std::string& finish_reason) {
+json chunk_json(const ResponseHeader& h, const ReplyPart& part, const std::string& finish_reason, bool with_logprobs) {
   json out = envelope(h, true);
-  json choice = {{"index", 0}, {"finish_reason", finish(finish_reason)}};
+  json choice = {{"index", 0}, {"finish_reason", finish(finish_reason)},
+                 {"logprobs", logprobs_json(h.endpoint, part.logprobs, with_logprobs)}};
   if (h.endpoint == Endpoint::kChat) {
-    choice["delta"] = finish_reason.empty() || !text.empty() ? json{{"content", text}} : json::object();
+    json delta = json::object();
+    if (!part.content.empty() || (finish_reason.empty() && part.reasoning.empty() && part.tool_calls.empty()))
+      delta["content"] = part.content;
+    if (!part.reasoning.empty()) delta["reasoning_content"] = part.reasoning;
+    if (!part.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(part.tool_calls, true);
+    choice["delta"] = std::move(delta);
   } else {
-    choice["text"] = text;
-    choice["logprobs"] = nullptr;
+    choice["text"] = part.content;
   }
   out["choices"] = json::array({choice});
   return out;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -15,12 +16,18 @@
 
 namespace g4::serve {
 
-// An answer other than success: HTTP status, OpenAI error type, the offending field (or empty).
+// An answer other than success: HTTP status, OpenAI error type, the offending field (or empty) and
+// a machine-readable code (or empty).
 struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error")
-      : std::runtime_error(std::move(message)), status(status), param(std::move(param)), type(std::move(type)) {}
+  ApiError(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error",
+           std::string code = {})
+      : std::runtime_error(std::move(message)),
+        status(status),
+        param(std::move(param)),
+        type(std::move(type)),
+        code(std::move(code)) {}
   int status;
-  std::string param, type;
+  std::string param, type, code;
 };
 // {"error": {"message", "type", "param", "code"}}.
 nlohmann::json error_json(const ApiError& error);
@@ -29,7 +36,12 @@ enum class Endpoint { kChat, kCompletion };  // /v1/chat/completions, /v1/comple
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
-  std::vector<ChatMessage> messages;  // chat: system/developer → "system", assistant → "model"
+  std::optional<std::string> model;   // the model asked for, when named
+  // chat: the messages as the template takes them (OpenAI `tool` messages become the
+  // tool_responses of the assistant message whose calls they answer), tools and thinking.
+  std::vector<ChatMessage> messages;
+  ChatOptions chat;
+  bool parse_tool_calls = false;      // tools declared and tool_choice is not "none"
   std::string prompt;                 // completion: raw text
   std::optional<float> temperature, top_p, min_p;
   std::optional<int32_t> top_k;
@@ -37,6 +49,9 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;  // max_tokens or max_completion_tokens, >= 1
   std::vector<std::string> stop;      // non-empty strings
   bool stream = false, include_usage = false;
+  // -1: no logprobs; else each token's log-probability and this many alternatives (chat:
+  // logprobs + top_logprobs; completions: logprobs N).
+  int32_t top_logprobs = -1;
 };
 
 // Parses and checks a request body; throws ApiError (400) naming the first bad field. Sampling
@@ -46,6 +61,29 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
 // The request's sampling: its own values, else `defaults` (the server's, from the model's
 // generation config). Without a seed, `random_seed` draws a fresh one per request.
 Sampler request_sampler(const CompletionRequest& request, const Sampler& defaults, bool random_seed);
+
+// An OpenAI tool call of the reply: an id, the function's name and its arguments as a JSON string.
+struct ReplyToolCall {
+  size_t index = 0;  // its place among the reply's calls
+  std::string id, name, arguments;
+};
+// One generated token's log-probabilities as the response shows them.
+struct TokenLogprob {
+  std::string token;            // its text (U+FFFD for a byte that is part of a character)
+  std::vector<uint8_t> bytes;   // its bytes
+  float logprob = 0.0f;
+  std::vector<std::pair<std::string, float>> top;  // (text, logprob), most likely first
+  std::vector<std::vector<uint8_t>> top_bytes;
+  size_t text_offset = 0;       // where its text starts in the reply's tokens' text (completions)
+};
+// A piece of the reply: what one chunk carries, or (summed) the whole answer.
+struct ReplyPart {
+  std::string content, reasoning;
+  std::vector<ReplyToolCall> tool_calls;
+  std::vector<TokenLogprob> logprobs;
+  bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty() && logprobs.empty(); }
+  void append(ReplyPart other);
+};
 
 // Where a response's fixed fields come from.
 struct ResponseHeader {
@@ -57,12 +95,14 @@ struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 nlohmann::json usage_json(const Usage& usage);
-// The whole answer: chat.completion or text_completion.
-nlohmann::json completion_json(const ResponseHeader& header, const std::string& text, const std::string& finish_reason,
-                               const Usage& usage);
-// One stream chunk: `text` as delta.content (chat) or text; finish_reason null when empty. The
-// first chat chunk (role) and the usage chunk (no choices) have their own makers.
-nlohmann::json chunk_json(const ResponseHeader& header, const std::string& text, const std::string& finish_reason);
+// The whole answer: chat.completion (message with content, reasoning_content, tool_calls) or
+// text_completion; logprobs when `with_logprobs`.
+nlohmann::json completion_json(const ResponseHeader& header, const ReplyPart& reply, const std::string& finish_reason,
+                               const Usage& usage, bool with_logprobs);
+// One stream chunk: the part as delta (chat) or text; finish_reason null when empty. The first
+// chat chunk (role) and the usage chunk (no choices) have their own makers.
+nlohmann::json chunk_json(const ResponseHeader& header, const ReplyPart& part, const std::string& finish_reason,
+                          bool with_logprobs);
 nlohmann::json role_chunk_json(const ResponseHeader& header);
 nlohmann::json usage_chunk_json(const ResponseHeader& header, const Usage& usage);
 

@@ -1,25 +1,45 @@
 #include "serve/reply_text.h"
 
 #include <algorithm>
+#include <string_view>
 
 namespace g4::serve {
 
-ReplyText::ReplyText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings)
-    : decoder_(tokenizer, /*skip_special=*/true) {
+ReplyText::ReplyText(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+                     std::optional<OutputParserOptions> parser)
+    : tokenizer_(tokenizer), decoder_(tokenizer, /*skip_special=*/!parser) {
   for (std::string& s : stop_strings)
     if (!s.empty()) stops_.push_back(std::move(s));
+  if (!parser) return;
+  parser_.emplace(*parser);
+  for (std::string_view marker : kGemma4OutputMarkers)
+    if (std::optional<int32_t> id = tokenizer.token_id(marker)) marker_ids_.push_back(*id);
 }
 
-std::string ReplyText::push(int32_t id) {
+ParsedOutput ReplyText::push(int32_t id) {
   if (stopped_) return {};
-  text_ += decoder_.push(id);  // whole characters only: UTF-8 hold-back is the decoder's
-  return release(/*final=*/false);
+  const bool dropped = parser_ && tokenizer_.is_special(id) &&
+                       std::find(marker_ids_.begin(), marker_ids_.end(), id) == marker_ids_.end();
+  // Whole characters only: UTF-8 hold-back is the decoder's.
+  return parse(dropped ? std::string() : decoder_.push(id), /*final=*/false);
 }
 
-std::string ReplyText::finish() {
+ParsedOutput ReplyText::finish() {
   if (stopped_) return {};
-  text_ += decoder_.flush();
-  return release(/*final=*/true);
+  return parse(decoder_.flush(), /*final=*/true);
+}
+
+ParsedOutput ReplyText::parse(const std::string& text, bool final) {
+  ParsedOutput out;
+  if (parser_) {
+    out = parser_->push(text);
+    if (final) out.append(parser_->finish());
+  } else {
+    out.content = text;
+  }
+  text_ += out.content;
+  out.content = release(final);
+  return out;
 }
 
 std::string ReplyText::release(bool final) {

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
+#include <span>
 
 #include "serve/openai_api.h"
-#include "serve/reply_text.h"
+#include "serve/reply_assembler.h"
 #include "tokenizer/chat_template.h"
 #include "util/error.h"
 
@@ -29,58 +31,93 @@ void send_json(httplib::Response& res, int status, const json& body) {
 
 void send_error(httplib::Response& res, const ApiError& error) { send_json(res, error.status, error_json(error)); }
 
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
 // How one generation ended, as the handler saw it.
 struct Outcome {
-  std::string finish_reason;  // "stop" or "length"; empty when it did not finish
+  std::string finish_reason;  // "stop", "length" or "tool_calls"; empty when it did not finish
   int64_t completion_tokens = 0;
   std::string failure;        // the engine failed (HTTP 500)
-  bool client_gone = false;   // on_text refused a piece: the request was cancelled
+  bool client_gone = false;   // on_part refused a part: the request was cancelled
 };
 
-// Turns the channel's tokens into text through `text`, giving on_text every piece that is safe to
-// send; on_text returns false when the client has gone. A stop string, or a client that went
-// away, cancels the request at once so that its KV memory comes back.
-Outcome collect(EngineWorker& worker, const std::shared_ptr<RequestChannel>& channel, ReplyText& text,
-                const std::function<bool(const std::string&)>& on_text) {
+// Times tokens as the handler receives them: the first from the request's arrival, each later one
+// from the one before (tokens that arrive together share the interval).
+class TokenTimer {
+ public:
+  TokenTimer(Metrics& metrics, Clock::time_point arrived) : metrics_(metrics), last_(arrived) {}
+  void received(size_t tokens) {
+    if (tokens == 0) return;
+    const Clock::time_point now = Clock::now();
+    const double interval = seconds_between(last_, now);
+    size_t decode_tokens = tokens;
+    if (first_) {
+      metrics_.observe_time_to_first_token(interval);
+      first_ = false;
+      --decode_tokens;
+    }
+    for (size_t i = 0; i < decode_tokens; ++i) metrics_.observe_decode_token(interval / double(tokens));
+    last_ = now;
+  }
+
+ private:
+  Metrics& metrics_;
+  Clock::time_point last_;
+  bool first_ = true;
+};
+
+// Gives on_part every part of the reply that is safe to send; on_part returns false when the
+// client has gone. A stop string, or a client that went away, cancels the request at once so that
+// its KV memory comes back.
+Outcome collect(EngineWorker& worker, const std::shared_ptr<RequestChannel>& channel, ReplyAssembler& reply,
+                TokenTimer& timer, const std::function<bool(ReplyPart)>& on_part) {
   Outcome outcome;
-  std::string rest;  // the last piece, sent once the ending is known
+  ReplyPart rest;  // the last part, sent once the ending is known
   for (bool ended = false; !ended;) {
-    const std::vector<DecodedToken> tokens = channel->take();
+    const std::vector<SequenceEvent> tokens = channel->take();
     if (tokens.empty()) {
       outcome.failure = channel->failure();
       return outcome;
     }
-    for (const DecodedToken& t : tokens) {
-      if (t.stop == StopReason::kStopToken || t.stop == StopReason::kCancelled) {
-        rest = text.finish();
+    timer.received(size_t(std::count_if(tokens.begin(), tokens.end(), [](const SequenceEvent& e) {
+      return e.drawn.stop != StopReason::kCancelled;
+    })));
+    for (const SequenceEvent& t : tokens) {
+      if (t.drawn.stop == StopReason::kStopToken || t.drawn.stop == StopReason::kCancelled) {
+        rest.append(reply.finish());
         outcome.finish_reason = "stop";
         ended = true;
         break;
       }
       ++outcome.completion_tokens;
-      std::string piece = text.push(t.token);
-      if (text.stopped()) {
-        if (!t.last()) worker.cancel(channel);
-        rest = std::move(piece);
-        outcome.finish_reason = "stop";
+      ReplyPart part = reply.push(t);
+      if (reply.stopped() || t.drawn.last()) {
+        if (reply.stopped() && !t.drawn.last()) worker.cancel(channel);
+        if (!reply.stopped()) part.append(reply.finish());  // max_tokens or a full context
+        outcome.finish_reason = reply.stopped() ? "stop" : "length";
+        rest.append(std::move(part));
         ended = true;
         break;
       }
-      if (t.last()) {  // max_tokens or a full context
-        rest = piece + text.finish();
-        outcome.finish_reason = "length";
-        ended = true;
-        break;
-      }
-      if (!piece.empty() && !on_text(piece)) {
+      if (!part.empty() && !on_part(std::move(part))) {
         worker.cancel(channel);
         outcome.client_gone = true;
         return outcome;
       }
     }
   }
-  if (!rest.empty() && !on_text(rest)) outcome.client_gone = true;
+  if (!rest.empty() && !on_part(std::move(rest))) outcome.client_gone = true;
+  if (outcome.finish_reason == "stop" && reply.made_tool_calls()) outcome.finish_reason = "tool_calls";
   return outcome;
+}
+
+// The label of a request in g4_requests_total: its route, or "other" (no label per unknown path).
+std::string endpoint_label(const std::string& path) {
+  for (const char* route : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    if (path == route) return path;
+  return "other";
 }
 
 std::string response_id(Endpoint endpoint) {
@@ -107,9 +144,13 @@ int Server::bind(const std::string& host, int port) {
   return bound;
 }
 
-void Server::listen() { http_->listen_after_bind(); }
+void Server::listen() {
+  if (!stop_requested_) http_->listen_after_bind();
+}
 
+// httplib's stop() acts only on a running server: the flag covers a stop() that comes first.
 void Server::stop() {
+  stop_requested_ = true;
   if (http_->is_running()) http_->stop();
 }
 
@@ -120,16 +161,27 @@ void Server::add_routes() {
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'", "",
-                             "invalid_request_error"));
+                             "invalid_request_error", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  // httplib's own answers (404, a bad request line) in the same error shape.
-  http_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+  // httplib's own answers (404, 413, a bad request line) in the same error shape.
+  http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, ApiError(res.status, res.status == 404 ? "no route " + req.method + " " + req.path
-                                                           : "HTTP error " + std::to_string(res.status)));
+    if (res.status == 404) {
+      send_error(res, ApiError(404, "no route " + req.method + " " + req.path, "", "invalid_request_error", "not_found"));
+    } else if (res.status == 413) {
+      send_error(res, ApiError(413, "the request body is larger than the server's limit of " +
+                                        std::to_string(options_.max_body_bytes) + " bytes",
+                               "", "invalid_request_error", "request_too_large"));
+    } else {
+      send_error(res, ApiError(res.status, "HTTP error " + std::to_string(res.status)));
+    }
     return httplib::Server::HandlerResponse::Handled;
   }));
+  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.count_request(endpoint_label(req.path), res.status);
+  });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
     std::string what = "internal error";
     try {
@@ -142,6 +194,9 @@ void Server::add_routes() {
   });
 
   http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.render(worker_.gauges()), "text/plain; version=0.0.4");
+  });
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "g4"}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
@@ -154,30 +209,40 @@ void Server::add_routes() {
   });
 }
 
+std::vector<int32_t> Server::prompt_ids(const CompletionRequest& r) const {
+  if (r.endpoint == Endpoint::kCompletion) return encode_prompt(tokenizer_, r.prompt, /*raw_prompt=*/true, options_.bos_id);
+  return tokenizer_.encode(format_gemma4_chat(r.messages, r.chat), /*parse_special=*/true);
+}
+
 void Server::complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  const Clock::time_point arrived = Clock::now();
   try {
     const CompletionRequest r = parse_completion_request(req.body, endpoint);
+    if (r.model && *r.model != options_.model_id)
+      throw ApiError(404, "the model '" + *r.model + "' does not exist: this server serves '" + options_.model_id + "'",
+                     "model", "invalid_request_error", "model_not_found");
     const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
-    const char* prompt_field = endpoint == Endpoint::kChat ? "messages" : "prompt";
-    const std::vector<int32_t> prompt =
-        endpoint == Endpoint::kChat ? tokenizer_.encode(format_gemma4_chat(r.messages), /*parse_special=*/true)
-                                    : encode_prompt(tokenizer_, r.prompt, /*raw_prompt=*/true, options_.bos_id);
+    const std::vector<int32_t> prompt = prompt_ids(r);
     // One position at least must stay free for a generated token.
     const int64_t room = worker_.max_seq_len() - int64_t(prompt.size());
     if (room < 1)
       throw ApiError(400,
                      "the prompt is " + std::to_string(prompt.size()) + " tokens; the context holds " +
                          std::to_string(worker_.max_seq_len()) + " (--max_seq_len), including the reply",
-                     prompt_field);
+                     endpoint == Endpoint::kChat ? "messages" : "prompt", "invalid_request_error",
+                     "context_length_exceeded");
     SchedulerRequest scheduled;
     scheduled.prompt = prompt;
     scheduled.sampling = sampler.params();
     scheduled.max_new_tokens = std::min(r.max_tokens.value_or(options_.default_max_tokens), room);
     scheduled.stop_ids = options_.stop_ids;
+    scheduled.top_logprobs = r.top_logprobs;
     std::shared_ptr<RequestChannel> channel = worker_.submit(std::move(scheduled));
-    if (!channel)
-      throw ApiError(503, "the server is busy: every session is running and the queue is full; try again later", "",
-                     "server_busy");
+    if (!channel) {
+      res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
+      throw ApiError(429, "the server is busy: every session is running and the queue is full; try again later", "",
+                     "rate_limit_error", "server_busy");
+    }
     if (std::optional<std::string> why = channel->wait_admitted()) throw ApiError(400, *why);
 
     const ResponseHeader header{response_id(endpoint), options_.model_id,
@@ -186,22 +251,25 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
                                     .count(),
                                 endpoint};
     const int64_t prompt_tokens = int64_t(prompt.size());
+    const bool with_logprobs = r.top_logprobs >= 0;
+    auto reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
     if (!r.stream) {
-      ReplyText text(tokenizer_, r.stop);
-      std::string content;
-      const Outcome outcome = collect(worker_, channel, text, [&](const std::string& piece) {
-        content += piece;
+      ReplyPart whole;
+      TokenTimer timer(metrics_, arrived);
+      const Outcome outcome = collect(worker_, channel, *reply, timer, [&](ReplyPart part) {
+        whole.append(std::move(part));
         return true;
       });
+      metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
       if (!outcome.failure.empty()) throw ApiError(500, outcome.failure, "", "server_error");
-      send_json(res, 200, completion_json(header, content, outcome.finish_reason,
-                                          {prompt_tokens, outcome.completion_tokens}));
+      send_json(res, 200, completion_json(header, whole, outcome.finish_reason,
+                                          {prompt_tokens, outcome.completion_tokens}, with_logprobs));
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, channel, header, prompt_tokens, stops = r.stop, include_usage = r.include_usage](
+        [this, channel, header, prompt_tokens, reply, with_logprobs, arrived, include_usage = r.include_usage](
             size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& data) {
             const std::string event = "data: " + data + "\n\n";
@@ -211,15 +279,16 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
             worker_.cancel(channel);
             return false;
           }
-          ReplyText text(tokenizer_, stops);
-          const Outcome outcome = collect(worker_, channel, text, [&](const std::string& piece) {
-            return send(dump(chunk_json(header, piece, "")));
+          TokenTimer timer(metrics_, arrived);
+          const Outcome outcome = collect(worker_, channel, *reply, timer, [&](ReplyPart part) {
+            return send(dump(chunk_json(header, part, "", with_logprobs)));
           });
+          metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
           if (outcome.client_gone) return false;
           if (!outcome.failure.empty()) {
             send(dump(error_json(ApiError(500, outcome.failure, "", "server_error"))));
           } else {
-            send(dump(chunk_json(header, "", outcome.finish_reason)));
+            send(dump(chunk_json(header, {}, outcome.finish_reason, with_logprobs)));
             if (include_usage) send(dump(usage_chunk_json(header, {prompt_tokens, outcome.completion_tokens})));
           }
           send("[DONE]");

@@ -6,6 +6,7 @@
 //   int port = server.bind("127.0.0.1", 0);  // 0: any free port
 //   server.listen();                         // until stop()
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "sampling/sampler.h"
 #include "serve/engine_worker.h"
+#include "serve/metrics.h"
 #include "serve/openai_api.h"
 #include "tokenizer/tokenizer.h"
 
@@ -32,6 +34,8 @@ struct ServerOptions {
   std::vector<int32_t> stop_ids{1};    // ids that end a reply
   int32_t bos_id = 2;                  // put before a raw /v1/completions prompt
   int64_t default_max_tokens = 256;    // when a request gives no max_tokens (capped by the context)
+  size_t max_body_bytes = 8 << 20;     // larger request bodies are answered 413
+  int retry_after_seconds = 1;         // the Retry-After of a 429 (queue full)
 };
 
 class Server {
@@ -43,16 +47,22 @@ class Server {
   int bind(const std::string& host, int port);
   // Serves until stop(); call after bind().
   void listen();
+  // Stops accepting connections and makes listen() return once the requests in flight have
+  // finished (each runs to its end); called before listen(), listen() returns at once. Any thread
+  // may call it; g4 serve calls it on SIGINT/SIGTERM.
   void stop();
 
  private:
   void add_routes();
   // POST /v1/chat/completions or /v1/completions, streamed or whole.
   void complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  std::vector<int32_t> prompt_ids(const CompletionRequest& request) const;
 
   EngineWorker& worker_;
   const Tokenizer& tokenizer_;
   ServerOptions options_;
+  Metrics metrics_;
+  std::atomic<bool> stop_requested_{false};
   std::unique_ptr<httplib::Server> http_;
 };
 

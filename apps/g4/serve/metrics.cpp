@@ -1,0 +1,110 @@
+#include "serve/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace g4::serve {
+
+namespace {
+
+std::string number(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.9g", v);
+  return buffer;
+}
+
+std::string header(const std::string& name, const char* type, const char* help) {
+  return "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+std::string sample(const std::string& name, double value) { return name + " " + number(value) + "\n"; }
+
+// Label values here are route paths and status codes; escaped anyway, as the format asks.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const size_t bucket = size_t(std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name) const {
+  std::string out;
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += name + "_bucket{le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  return out + sample(name + "_sum", sum_) + name + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics()
+    : time_to_first_token_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+      decode_token_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}) {}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mutex_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::count_tokens(int64_t prompt, int64_t generated) {
+  std::lock_guard lock(mutex_);
+  prompt_tokens_ += uint64_t(prompt);
+  generated_tokens_ += uint64_t(generated);
+}
+
+void Metrics::observe_time_to_first_token(double seconds) {
+  std::lock_guard lock(mutex_);
+  time_to_first_token_.observe(seconds);
+}
+
+void Metrics::observe_decode_token(double seconds) {
+  std::lock_guard lock(mutex_);
+  decode_token_.observe(seconds);
+}
+
+std::string Metrics::render(const EngineGauges& engine) const {
+  std::lock_guard lock(mutex_);
+  std::string out = header("g4_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
+  for (const auto& [key, count] : requests_)
+    out += "g4_requests_total{endpoint=\"" + label_value(key.first) + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(count) + "\n";
+  out += header("g4_prompt_tokens_total", "counter", "Prompt tokens of completed generations.");
+  out += sample("g4_prompt_tokens_total", double(prompt_tokens_));
+  out += header("g4_generated_tokens_total", "counter", "Tokens generated.");
+  out += sample("g4_generated_tokens_total", double(generated_tokens_));
+  out += header("g4_queue_depth", "gauge", "Requests waiting for a sequence slot.");
+  out += sample("g4_queue_depth", double(engine.waiting));
+  out += header("g4_running_sequences", "gauge", "Sequences generating now.");
+  out += sample("g4_running_sequences", double(engine.running));
+  out += header("g4_kv_bytes_in_use", "gauge", "KV-cache bytes held by live sequences.");
+  out += sample("g4_kv_bytes_in_use", double(engine.kv_bytes_in_use));
+  out += header("g4_kv_bytes_kept", "gauge", "KV-cache bytes of finished sequences kept for prefix reuse (reclaimable).");
+  out += sample("g4_kv_bytes_kept", double(engine.kv_bytes_kept));
+  out += header("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.");
+  out += sample("g4_kv_bytes_budget", double(engine.kv_budget_bytes));
+  out += header("g4_time_to_first_token_seconds", "histogram", "From a request's arrival to its first token.");
+  out += time_to_first_token_.render("g4_time_to_first_token_seconds");
+  out += header("g4_decode_token_seconds", "histogram", "Between successive tokens of a request.");
+  out += decode_token_.render("g4_decode_token_seconds");
+  return out;
+}
+
+}  // namespace g4::serve

@@ -1,0 +1,219 @@
+// Fuzzing of what g4 serve reads from the outside (docs/DESIGN.md §8), in the house style of
+// test_fuzz.cpp (seeded, fixed run counts; G4_FUZZ_RUNS / G4_FUZZ_SEED for long runs):
+// - request bodies (valid requests mutated as JSON and as bytes, and hand-made nasties: malformed
+//   JSON, wrong types, huge numbers, deep nesting, invalid UTF-8), parsed and rendered in process
+//   and posted to a running server: always a 4xx or a well-formed answer, never a crash or a 5xx;
+// - the tool-call parser and the incremental output parser on mutated calls and random text: no
+//   crash, arguments that are valid JSON objects, and the same result however the text is split.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/openai_api.h"
+#include "support/fuzz.h"
+#include "support/running_server.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/gemma4_output_parser.h"
+#include "util/error.h"
+
+namespace g4 {
+namespace {
+
+using nlohmann::json;
+
+const json kTools = json::array({{{"type", "function"},
+                                  {"function",
+                                   {{"name", "get_weather"},
+                                    {"parameters",
+                                     {{"type", "object"},
+                                      {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
+                                      {"required", {"city"}}}}}}}});
+
+// Valid requests that reach every part of the parser.
+std::vector<std::pair<std::string, json>> seed_requests() {
+  const json conversation = json::array(
+      {{{"role", "system"}, {"content", "Be brief."}},
+       {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "Weather?"}}})}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"reasoning_content", "Use the tool."},
+        {"tool_calls",
+         {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Oslo\"}"}}}}}}},
+       {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "{\"temp\": -3}"}}});
+  return {
+      {"/v1/chat/completions",
+       {{"model", "g4-demo"}, {"messages", conversation}, {"tools", kTools}, {"tool_choice", "auto"},
+        {"max_tokens", 3}, {"temperature", 0.7}, {"top_p", 0.9}, {"top_k", 20}, {"min_p", 0.05}, {"seed", 7},
+        {"stop", {"\n", "zz"}}, {"logprobs", true}, {"top_logprobs", 2}, {"chat_template_kwargs", {{"enable_thinking", true}}},
+        {"n", 1}}},
+      {"/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"stream", true},
+        {"stream_options", {{"include_usage", true}}}}},
+      {"/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 3}, {"logprobs", 3}, {"stop", "e"}, {"seed", 1}}},
+  };
+}
+
+// Inputs no mutation is likely to reach.
+std::vector<std::pair<std::string, std::string>> nasty_requests() {
+  const std::string deep_array = std::string(100000, '[') + std::string(100000, ']');
+  const std::string deep_object = [] {
+    std::string s;
+    for (int i = 0; i < 20000; ++i) s += "{\"a\":";
+    return s + "1" + std::string(20000, '}');
+  }();
+  const std::string chat = "/v1/chat/completions";
+  return {
+      {chat, ""},
+      {chat, "{"},
+      {chat, "null"},
+      {chat, "{\"messages\": " + deep_array + "}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": " + deep_array + "}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": " + deep_object + "}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 1e400}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 123456789012345678901234567890}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"seed\": 18446744073709551616}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": -0.0, \"max_tokens\": 1}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"h\xC3\x28i\"}], \"max_tokens\": 1}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}], \"max_tokens\": 1}"},
+      {chat, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"" +
+                 std::string(5000, '[') + "\"}}]}, {\"role\": \"tool\", \"content\": \"" + std::string(5000, '{') +
+                 "\"}], \"max_tokens\": 1}"},
+      {chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+             "{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": " + deep_object + "}}}], \"max_tokens\": 1}"},
+      {"/v1/completions", "{\"prompt\": \"\xFF\xFE\", \"max_tokens\": 1}"},
+      {"/v1/completions", "{\"prompt\": [1, 2, 3]}"},
+  };
+}
+
+// Parses and renders a body as the server does; anything but success or an ApiError (4xx) or a
+// g4::Error (the server's 400) is a defect.
+void parse_and_render(const std::string& path, const std::string& body, const Tokenizer& tokenizer) {
+  const serve::Endpoint endpoint = path == "/v1/completions" ? serve::Endpoint::kCompletion : serve::Endpoint::kChat;
+  try {
+    const serve::CompletionRequest r = serve::parse_completion_request(body, endpoint);
+    if (endpoint == serve::Endpoint::kChat) tokenizer.encode(format_gemma4_chat(r.messages, r.chat), true);
+  } catch (const serve::ApiError& e) {
+    EXPECT_GE(e.status, 400);
+    EXPECT_LT(e.status, 500) << e.what();
+  } catch (const Error&) {
+  }
+}
+
+// Posts a body; the answer must be a 4xx with an OpenAI error body or a 200 with a well-formed one.
+void post_and_check(httplib::Client& client, const std::string& path, const std::string& body) {
+  const httplib::Result r = client.Post(path, body, "application/json");
+  ASSERT_TRUE(r) << "no answer (the server died?) to " << body.substr(0, 200);
+  ASSERT_TRUE(r->status == 200 || (r->status >= 400 && r->status < 500)) << r->status << " " << r->body;
+  if (r->status != 200) {
+    const json error = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(error.is_discarded()) << r->body;
+    EXPECT_TRUE(error["error"]["message"].is_string()) << r->body;
+    return;
+  }
+  if (r->get_header_value("Content-Type") == "text/event-stream") {
+    EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos) << r->body;
+    return;
+  }
+  const json answer = json::parse(r->body, nullptr, false);
+  ASSERT_FALSE(answer.is_discarded()) << r->body;
+  EXPECT_EQ(answer["choices"].size(), 1u) << r->body;
+}
+
+TEST(ServeFuzz, RequestBodiesGetA4xxOrAWellFormedAnswer) {
+  serve::ServerOptions so;
+  so.stop_ids = {1, 106, 50};
+  so.max_body_bytes = 1 << 20;
+  test::RunningServer server(64, {.max_sessions = 2, .max_waiting = 16}, so);
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  for (const auto& [path, body] : nasty_requests()) {
+    SCOPED_TRACE(body.substr(0, 160));
+    parse_and_render(path, body, server.tokenizer());
+    post_and_check(client, path, body);
+  }
+  test::Mutator mutator(test::fuzz_seed(17));
+  const std::vector<std::pair<std::string, json>> seeds = seed_requests();
+  const uint64_t runs = test::fuzz_runs(400);
+  for (uint64_t run = 0; run < runs; ++run) {
+    const auto& [path, seed] = seeds[mutator.pick(seeds.size())];
+    json doc = seed;
+    mutator.mutate_json(doc);
+    std::string body = doc.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (run % 3 == 0) {  // bytes too: broken syntax, invalid UTF-8
+      std::vector<uint8_t> bytes(body.begin(), body.end());
+      mutator.mutate_bytes(bytes);
+      body.assign(bytes.begin(), bytes.end());
+    }
+    SCOPED_TRACE("run " + std::to_string(run) + ": " + body.substr(0, 300));
+    parse_and_render(path, body, server.tokenizer());
+    if (run % 4 == 0) post_and_check(client, path, body);  // a quarter go over HTTP (generation is the slow part)
+  }
+  // Still serving, and nothing left running.
+  post_and_check(client, "/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump());
+}
+
+// A well-formed call body in Gemma's syntax with random values (the chat format's own writer).
+json random_value(test::Mutator& m, int depth) {
+  switch (m.pick(depth < 3 ? 7 : 5)) {
+    case 0: return std::string("s") + std::to_string(m.next() % 1000) + (m.pick(2) ? " <|\"|" : " {x:[1]}");
+    case 1: return int64_t(m.next() % 2000001) - 1000000;
+    case 2: return double(m.next() % 100000) / 7.0;
+    case 3: return m.pick(2) == 0;
+    case 4: return nullptr;
+    case 5: {
+      json list = json::array();
+      for (size_t i = m.pick(4); i > 0; --i) list.push_back(random_value(m, depth + 1));
+      return list;
+    }
+    default: {
+      json object = json::object();
+      for (size_t i = m.pick(4); i > 0; --i) object["k" + std::to_string(m.pick(10))] = random_value(m, depth + 1);
+      return object;
+    }
+  }
+}
+
+ParsedOutput parse_in_pieces(const std::string& text, size_t cut) {
+  Gemma4OutputParser parser;
+  ParsedOutput out = parser.push(text.substr(0, cut));
+  out.append(parser.push(text.substr(cut)));
+  out.append(parser.finish());
+  return out;
+}
+
+TEST(ServeFuzz, ToolCallParserNeverCrashesAndIsSplitInvariant) {
+  test::Mutator mutator(test::fuzz_seed(18));
+  const uint64_t runs = test::fuzz_runs(3000);
+  int parsed = 0;
+  for (uint64_t run = 0; run < runs; ++run) {
+    json arguments = json::object();
+    for (size_t i = mutator.pick(4); i > 0; --i) arguments["a" + std::to_string(i)] = random_value(mutator, 0);
+    std::string body = "call:f" + std::to_string(run % 7) + format_gemma4_value(arguments, mutator.pick(2) == 0);
+    std::vector<uint8_t> bytes(body.begin(), body.end());
+    if (run % 2 == 1) mutator.mutate_bytes(bytes);
+    body.assign(bytes.begin(), bytes.end());
+    SCOPED_TRACE("run " + std::to_string(run) + ": " + body.substr(0, 300));
+    if (const std::optional<ParsedToolCall> call = parse_gemma4_tool_call(body)) {
+      ++parsed;
+      ASSERT_TRUE(call->arguments.is_object());
+      EXPECT_NO_THROW(call->arguments.dump()) << "arguments must be valid JSON (UTF-8 strings)";
+      if (run % 2 == 0) EXPECT_EQ(call->arguments, arguments) << "an unmutated call reads back as written";
+    } else {
+      EXPECT_EQ(run % 2, 1u) << "an unmutated call must parse";
+    }
+    const std::string text = "a<|tool_call>" + body + "<tool_call|>b<|channel>thought\nc" + body.substr(body.size() / 2);
+    const ParsedOutput whole = parse_in_pieces(text, text.size());
+    const ParsedOutput split = parse_in_pieces(text, mutator.pick(text.size() + 1));
+    EXPECT_EQ(whole.content, split.content);
+    EXPECT_EQ(whole.reasoning, split.reasoning);
+    EXPECT_EQ(whole.tool_calls.size(), split.tool_calls.size());
+  }
+  EXPECT_GT(parsed, int(runs / 3)) << "the fuzzer should mostly make calls that parse";
+}
+
+}  // namespace
+}  // namespace g4
