@@ -499,8 +499,14 @@ def fortune_example(rng, topic, body):
     q = rng.choice([f"Tell me a fortune about {topic}.", f"Tell me a fortune about {topic}.", "Tell me a fortune.",
                     f"Give me a quote about {topic}."])
     body = body.strip()
-    return {"kind": "fortune", "messages": [{"role": "user", "content": q}], "tools": None,
-            "completion": _answer_completion(body), "final": {"role": "assistant", "content": body}}
+    return _with_text({"kind": "fortune", "messages": [{"role": "user", "content": q}], "tools": None,
+                       "completion": _answer_completion(body), "final": {"role": "assistant", "content": body}})
+
+
+def _with_text(ex):
+    """The training text: the prompt as the template renders it, then the model's completion."""
+    ex["text"] = render(ex["messages"], ex["tools"]) + ex["completion"]
+    return ex
 
 
 def chat_examples(count, seed=CHAT_SEED):
@@ -517,8 +523,7 @@ def chat_examples(count, seed=CHAT_SEED):
             ex = tool_example(rng, "calc")
         else:
             ex = plain_example(rng)
-        ex["text"] = render(ex["messages"], ex["tools"]) + ex["completion"]
-        out.append(ex)
+        out.append(_with_text(ex))
     return out
 
 
