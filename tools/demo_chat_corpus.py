@@ -12,7 +12,8 @@ turns, tool calls and tool responses, thinking off. A completion is what the tem
 the model's next message: a tool call followed by <|tool_response> (where generation stops and the
 caller appends the response), or an answer followed by <turn|> (the stop token; the "\n" after it
 belongs to the next prompt). `check` proves both against the template rendered by a real Jinja
-engine (npm @huggingface/jinja, as tests/test_chat_template_jinja.cpp does):
+engine (npm @huggingface/jinja@0.5.11, the package and version tests/test_chat_template_jinja.cpp
+installs):
 
     python3 tools/demo_chat_corpus.py check NODE_MODULES_DIR [COUNT]   # prints "N examples equal"
     python3 tools/demo_chat_corpus.py sample [COUNT]                   # prints example texts
@@ -556,8 +557,15 @@ def golden_prompts():
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "chat-templates",
                         "gemma-4-31B-it.jinja")
-RENDERER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tokenizer",
-                        "render_chat_template.js")
+# @huggingface/jinja renders each {messages, tools?, add_generation_prompt} item of INPUTS_JSON.
+RENDER_JS = """
+const fs = require("fs"), path = require("path");
+const [nodeModules, templatePath, inputsPath, outputPath] = process.argv.slice(1);
+const { Template } = require(path.join(nodeModules, "@huggingface", "jinja"));
+const template = new Template(fs.readFileSync(templatePath, "utf8"));
+const items = JSON.parse(fs.readFileSync(inputsPath, "utf8"));
+fs.writeFileSync(outputPath, JSON.stringify(items.map((item) => template.render({ bos_token: "<bos>", ...item }))));
+"""
 
 
 def check(node_modules, count):
@@ -576,8 +584,8 @@ def check(node_modules, count):
     with tempfile.TemporaryDirectory() as tmp:
         inputs, outputs = os.path.join(tmp, "in.json"), os.path.join(tmp, "out.json")
         json.dump([{k: v for k, v in item.items() if v is not None} for item in items], open(inputs, "w"))
-        subprocess.run(["node", RENDERER, node_modules, TEMPLATE, inputs, outputs], check=True)
-        official = json.load(open(outputs, encoding="utf-8"))["template_default"]
+        subprocess.run(["node", "-e", RENDER_JS, node_modules, TEMPLATE, inputs, outputs], check=True)
+        official = json.load(open(outputs, encoding="utf-8"))
     bad = 0
     for item, text in zip(items, official):
         ours = render(item["messages"], item.get("tools"), item["add_generation_prompt"])
@@ -587,7 +595,6 @@ def check(node_modules, count):
                 at = next((i for i, (a, b) in enumerate(zip(ours, text)) if a != b), min(len(ours), len(text)))
                 print(f"MISMATCH at byte {at}:\n ours:     {ours[max(0, at - 80):at + 80]!r}\n official: "
                       f"{text[max(0, at - 80):at + 80]!r}", file=sys.stderr)
-    assert official[0] == render(PARIS_MESSAGES, [PARIS_TOOL])
     for ex, prompt, full in zip(examples, official[2::2], official[3::2]):
         if ex["kind"].endswith("_answer"):
             # The answer continues the model turn that holds the call and response.
