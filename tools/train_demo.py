@@ -127,6 +127,7 @@ def tensors(data, rows):
 
 def evaluate(model, data, device):
     """Summed nats over every predicted token of `data` (and the count)."""
+    was_training = model.training
     model.eval()
     total, count = 0.0, 0
     batches = make_batches(data, random.Random(0))
@@ -137,7 +138,7 @@ def evaluate(model, data, device):
             n = int((labels[:, 1:] != -100).sum())
             total += float(out.loss) * n
             count += n
-    model.train()
+    model.train(was_training)
     return total, count
 
 
