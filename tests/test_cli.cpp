@@ -9,11 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gguf_model.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 
 namespace g4 {
 namespace {
 
+// The embedded demo's file; the logits tests use the fortune demo, whose vocabulary, window and
+// context their numbers are (support/demo_engine.h).
 const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 
 // Only what a command writes on stdout.
@@ -63,7 +66,7 @@ TEST(Cli, UnknownCommandListsTheCommands) {
 TEST(Cli, LogitsDefaultContextFitsTheModel) {
   // Three tokens: the default context used to be 4, below the demo model's sliding window (64).
   const std::string out = test::temp_dir("logits_default") + "/logits.f32";
-  test::CommandResult r = test::run_g4("logits --model_path " + kDemo + " --tokens 2,5,7 --out " + out);
+  test::CommandResult r = test::run_g4("logits --model_path " + test::fortune_demo_path() + " --tokens 2,5,7 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(std::filesystem::file_size(out), 3u * 4096u * sizeof(float));
   r = test::run_g4("logits --model_path " + test::fixture_dir("tiny-31b-style") + " --tokens 2,5,7 --out " + out);
@@ -72,7 +75,7 @@ TEST(Cli, LogitsDefaultContextFitsTheModel) {
 
 TEST(Cli, LogitsContextOutsideTheModelsLimits) {
   const std::string out = test::temp_dir("logits_limits") + "/logits.f32";
-  const std::string base = "logits -m " + kDemo + " --tokens 2,5,7 --out " + out;
+  const std::string base = "logits -m " + test::fortune_demo_path() + " --tokens 2,5,7 --out " + out;
   test::CommandResult r = test::run_g4(base + " --max_seq_len 10");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("max_seq_len 10 is below what the model needs: at least 64 (the sliding window)"),

@@ -23,6 +23,7 @@
 #include "runtime/session.h"
 #include "sampling/sampling_params.h"
 #include "support/cuda_vs_cpu.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "support/generation.h"
 #include "util/error.h"
@@ -547,7 +548,7 @@ TEST(CudaDemoModel, LogitsMatchTransformersWithinTheBf16Bound) {
   auto gpu = cuda_backend_or_null();
   REQUIRE_GPU(gpu);
   const test::Reference ref = test::load_demo_reference();
-  auto model = load_model(std::string(G4_SOURCE_DIR) + "/models/demo.gguf", *gpu);
+  auto model = load_model(test::fortune_demo_path(), *gpu);
   SessionOptions o;
   o.max_seq_len = ref.positions + 1;
   Session s(*model, *gpu, o);
@@ -582,7 +583,7 @@ TEST(CudaDemoModel, GreedyGenerationEqualsTheCpuUntilAnUnclearMargin) {
   auto gpu = cuda_backend_or_null();
   REQUIRE_GPU(gpu);
   CpuBackend cpu(2);
-  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  const std::string demo = test::fortune_demo_path();
   auto cpu_model = load_model(demo, cpu), gpu_model = load_model(demo, *gpu);
   const auto golden = nlohmann::json::parse(std::ifstream(std::string(G4_FIXTURES_DIR) + "/demo/golden.json"));
   const std::vector<int32_t> prompt = golden["continuations"][0]["prompt_ids"].get<std::vector<int32_t>>();

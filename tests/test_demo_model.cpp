@@ -1,5 +1,6 @@
-// The committed demo model (models/demo.gguf) against transformers: greedy continuations and
-// tokenizer ids made by tools/train_demo.py from the same weights (tests/fixtures/demo/golden.json).
+// The fortune demo (the earlier embedded model, kept as a fixture: support/demo_engine.h) against
+// transformers: greedy continuations and tokenizer ids made by the training script of the time from
+// the same weights (tests/fixtures/demo/golden.json), float64 logits from its checkpoint.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -7,20 +8,16 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "model/hf_checkpoint.h"
-#include "model/gguf_export.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/session.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
-#include "util/files.h"
 
 namespace g4 {
 namespace {
-
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 
 nlohmann::json golden() {
   return nlohmann::json::parse(std::ifstream(std::string(G4_FIXTURES_DIR) + "/demo/golden.json"));
@@ -28,7 +25,7 @@ nlohmann::json golden() {
 
 std::unique_ptr<Engine> demo_engine() {
   EngineOptions o;
-  o.model_path = kDemo;
+  o.model_path = test::fortune_demo_path();
   return std::make_unique<Engine>(o);
 }
 
@@ -37,22 +34,11 @@ std::unique_ptr<Engine> demo_engine() {
 TEST(DemoModel, LogitsMatchTransformersFloat64AtEveryPosition) {
   const test::Reference ref = test::load_demo_reference();
   CpuBackend cpu(2);
-  auto model = load_model(kDemo, cpu);
+  auto model = load_model(test::fortune_demo_path(), cpu);
   SessionOptions o;
   o.max_seq_len = ref.positions + 1;
   Session s(*model, cpu, o);
   EXPECT_LE(test::max_abs_diff(test::stored_rows(s.logits_all(ref.tokens), ref), ref.logits), 1e-3);
-}
-
-// models/demo.gguf is exactly g4's export of the checkpoint the training script wrote
-// (tests/fixtures/demo/hf, the oracle's source), so the oracle above tests the exporter too.
-TEST(DemoModel, IsTheExportOfItsCheckpoint) {
-  const std::string path = test::temp_dir("demo_export") + "/demo.gguf";
-  ExportOptions options;
-  options.use_sampling = true;
-  options.weights = DType::BF16;
-  export_gguf(HfCheckpoint(std::string(G4_FIXTURES_DIR) + "/demo/hf"), path, options);
-  EXPECT_TRUE(read_file(path) == read_file(kDemo)) << "re-export tests/fixtures/demo/hf: tools/gpu_install_demo.sh";
 }
 
 TEST(DemoModel, IsASamplingProgramWithItsTokenizer) {

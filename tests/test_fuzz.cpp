@@ -29,6 +29,7 @@
 #include "model/gguf_model.h"
 #include "model/loader.h"
 #include "runtime/session.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "support/fuzz.h"
 #include "tokenizer/tokenizer.h"
@@ -243,7 +244,7 @@ TEST(Fuzz, GgufModel) {
 // --- tokenizer.json ---------------------------------------------------------------------------------
 
 std::string demo_tokenizer_json() {
-  return GgufFile(std::string(G4_SOURCE_DIR) + "/models/demo.gguf").metadata().get_string(gguf_key::kTokenizerJson);
+  return GgufFile(test::fortune_demo_path()).metadata().get_string(gguf_key::kTokenizerJson);
 }
 
 // Builds the tokenizer and uses it: encode (with and without special tokens), decode, stream.

@@ -22,6 +22,7 @@
 #include "model/loader.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 #include "util/files.h"
@@ -30,7 +31,6 @@ namespace g4 {
 namespace {
 
 const std::string kDir = std::string(G4_FIXTURES_DIR) + "/llamacpp/";
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 // Where g4's top-2 margin on the demo exceeds this, llama.cpp's native rounding (at most 0.26
 // logits measured) cannot change the greedy token: twice that, rounded up.
 constexpr double kNativeClearMargin = 0.5;
@@ -137,8 +137,8 @@ TEST(LlamaCppFiles, FixtureQuantizedByLlamaCppRunsWithItsLogits) {
 }
 
 // llama-completion's greedy text (llama.cpp's converted bf16 file and its Q4_0/Q4_K_M files) against
-// g4's greedy continuation of the same raw prompt on the same weights (bf16: models/demo.gguf, the
-// same checkpoint): equal, or parting only at a step where g4's top-2 margin is below
+// g4's greedy continuation of the same raw prompt on the same weights (bf16: the fortune demo
+// exported by g4, the same checkpoint): equal, or parting only at a step where g4's top-2 margin is below
 // kNativeClearMargin (a near-tie that llama.cpp's activation rounding decides).
 TEST(LlamaCppFiles, GreedyTextEqualsLlamaCompletionUntilANearTie) {
   const nlohmann::json g = golden();
@@ -146,7 +146,7 @@ TEST(LlamaCppFiles, GreedyTextEqualsLlamaCompletionUntilANearTie) {
   for (const auto& c : g["demo_completions"]) {
     const std::string type = c["type"], prompt = c["prompt"], want = c["text"];
     if (type == "q8_0") continue;  // the demo's Q8_0 file is not committed (tools/llamacpp_golden_select.py)
-    const std::string path = type == "bf16" ? kDemo : kDir + "demo-" + type + ".gguf";
+    const std::string path = type == "bf16" ? test::fortune_demo_path() : kDir + "demo-" + type + ".gguf";
     auto backend = make_backend("cpu");
     auto model = load_model(path, *backend);
     const Tokenizer tokenizer = Tokenizer::from_json(*model_tokenizer_json(path));
@@ -186,7 +186,7 @@ TEST(LlamaCppFiles, GreedyTextEqualsLlamaCompletionUntilANearTie) {
 TEST(LlamaCppFiles, PerplexityAndKlDivergenceMatchLlamaPerplexity) {
   const nlohmann::json g = golden();
   const std::string text = read_file(std::string(G4_FIXTURES_DIR) + "/demo/heldout.txt");
-  const Tokenizer tokenizer = Tokenizer::from_json(*model_tokenizer_json(kDemo));
+  const Tokenizer tokenizer = Tokenizer::from_json(*model_tokenizer_json(test::fortune_demo_path()));
   std::vector<int32_t> tokens = {2};
   for (int32_t id : tokenizer.encode(text, false)) tokens.push_back(id);
   // llama-tokenize's ids of the same text (then ending in a newline, since dropped): equal but the last.
@@ -199,7 +199,7 @@ TEST(LlamaCppFiles, PerplexityAndKlDivergenceMatchLlamaPerplexity) {
   o.n_ctx = 256;
   SessionOptions so;
   so.max_seq_len = o.n_ctx;
-  auto base_model = load_model(kDemo, *backend);
+  auto base_model = load_model(test::fortune_demo_path(), *backend);
   Session base(*base_model, *backend, so);
   const PerplexityResult bf16 = measure_perplexity(base, nullptr, tokens, o);
   EXPECT_EQ(bf16.chunks, 21);

@@ -14,6 +14,7 @@
 #include "model/gguf_export.h"
 #include "model/loader.h"
 #include "runtime/session.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
 
@@ -284,7 +285,7 @@ TEST(ModelErrors, WeightsLargerThanTheFreeMemory) {
    private:
     size_t free_bytes_;
   };
-  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";  // 11.7 MB of weights
+  const std::string demo = test::fortune_demo_path();  // 11.7 MB of weights
   SmallDevice full(size_t(1) << 30);  // the workspace margin alone
   const std::string error = test::error_of([&] { load_model(demo, full); });
   EXPECT_NE(error.find("the model's weights need 0.01 GiB of cpu memory (plus 1.00 GiB for workspaces and the KV "

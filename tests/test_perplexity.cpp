@@ -8,6 +8,7 @@
 #include "backend/backend_factory.h"
 #include "model/loader.h"
 #include "runtime/perplexity.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 
 namespace g4 {
@@ -15,11 +16,10 @@ namespace {
 
 using test::error_of;
 
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
 
 struct Demo {
   std::unique_ptr<Backend> backend = make_backend("cpu");
-  std::unique_ptr<Gemma4> model = load_model(kDemo, *backend);
+  std::unique_ptr<Gemma4> model = load_model(test::fortune_demo_path(), *backend);
   Session session(int64_t n_ctx) {
     SessionOptions so;
     so.max_seq_len = n_ctx;
@@ -86,7 +86,7 @@ TEST(Perplexity, BadInputsAreNamed) {
   o.n_ctx = 2;
   EXPECT_NE(error_of([&] { measure_perplexity(s, nullptr, some_tokens(300), o); }).find("at least 4"),
             std::string::npos);
-  const test::CommandResult missing = test::run_g4("perplexity -m " + kDemo + " -f /nonexistent.txt");
+  const test::CommandResult missing = test::run_g4("perplexity -m " + test::fortune_demo_path() + " -f /nonexistent.txt");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("/nonexistent.txt"), std::string::npos) << missing.output;
 }

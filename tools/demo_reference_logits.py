@@ -1,6 +1,6 @@
-"""transformers' float64 logits of the trained demo model, computed from the Hugging Face checkpoint
-that tools/train_demo.py saved (tests/fixtures/demo/hf) — never from g4's own export of it, so that
-an export bug cannot hide in the oracle.
+"""transformers' float64 logits of the fortune demo, computed from the Hugging Face checkpoint that
+the training script of its time saved (tests/fixtures/demo/hf) — never from g4's own export of it,
+so that an export bug cannot hide in the oracle.
 
 Random-weight fixtures amplify rounding layer by layer; a trained model does not, which makes this
 the oracle for the bf16 tolerance (docs/DESIGN.md, "Oracles"). The text is longer than two sliding

@@ -1,5 +1,10 @@
-// The demo model (models/demo.gguf) on an engine whose KV budget holds `sequences` sequences of
-// max_seq_len positions: the engine of the session and scheduler tests.
+// The two demo models of the tests (docs/DESIGN.md §6, "Demo model"):
+// - the embedded demo, models/demo.gguf, the model `g4 run`, `g4 chat` and `g4 serve` use without
+//   --model_path (the chat and tool-call demo);
+// - the fortune demo, the earlier embedded model, kept as a fixture: its Hugging Face checkpoint
+//   (tests/fixtures/demo/hf) is the source of the oracles in tests/fixtures/demo (transformers'
+//   logits, golden.json) and of llama.cpp's goldens (tests/fixtures/llamacpp), and the engine
+//   tests' prompts, windows and context lengths were written for it.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -9,6 +14,15 @@
 
 namespace g4::test {
 
+// models/demo.gguf: the bytes linked into g4.
+std::string embedded_demo_path();
+
+// g4's bf16 sampling export of tests/fixtures/demo/hf, exactly what models/demo.gguf was while the
+// fortune demo was embedded; exported once per test process into its temp_dir.
+const std::string& fortune_demo_path();
+
+// The fortune demo on an engine whose KV budget holds `sequences` sequences of max_seq_len
+// positions: the engine of the session and scheduler tests.
 std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, const std::string& backend = "cpu");
 
 }  // namespace g4::test
