@@ -544,7 +544,7 @@ TEST(ServeCli, SigtermStopsTheServerWithExitStatusZero) {
     if (pid == 0) {
       dup2(err[1], 2);
       close(err[0]);
-      execl(G4_BINARY, G4_BINARY, "serve", "--port", "0", "--max_seq_len", "64", static_cast<char*>(nullptr));
+      execl(G4_BINARY, G4_BINARY, "serve", "--port", "0", "--max_seq_len", "256", static_cast<char*>(nullptr));
       _exit(127);
     }
     close(err[1]);
