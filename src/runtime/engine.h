@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/comm/communicator.h"
 #include "model/loader.h"
 #include "runtime/model_runner.h"
 #include "runtime/session.h"
@@ -27,6 +28,13 @@ struct EngineOptions {
   // max_seq_len (what g4 run and g4 chat use).
   size_t kv_budget_bytes = 0;
   int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)
+  // Tensor parallel (docs/DESIGN.md, "Tensor parallel"): the model split over `tp` ranks, one
+  // thread and one device each (CUDA: GPU r; CPU: threads / tp workers each). An engine of a split
+  // model is one rank: run_tensor_parallel (runtime/tensor_parallel.h) makes one per rank, setting
+  // tp_group and tp_rank.
+  int tp = 1;
+  CommGroup* tp_group = nullptr;
+  int tp_rank = 0;
 };
 
 // What the reference design's program returns for a forward.
@@ -47,6 +55,10 @@ class Engine {
   const GenerationDefaults& generation_defaults() const { return loaded_.generation; }
   const std::optional<std::string>& chat_template() const { return loaded_.chat_template; }
   Backend& backend() { return *backend_; }
+  // This engine's rank of a split model (0 of 1 unsplit), and its communicator (nullptr unsplit).
+  int tp_rank() const { return comm_ ? comm_->rank() : 0; }
+  int tp_size() const { return comm_ ? comm_->size() : 1; }
+  Communicator* communicator() const { return comm_.get(); }
   ModelRunner& runner() { return *runner_; }
   KvPool& kv_pool() { return runner_->kv_pool(); }
 
@@ -66,6 +78,7 @@ class Engine {
 
  private:
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> comm_;  // before loaded_: the model keeps a reference
   LoadedProgram loaded_;
   std::unique_ptr<ModelRunner> runner_;
 };

@@ -1,0 +1,82 @@
+#include "runtime/tensor_parallel.h"
+
+#include <thread>
+#include <vector>
+
+#include "backend/backend_factory.h"
+#include "util/error.h"
+
+namespace g4 {
+
+void check_tensor_parallel_options(const EngineOptions& o) {
+  G4_CHECK(o.tp >= 1, "--tp must be at least 1, got " + std::to_string(o.tp));
+  if (o.tp == 1 || o.backend != "cuda") return;
+  const int gpus = cuda_devices();
+  G4_CHECK(o.tp <= gpus, "--tp " + std::to_string(o.tp) + " needs " + std::to_string(o.tp) + " CUDA GPUs, and " +
+                             std::to_string(gpus) + " " + (gpus == 1 ? "is" : "are") + " present");
+  G4_CHECK(nccl_available(), "--tp " + std::to_string(o.tp) +
+                                 " on CUDA needs NCCL, and this g4 was built without it (CMake found no nccl.h and "
+                                 "libnccl with the CUDA toolkit)");
+}
+
+namespace {
+
+std::unique_ptr<CommGroup> group_for(const EngineOptions& o) {
+  if (o.backend == "cpu") return make_cpu_comm_group(o.tp);
+  if (o.backend == "cuda") return make_nccl_comm_group(o.tp);
+  throw Error("unknown backend '" + o.backend + "' (expected cpu or cuda)");
+}
+
+// What one rank thread ended with: nothing, its own failure, or a peer's.
+struct RankOutcome {
+  std::string own_error, peer_error;
+};
+
+void run_rank(const EngineOptions& options, CommGroup& group, int rank, const std::function<void(Engine&)>& body,
+              RankOutcome& outcome) {
+  const std::string who = "rank " + std::to_string(rank);
+  try {
+    EngineOptions mine = options;
+    mine.tp_group = &group;
+    mine.tp_rank = rank;
+    Engine engine(mine);
+    try {
+      body(engine);
+    } catch (const PeerFailure&) {
+      throw;
+    } catch (const std::exception& e) {  // abort while this rank's communicator still exists
+      group.abort(who + " failed: " + e.what());
+      throw;
+    }
+  } catch (const PeerFailure& e) {
+    outcome.peer_error = e.what();
+  } catch (const std::exception& e) {
+    outcome.own_error = e.what();
+    group.abort(who + " failed: " + e.what());  // idempotent: the first reason stays
+  }
+}
+
+}  // namespace
+
+void run_tensor_parallel(const EngineOptions& options, const std::function<void(Engine&)>& body) {
+  check_tensor_parallel_options(options);
+  if (options.tp == 1) {
+    Engine engine(options);
+    body(engine);
+    return;
+  }
+  const std::unique_ptr<CommGroup> group = group_for(options);
+  std::vector<RankOutcome> outcomes(size_t(options.tp));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < options.tp; ++r)
+    ranks.emplace_back([&, r] { run_rank(options, *group, r, body, outcomes[size_t(r)]); });
+  for (std::thread& t : ranks) t.join();
+  // The root cause: the lowest rank that failed by itself (all ranks fail alike on a bad flag);
+  // else a peer's report (a timeout names the rank that stopped).
+  for (const RankOutcome& o : outcomes)
+    if (!o.own_error.empty()) throw Error(o.own_error);
+  for (const RankOutcome& o : outcomes)
+    if (!o.peer_error.empty()) throw Error(o.peer_error);
+}
+
+}  // namespace g4
