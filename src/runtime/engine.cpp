@@ -9,9 +9,7 @@
 
 namespace g4 {
 
-namespace {
-
-std::unique_ptr<Backend> backend_for(const EngineOptions& options) {
+std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options) {
   G4_CHECK(options.threads >= 0, "threads must be >= 0 (0 = one per hardware thread), got " +
                                      std::to_string(options.threads));
   G4_CHECK(options.tp == 1 || options.tp_group, "an engine of a model split over " + std::to_string(options.tp) +
@@ -25,6 +23,8 @@ std::unique_ptr<Backend> backend_for(const EngineOptions& options) {
   return make_backend(options.backend, options.tp > 1 ? options.tp_rank : -1);
 }
 
+namespace {
+
 std::unique_ptr<Communicator> communicator_for(const EngineOptions& options, Backend& backend) {
   if (!options.tp_group) return nullptr;
   return options.tp_group->join(options.tp_rank, backend);
@@ -32,21 +32,18 @@ std::unique_ptr<Communicator> communicator_for(const EngineOptions& options, Bac
 
 // A rank that fails to load aborts the group first, so that its peers stop waiting for it.
 LoadedProgram load_for(const EngineOptions& options, Backend& backend, Communicator* comm) {
-  try {
+  auto load = [&] {
     return options.model_image ? load_program(*options.model_image, backend, comm)
                                : load_program(options.model_path, backend, comm);
-  } catch (const PeerFailure&) {
-    throw;
-  } catch (const std::exception& e) {
-    if (comm) comm->abort("rank " + std::to_string(comm->rank()) + " failed: " + e.what());
-    throw;
-  }
+  };
+  if (!comm) return load();
+  return run_or_abort(comm->rank(), [&](const std::string& why) { comm->abort(why); }, load);
 }
 
 }  // namespace
 
 Engine::Engine(const EngineOptions& options)
-    : backend_(backend_for(options)),
+    : backend_(make_engine_backend(options)),
       comm_(communicator_for(options, *backend_)),
       loaded_(load_for(options, *backend_, comm_.get())) {
   RunnerOptions ro;

@@ -37,6 +37,10 @@ struct EngineOptions {
   int tp_rank = 0;
 };
 
+// The backend an engine of `options` runs on: rank tp_rank's device (CUDA), or its share of the
+// CPU worker threads (threads / tp each, so that the ranks do not oversubscribe the cores).
+std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options);
+
 // What the reference design's program returns for a forward.
 struct ForwardResult {
   int64_t token = -1;         // sampling program: the sampled token

@@ -19,57 +19,38 @@ void check_tensor_parallel_options(const EngineOptions& o) {
                                  "libnccl with the CUDA toolkit)");
 }
 
-namespace {
-
-std::unique_ptr<CommGroup> group_for(const EngineOptions& o) {
+std::unique_ptr<CommGroup> make_comm_group(const EngineOptions& o) {
+  check_tensor_parallel_options(o);
   if (o.backend == "cpu") return make_cpu_comm_group(o.tp);
   if (o.backend == "cuda") return make_nccl_comm_group(o.tp);
   throw Error("unknown backend '" + o.backend + "' (expected cpu or cuda)");
 }
+
+namespace {
 
 // What one rank thread ended with: nothing, its own failure, or a peer's.
 struct RankOutcome {
   std::string own_error, peer_error;
 };
 
-void run_rank(const EngineOptions& options, CommGroup& group, int rank, const std::function<void(Engine&)>& body,
-              RankOutcome& outcome) {
-  const std::string who = "rank " + std::to_string(rank);
+void run_rank(CommGroup& group, int rank, const std::function<void(int)>& rank_main, RankOutcome& outcome) {
   try {
-    EngineOptions mine = options;
-    mine.tp_group = &group;
-    mine.tp_rank = rank;
-    Engine engine(mine);
-    try {
-      body(engine);
-    } catch (const PeerFailure&) {
-      throw;
-    } catch (const std::exception& e) {  // abort while this rank's communicator still exists
-      group.abort(who + " failed: " + e.what());
-      throw;
-    }
+    rank_main(rank);
   } catch (const PeerFailure& e) {
     outcome.peer_error = e.what();
   } catch (const std::exception& e) {
     outcome.own_error = e.what();
-    group.abort(who + " failed: " + e.what());  // idempotent: the first reason stays
+    group.abort("rank " + std::to_string(rank) + " failed: " + e.what());  // the first reason stays
   }
 }
 
 }  // namespace
 
-void run_tensor_parallel(const EngineOptions& options, const std::function<void(Engine&)>& body) {
-  check_tensor_parallel_options(options);
-  if (options.tp == 1) {
-    Engine engine(options);
-    body(engine);
-    return;
-  }
-  const std::unique_ptr<CommGroup> group = group_for(options);
-  std::vector<RankOutcome> outcomes(size_t(options.tp));
+void run_rank_threads(CommGroup& group, const std::function<void(int rank)>& rank_main) {
+  std::vector<RankOutcome> outcomes(size_t(group.size()));
   std::vector<std::thread> ranks;
-  for (int r = 0; r < options.tp; ++r)
-    ranks.emplace_back([&, r] { run_rank(options, *group, r, body, outcomes[size_t(r)]); });
+  for (int r = 0; r < group.size(); ++r)
+    ranks.emplace_back([&, r] { run_rank(group, r, rank_main, outcomes[size_t(r)]); });
   for (std::thread& t : ranks) t.join();
   // The root cause: the lowest rank that failed by itself (all ranks fail alike on a bad flag);
   // else a peer's report (a timeout names the rank that stopped).
@@ -77,6 +58,25 @@ void run_tensor_parallel(const EngineOptions& options, const std::function<void(
     if (!o.own_error.empty()) throw Error(o.own_error);
   for (const RankOutcome& o : outcomes)
     if (!o.peer_error.empty()) throw Error(o.peer_error);
+}
+
+// A rank's failure must reach its peers while its communicator still exists (the Engine's), so
+// the body's errors abort the group inside the Engine's lifetime.
+void run_tensor_parallel(const EngineOptions& options, const std::function<void(Engine&)>& body) {
+  check_tensor_parallel_options(options);
+  if (options.tp == 1) {
+    Engine engine(options);
+    body(engine);
+    return;
+  }
+  const std::unique_ptr<CommGroup> group = make_comm_group(options);
+  run_rank_threads(*group, [&](int rank) {
+    EngineOptions mine = options;
+    mine.tp_group = group.get();
+    mine.tp_rank = rank;
+    Engine engine(mine);
+    run_or_abort(rank, [&](const std::string& why) { group->abort(why); }, [&] { body(engine); });
+  });
 }
 
 }  // namespace g4

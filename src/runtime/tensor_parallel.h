@@ -20,4 +20,10 @@ void run_tensor_parallel(const EngineOptions& options, const std::function<void(
 // The checks that need no model: tp >= 1, enough CUDA GPUs for the ranks, NCCL in this build.
 void check_tensor_parallel_options(const EngineOptions& options);
 
+// The layer under run_tensor_parallel, for work that makes its own models (g4 bench's synthetic
+// one): the group of options.tp ranks of options.backend (after check_tensor_parallel_options),
+// and rank_main(r) on one thread per rank with run_tensor_parallel's failure handling.
+std::unique_ptr<CommGroup> make_comm_group(const EngineOptions& options);
+void run_rank_threads(CommGroup& group, const std::function<void(int rank)>& rank_main);
+
 }  // namespace g4

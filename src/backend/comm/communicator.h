@@ -48,6 +48,21 @@ class CommGroup {
   virtual void abort(const std::string& why) = 0;
 };
 
+// Returns work(); when work throws (other than PeerFailure), first aborts the group with
+// abort("rank R failed: <what>") so that no peer waits for this rank, then rethrows. A rank calls
+// it while its communicator still exists: unwinding may destroy it.
+template <typename Abort, typename Work>
+auto run_or_abort(int rank, Abort&& abort, Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const PeerFailure&) {
+    throw;
+  } catch (const std::exception& e) {
+    abort("rank " + std::to_string(rank) + " failed: " + e.what());
+    throw;
+  }
+}
+
 // How long a rank waits in a collective for its peers before it fails the group: long enough for
 // the slowest step between two collectives (one layer of a CPU prefill chunk), short enough that a
 // stuck peer gives an error instead of a hang.
