@@ -301,6 +301,48 @@ TEST(TensorParallel, ARankThatFailsMidGenerationStopsEveryRank) {
   EXPECT_EQ(peers_stopped.load(), 1);
 }
 
+// ---- the command line ----
+
+// The output of g4 `arguments`, which must succeed, up to its report (timings differ run to run).
+std::string output_of(const std::string& arguments) {
+  const test::CommandResult r = test::run_g4(arguments);
+  EXPECT_EQ(r.exit_code, 0) << arguments << ": " << r.output;
+  return r.output.substr(0, r.output.find("--- report ---"));
+}
+
+TEST(TensorParallelCli, RunPrintsTheTokensOfOneRank) {
+  for (const std::string sampling : {"--temperature 0", "--temperature 1 --top_k 50 --seed 3"}) {
+    const std::string base = "run --prompt 'The fox' -n 24 --print_token_ids " + sampling;
+    const std::string want = output_of(base);
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(output_of(base + " --tp 2"), want) << sampling;  // printed once: by rank 0
+    EXPECT_EQ(output_of(base + " --tp 4"), want) << sampling;
+  }
+}
+
+TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
+  auto error_of = [](const std::string& arguments) {
+    const test::CommandResult r = test::run_g4(arguments);
+    EXPECT_NE(r.exit_code, 0) << arguments;
+    return r.output;
+  };
+  EXPECT_NE(error_of("run -p x --tp 3").find("--tp 3: 4 query heads are not divisible by 3"), std::string::npos);
+  EXPECT_NE(error_of("chat --tp 2").find("g4 chat --tp 2: this command does not run a split model yet"),
+            std::string::npos);
+  EXPECT_NE(error_of("run -p x --tp 2 --backend cuda --cuda_graph").find("--cuda_graph does not run with --tp > 1"),
+            std::string::npos);
+  EXPECT_NE(error_of("bench --synthetic 31b --tp 2").find("--tp 2 needs 2 CUDA GPUs, and " +
+                                                          std::to_string(cuda_devices())),
+            std::string::npos);
+}
+
+TEST(TensorParallelCli, BenchReportsTheCollectivesShare) {
+  const std::string out =
+      output_of("bench --model_path " + kDemo + " --backend cpu --tp 2 --prompt_len 16 --gen 4");
+  for (const char* key : {"\"tp\": 2", "\"decode_greedy_tok_s\"", "\"prefill_s_median\"", "\"all_reduce_pct_of_step\""})
+    EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
+}
+
 // ---- CUDA: two GPUs (skips with the count found) ----
 
 int usable_gpus() { return cuda_devices(); }
