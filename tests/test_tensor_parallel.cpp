@@ -134,24 +134,8 @@ TEST(CpuCommunicator, APeerThatNeverComesTimesOut) {
 
 // ---- splitting the model ----
 
-ModelConfig config_31b_heads() {
-  ModelConfig c;
-  c.vocab_size = 262144;
-  c.hidden_size = 5376;
-  c.intermediate_size = 21504;
-  c.num_heads = 32;
-  for (int i = 0; i < 60; ++i) {
-    LayerConfig l;
-    l.sliding = i % 6 != 5;
-    l.head_dim = l.sliding ? 256 : 512;
-    l.kv_heads = l.sliding ? 16 : 4;
-    c.layers.push_back(l);
-  }
-  return c;
-}
-
 TEST(TensorParallel, NMustSplitTheHeadsAndWidths) {
-  const ModelConfig c = config_31b_heads();
+  const ModelConfig c = gemma4_31b_config();
   for (int ok : {1, 2, 4, 8, 16, 32}) EXPECT_NO_THROW(check_tensor_parallel(c, ok)) << ok;
   EXPECT_EQ(test::error_of([&] { check_tensor_parallel(c, 3); }), "--tp 3: 32 query heads are not divisible by 3");
   EXPECT_EQ(test::error_of([&] { check_tensor_parallel(c, 0); }), "--tp must be at least 1, got 0");

@@ -37,31 +37,6 @@ struct BenchOptions {
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
 };
 
-// docs/DESIGN.md §2: Gemma 4 31B (full attention every 6th layer, K=V, proportional RoPE on full layers).
-ModelConfig gemma4_31b_config() {
-  ModelConfig c;
-  c.vocab_size = 262144;
-  c.hidden_size = 5376;
-  c.intermediate_size = 21504;
-  c.num_heads = 32;
-  c.rms_norm_eps = 1e-6;
-  c.final_logit_softcap = 30.0;
-  c.sliding_window = 1024;
-  c.max_position_embeddings = 262144;
-  c.tie_word_embeddings = true;
-  for (int i = 0; i < 60; ++i) {
-    LayerConfig l;
-    l.sliding = i % 6 != 5;
-    l.head_dim = l.sliding ? 256 : 512;
-    l.kv_heads = l.sliding ? 16 : 4;
-    l.k_eq_v = !l.sliding;
-    l.rope_theta = l.sliding ? 1e4 : 1e6;
-    l.rope_partial = l.sliding ? 1.0 : 0.25;
-    c.layers.push_back(l);
-  }
-  return c;
-}
-
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
 std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend, Communicator* comm = nullptr) {
   G4_CHECK(o.synthetic == "31b", "--synthetic: only '31b' is known");
