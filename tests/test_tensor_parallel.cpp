@@ -114,12 +114,13 @@ TEST(CpuCommunicator, AbortEndsEveryWaitWithTheReason) {
     threads.emplace_back([&, r] {
       auto backend = make_backend("cpu");
       auto comm = group->join(r, *backend);
-      if (r == 2) return comm->abort("rank 2 failed: out of memory (simulated)");
+      if (r == 2) return comm->abort("out of memory (simulated)");
       errors[size_t(r)] = test::error_of([&] { comm->barrier(); });
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r)
     EXPECT_EQ(errors[size_t(r)], "tensor parallel: rank 2 failed: out of memory (simulated)") << "rank " << r;
+  EXPECT_EQ(group->first_failed_rank(), 2);
 }
 
 TEST(CpuCommunicator, APeerThatNeverComesTimesOut) {
@@ -130,6 +131,7 @@ TEST(CpuCommunicator, APeerThatNeverComesTimesOut) {
   const std::string error = test::error_of([&] { comm->barrier(); });
   EXPECT_NE(error.find("rank 0 waited 200 ms in a collective for its peers"), std::string::npos) << error;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(group->first_failed_rank(), -1);  // nobody failed by itself
 }
 
 // ---- splitting the model ----
@@ -194,6 +196,15 @@ TEST(TensorParallel, DemoLogitsMatchOneRankOnEveryRank) {
     const auto got = on_every_rank<std::vector<float>>(demo_options(tp), [&](Engine& e) {
       EXPECT_EQ(e.tp_size(), tp);
       EXPECT_EQ(e.model().rank_config().num_heads, 4 / tp);
+      // The rank holds only its slices: [out / tp, in] or [out, in / tp]; the embedding whole.
+      const LayerWeights& l = e.model().weights().layers[0];
+      EXPECT_EQ(l.q_proj.rows, 4 * 64 / tp);
+      EXPECT_EQ(l.k_proj.rows, 64);  // one of the 2 KV heads (shared by two ranks at tp 4)
+      EXPECT_EQ(l.o_proj.cols, 4 * 64 / tp);
+      EXPECT_EQ(l.gate_proj.rows, 768 / tp);
+      EXPECT_EQ(l.down_proj.cols, 768 / tp);
+      EXPECT_EQ(e.model().weights().lm_head.rows, 4096 / tp);
+      EXPECT_EQ(e.model().weights().embed.rows, 4096);
       return all_logits(e, tokens, 50);
     });
     const double rel = test::relative_l2(got[0], want);

@@ -233,7 +233,7 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
   auto backend = make_engine_backend(eo);
   Backend& be = *backend;
   const std::unique_ptr<Communicator> comm = group.join(rank, be);
-  run_or_abort(rank, [&](const std::string& why) { comm->abort(why); }, [&] {
+  run_or_abort([&](const std::string& what) { comm->abort(what); }, [&] {
     std::unique_ptr<Gemma4> model;
     const double load_s = seconds_of([&] {
       model = o.synthetic.empty() ? std::move(load_program(o.model_path, be, comm.get()).model)

@@ -37,7 +37,7 @@ LoadedProgram load_for(const EngineOptions& options, Backend& backend, Communica
                                : load_program(options.model_path, backend, comm);
   };
   if (!comm) return load();
-  return run_or_abort(comm->rank(), [&](const std::string& why) { comm->abort(why); }, load);
+  return run_or_abort([&](const std::string& what) { comm->abort(what); }, load);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ void run_rank(CommGroup& group, int rank, const std::function<void(int)>& rank_m
     outcome.peer_error = e.what();
   } catch (const std::exception& e) {
     outcome.own_error = e.what();
-    group.abort("rank " + std::to_string(rank) + " failed: " + e.what());  // the first reason stays
+    group.abort(rank, e.what());  // the first failure stays
   }
 }
 
@@ -52,8 +52,11 @@ void run_rank_threads(CommGroup& group, const std::function<void(int rank)>& ran
   for (int r = 0; r < group.size(); ++r)
     ranks.emplace_back([&, r] { run_rank(group, r, rank_main, outcomes[size_t(r)]); });
   for (std::thread& t : ranks) t.join();
-  // The root cause: the lowest rank that failed by itself (all ranks fail alike on a bad flag);
-  // else a peer's report (a timeout names the rank that stopped).
+  // The root cause: the rank that failed the group first (its peers may have failed otherwise
+  // since: a CUDA stream cut short by the abort), else the lowest rank that failed by itself, else
+  // a peer's report (a timeout names the rank that stopped).
+  const int first = group.first_failed_rank();
+  if (first >= 0 && !outcomes[size_t(first)].own_error.empty()) throw Error(outcomes[size_t(first)].own_error);
   for (const RankOutcome& o : outcomes)
     if (!o.own_error.empty()) throw Error(o.own_error);
   for (const RankOutcome& o : outcomes)
@@ -75,7 +78,7 @@ void run_tensor_parallel(const EngineOptions& options, const std::function<void(
     mine.tp_group = group.get();
     mine.tp_rank = rank;
     Engine engine(mine);
-    run_or_abort(rank, [&](const std::string& why) { group->abort(why); }, [&] { body(engine); });
+    run_or_abort([&](const std::string& what) { group->abort(rank, what); }, [&] { body(engine); });
   });
 }
 

@@ -32,9 +32,10 @@ class Communicator {
   virtual void all_gather_cols(const Tensor& local, const Tensor& out) = 0;
   // Returns once every rank has called it (and their enqueued work before it is done).
   virtual void barrier() = 0;
-  // Marks the group failed: every rank in or entering a collective throws PeerFailure(why) instead
-  // of waiting for this rank. Safe from any thread, any number of times (the first reason stays).
-  virtual void abort(const std::string& why) = 0;
+  // This rank failed because of `what`: marks the group failed, so that every rank in or entering a
+  // collective throws PeerFailure("tensor parallel: rank R failed: <what>") instead of waiting for
+  // this one. Safe from any thread, any number of times (the first failure stays).
+  virtual void abort(const std::string& what) = 0;
 };
 
 class CommGroup {
@@ -44,21 +45,24 @@ class CommGroup {
   // Rank `rank`'s communicator over `backend` (that rank's). Every rank must join, each from its
   // own thread; joining may wait for the others.
   virtual std::unique_ptr<Communicator> join(int rank, Backend& backend) = 0;
-  // As Communicator::abort, for a rank that failed before it could join.
-  virtual void abort(const std::string& why) = 0;
+  // As Communicator::abort, for rank `rank` (which may not have joined).
+  virtual void abort(int rank, const std::string& what) = 0;
+  // The rank whose abort failed the group first: the root cause, whatever its peers then threw.
+  // -1 while the group has not failed, or when it failed otherwise (a timeout, an NCCL error).
+  virtual int first_failed_rank() const = 0;
 };
 
 // Returns work(); when work throws (other than PeerFailure), first aborts the group with
-// abort("rank R failed: <what>") so that no peer waits for this rank, then rethrows. A rank calls
-// it while its communicator still exists: unwinding may destroy it.
+// abort(<what>) so that no peer waits for this rank, then rethrows. A rank calls it while its
+// communicator still exists: unwinding may destroy it.
 template <typename Abort, typename Work>
-auto run_or_abort(int rank, Abort&& abort, Work&& work) -> decltype(work()) {
+auto run_or_abort(Abort&& abort, Work&& work) -> decltype(work()) {
   try {
     return work();
   } catch (const PeerFailure&) {
     throw;
   } catch (const std::exception& e) {
-    abort("rank " + std::to_string(rank) + " failed: " + e.what());
+    abort(std::string(e.what()));
     throw;
   }
 }

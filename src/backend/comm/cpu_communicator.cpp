@@ -46,14 +46,21 @@ class Rendezvous {
     throw PeerFailure(why_);
   }
 
-  void abort(const std::string& why) {
+  void abort(int rank, const std::string& what) {
     std::lock_guard lock(mutex_);
-    fail_locked(why);
+    fail_locked("rank " + std::to_string(rank) + " failed: " + what, rank);
+  }
+  int first_failed_rank() {
+    std::lock_guard lock(mutex_);
+    return failed_rank_;
   }
 
  private:
-  void fail_locked(const std::string& why) {
-    if (!failed_) why_ = "tensor parallel: " + why;
+  void fail_locked(const std::string& why, int rank = -1) {
+    if (!failed_) {
+      why_ = "tensor parallel: " + why;
+      failed_rank_ = rank;
+    }
     failed_ = true;
     changed_.notify_all();
   }
@@ -69,6 +76,7 @@ class Rendezvous {
   int arrived_ = 0;
   uint64_t generation_ = 0;
   bool failed_ = false;
+  int failed_rank_ = -1;
   std::string why_;
 };
 
@@ -113,7 +121,7 @@ class CpuCommunicator final : public Communicator {
   }
 
   void barrier() override { group_->wait_all(rank_); }
-  void abort(const std::string& why) override { group_->abort(why); }
+  void abort(const std::string& what) override { group_->abort(rank_, what); }
 
  private:
   std::shared_ptr<Rendezvous> group_;
@@ -130,7 +138,8 @@ class CpuCommGroup final : public CommGroup {
     G4_CHECK(rank >= 0 && rank < size(), "rank " + std::to_string(rank) + " outside a group of " + std::to_string(size()));
     return std::make_unique<CpuCommunicator>(rendezvous_, rank);
   }
-  void abort(const std::string& why) override { rendezvous_->abort(why); }
+  void abort(int rank, const std::string& what) override { rendezvous_->abort(rank, what); }
+  int first_failed_rank() const override { return rendezvous_->first_failed_rank(); }
 
  private:
   std::shared_ptr<Rendezvous> rendezvous_;

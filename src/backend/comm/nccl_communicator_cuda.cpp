@@ -69,14 +69,20 @@ class NcclShared {
   };
   Rank& rank(int r) { return ranks_[size_t(r)]; }
 
-  void fail(const std::string& why) {
+  // `rank`: the rank whose own failure this is (-1: a timeout or NCCL error seen by the group).
+  void fail(const std::string& why, int rank = -1) {
     {
       std::lock_guard lock(mutex_);
       if (failed_) return;
       failed_ = true;
+      failed_rank_ = rank;
       why_ = "tensor parallel: " + why;
     }
     wake_.notify_all();
+  }
+  int first_failed_rank() {
+    std::lock_guard lock(mutex_);
+    return failed_rank_;
   }
   bool failed() {
     std::lock_guard lock(mutex_);
@@ -146,6 +152,7 @@ class NcclShared {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool failed_ = false, stop_ = false, aborted_all_ = false;
+  int failed_rank_ = -1;
   std::string why_;
   std::thread watchdog_;
 };
@@ -232,7 +239,9 @@ class NcclCommunicator final : public Communicator {
     check_cuda(status, "barrier");
   }
 
-  void abort(const std::string& why) override { shared_->fail(why); }
+  void abort(const std::string& what) override {
+    shared_->fail("rank " + std::to_string(rank_) + " failed: " + what, rank_);
+  }
 
  private:
   template <typename Call>
@@ -314,7 +323,10 @@ class NcclCommGroup final : public CommGroup {
     G4_CHECK(rank >= 0 && rank < size(), "rank " + std::to_string(rank) + " outside a group of " + std::to_string(size()));
     return std::make_unique<NcclCommunicator>(shared_, rank, backend);
   }
-  void abort(const std::string& why) override { shared_->fail(why); }
+  void abort(int rank, const std::string& what) override {
+    shared_->fail("rank " + std::to_string(rank) + " failed: " + what, rank);
+  }
+  int first_failed_rank() const override { return shared_->first_failed_rank(); }
 
  private:
   std::shared_ptr<NcclShared> shared_;
