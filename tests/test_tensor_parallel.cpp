@@ -14,6 +14,7 @@
 #include "model/gguf_export.h"
 #include "model/hf_checkpoint.h"
 #include "model/tensor_parallel.h"
+#include "quant/quantize.h"
 #include "runtime/generator.h"
 #include "runtime/tensor_parallel.h"
 #include "support/fixtures.h"
@@ -347,6 +348,68 @@ int usable_gpus() { return cuda_devices(); }
   do {                                                                                         \
     if (usable_gpus() < 2) GTEST_SKIP() << "needs 2 CUDA GPUs for --tp 2, found " << usable_gpus(); \
   } while (0)
+
+// bf16 values that add exactly, so every rank must see exactly these sums and blocks.
+TEST(TensorParallelCuda, NcclSumsAndGathersOnEveryRank) {
+  G4_SKIP_WITHOUT_TWO_GPUS();
+  auto group = make_nccl_comm_group(2, std::chrono::seconds(60));
+  std::vector<std::vector<float>> sums(2), gathered(2);
+  run_rank_threads(*group, [&](int r) {
+    auto backend = make_backend("cuda", r);
+    auto comm = group->join(r, *backend);
+    std::vector<uint8_t> bytes(64);
+    auto upload = [&](const std::vector<float>& values, int64_t rows, int64_t cols) {
+      Tensor t = backend->alloc(DType::BF16, rows, cols);
+      encode_row(DType::BF16, values.data(), rows * cols, bytes.data());
+      backend->upload(bytes.data(), t);
+      return t;
+    };
+    auto download = [&](const Tensor& t) {
+      std::vector<float> values(size_t(t.numel()));
+      backend->download(t, bytes.data());
+      decode_row(DType::BF16, bytes.data(), t.numel(), values.data());
+      return values;
+    };
+    const Tensor x = upload({1.0f + r, 2.0f * r, -4.0f}, 1, 3);
+    comm->all_reduce_sum(x);
+    sums[size_t(r)] = download(x);
+    const float b = 10.0f * r;  // local [2, 2] = {b, b+1; b+2, b+3}: the two-row path
+    const Tensor local = upload({b, b + 1, b + 2, b + 3}, 2, 2), out = backend->alloc(DType::BF16, 2, 4);
+    comm->all_gather_cols(local, out);
+    gathered[size_t(r)] = download(out);
+    comm->barrier();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sums[size_t(r)], (std::vector<float>{3, 2, -8})) << "rank " << r;
+    EXPECT_EQ(gathered[size_t(r)], (std::vector<float>{0, 1, 10, 11, 2, 3, 12, 13})) << "rank " << r;
+  }
+}
+
+TEST(TensorParallelCuda, NcclAbortAndTimeoutEndTheWait) {
+  G4_SKIP_WITHOUT_TWO_GPUS();
+  for (const bool rank1_aborts : {true, false}) {
+    // Rank 1 either fails (abort) or never comes to the collective (the timeout).
+    auto group = make_nccl_comm_group(2, std::chrono::seconds(3));
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = test::error_of([&] {
+      run_rank_threads(*group, [&](int r) {
+        auto backend = make_backend("cuda", r);
+        auto comm = group->join(r, *backend);
+        if (r == 1) {
+          if (rank1_aborts) throw Error("out of memory (simulated)");
+          std::this_thread::sleep_for(std::chrono::seconds(8));
+          return;
+        }
+        comm->barrier();
+      });
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    if (rank1_aborts)
+      EXPECT_EQ(error, "out of memory (simulated)");
+    else
+      EXPECT_NE(error.find("did not complete in 3000 ms (a peer stopped responding)"), std::string::npos) << error;
+  }
+}
 
 TEST(TensorParallelCuda, DemoLogitsMatchOneGpu) {
   G4_SKIP_WITHOUT_TWO_GPUS();

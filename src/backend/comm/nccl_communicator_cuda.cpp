@@ -131,7 +131,7 @@ class NcclShared {
       } else if (done != cudaErrorNotReady) {
         return fail("rank " + std::to_string(r) + ": " + cudaGetErrorString(done));
       } else if (Clock::now() - rank.since > timeout_) {
-        return fail("rank " + std::to_string(r) + ": a collective has not completed in " +
+        return fail("rank " + std::to_string(r) + ": a collective did not complete in " +
                     std::to_string(timeout_.count()) + " ms (a peer stopped responding)");
       }
     }
