@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <thread>
 
 #include "backend/backend_factory.h"
@@ -16,6 +17,7 @@
 #include "model/tensor_parallel.h"
 #include "quant/quantize.h"
 #include "runtime/generator.h"
+#include "runtime/scheduler.h"
 #include "runtime/tensor_parallel.h"
 #include "support/fixtures.h"
 #include "util/error.h"
@@ -258,6 +260,39 @@ TEST(TensorParallel, GreedyAndSeededGenerationsEqualOneRank) {
                                            << r.sampler.params().temperature;
     }
   }
+}
+
+// Continuous batching split: every rank runs the same scheduler over the same requests (a front
+// end would broadcast them); the batched forwards, their all-reduces and the per-row draws give
+// each sequence the tokens it gets on one rank.
+std::vector<std::vector<int32_t>> scheduled(Engine& engine) {
+  Scheduler scheduler(engine.runner(), SchedulerOptions{.prefill_tokens_per_step = 24});
+  std::map<RequestId, size_t> index;
+  std::vector<std::vector<int32_t>> tokens(6);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    SchedulerRequest r;
+    r.prompt = demo_tokens(8 + 7 * i);
+    r.sampling = demo_request(i % 2 ? 0.9f : 0.0f, 100 + i).sampler.params();
+    r.max_new_tokens = 12;
+    r.stop_ids = {};
+    index[scheduler.add(r)] = i;
+  }
+  while (!scheduler.idle())
+    for (const SequenceEvent& e : scheduler.step()) tokens[index[e.id]].push_back(e.drawn.token);
+  return tokens;
+}
+
+TEST(TensorParallel, ScheduledBatchesEqualOneRank) {
+  EngineOptions one = demo_options(1);
+  one.kv_budget_bytes = size_t(64) << 20;
+  one.max_batch_sequences = 8;
+  Engine engine(one);
+  const auto want = scheduled(engine);
+  EngineOptions split = one;
+  split.tp = 2;
+  const auto got = on_every_rank<std::vector<std::vector<int32_t>>>(split, [](Engine& e) { return scheduled(e); });
+  EXPECT_EQ(got[0], want);
+  EXPECT_EQ(got[1], want);
 }
 
 // ---- failures: a clear error from every rank, no hang ----
