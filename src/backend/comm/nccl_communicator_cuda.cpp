@@ -253,6 +253,8 @@ class NcclCommunicator final : public Communicator {
       nccl_call(call(me.comm), what);
     }
     wait(what);
+    // Every eager collective records the event (a few µs): recording only while none is pending
+    // would leave a collective enqueued then, and stuck after the older one completed, unwatched.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check_cuda(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
     if (capture != cudaStreamCaptureStatusNone) return;  // a recorded collective runs at replay
