@@ -175,6 +175,12 @@ TEST(TensorParallel, BadNIsAClearErrorBeforeAnythingRuns) {
                       std::to_string(gpus) + (gpus == 1 ? " is" : " are") + " present");
 }
 
+TEST(TensorParallel, CudaWithoutNcclSaysSo) {
+  if (nccl_available()) GTEST_SKIP() << "this build has NCCL";
+  EXPECT_NE(test::error_of([] { make_nccl_comm_group(2); }).find("--tp 2 on CUDA needs NCCL, and this g4 was built without it"),
+            std::string::npos);
+}
+
 TEST(TensorParallel, QuantizedColumnSlicesMustFallOnBlocks) {
   // tiny-31b-style's MLP is 160 wide: 80 columns per rank is not a whole number of Q8_0's 32-blocks.
   const std::string path = test::shared_artifact("tp-tiny-q8_0.gguf", [](const std::string& out) {
@@ -349,6 +355,21 @@ TEST(TensorParallelCli, RunPrintsTheTokensOfOneRank) {
     EXPECT_EQ(output_of(base + " --tp 2"), want) << sampling;  // printed once: by rank 0
     EXPECT_EQ(output_of(base + " --tp 4"), want) << sampling;
   }
+}
+
+TEST(TensorParallelCli, ARandomSeedIsDrawnOnceForEveryRank) {
+  // Ranks that drew seeds of their own would feed different tokens into the shared sums: the text
+  // would match no single seed's.
+  const test::CommandResult split = test::run_g4("run --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --tp 2");
+  ASSERT_EQ(split.exit_code, 0) << split.output;
+  const std::string key = "Sampling base seed: ";
+  const size_t at = split.output.find(key);
+  ASSERT_NE(at, std::string::npos) << split.output;
+  EXPECT_EQ(split.output.find(key, at + 1), std::string::npos) << "printed by every rank: " << split.output;
+  const std::string seed = split.output.substr(at + key.size(), split.output.find('\n', at) - at - key.size());
+  const std::string ids = split.output.substr(split.output.find('\n', at) + 1);
+  EXPECT_EQ(ids.substr(0, ids.find('\n')),
+            output_of("run --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --seed " + seed).substr(0, ids.find('\n')));
 }
 
 TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
