@@ -320,6 +320,28 @@ TEST(TensorParallel, ARankThatFailsToLoadStopsEveryRank) {
   EXPECT_EQ(errors[0], "tensor parallel: rank 1 failed: model path '/nonexistent/model.gguf' does not exist");
 }
 
+TEST(TensorParallel, ARankThatFailsAfterJoiningStopsEveryRank) {
+  // Rank 1 loads, then fails building its runner (a context below the sliding window): its
+  // communicator is destroyed by the error before anything aborted the group.
+  auto group = make_cpu_comm_group(2, std::chrono::seconds(30));
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      EngineOptions o = demo_options(2);
+      o.max_seq_len = r == 1 ? 8 : 0;
+      o.tp_group = group.get();
+      o.tp_rank = r;
+      errors[size_t(r)] = test::error_of([&] { Engine engine(o); });
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "rank 0 waited for the timeout";
+  EXPECT_NE(errors[1].find("max_seq_len 8 is below what the model needs"), std::string::npos) << errors[1];
+  EXPECT_EQ(errors[0], "tensor parallel: rank 1 failed: an error unwound this rank (its own message says which)");
+  EXPECT_EQ(group->first_failed_rank(), 1);
+}
+
 TEST(TensorParallel, ARankThatFailsMidGenerationStopsEveryRank) {
   std::atomic<int> peers_stopped{0};
   const std::string error = test::error_of([&] {

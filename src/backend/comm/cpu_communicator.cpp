@@ -4,6 +4,7 @@
 // waits again (no rank changes its buffer while another still reads it), then writes its own.
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -12,6 +13,8 @@
 namespace g4 {
 
 namespace {
+
+const char* const kUnwound = "an error unwound this rank (its own message says which)";
 
 // What the ranks of one group share.
 class Rendezvous {
@@ -88,6 +91,11 @@ void check_f32_contiguous(const Tensor& t, const char* what) {
 class CpuCommunicator final : public Communicator {
  public:
   CpuCommunicator(std::shared_ptr<Rendezvous> group, int rank) : group_(std::move(group)), rank_(rank) {}
+  // Destroyed by an error that had not aborted the group yet (one thrown while an Engine is being
+  // built, after its communicator joined): the peers must not wait for this rank.
+  ~CpuCommunicator() override {
+    if (std::uncaught_exceptions() > 0) group_->abort(rank_, kUnwound);
+  }
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
 

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -174,6 +175,10 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaMalloc(&flag_, sizeof(int32_t)), "cudaMalloc");
   }
   ~NcclCommunicator() override {
+    // Destroyed by an error that had not aborted the group yet: the peers must not wait for us.
+    if (std::uncaught_exceptions() > 0)
+      shared_->fail("rank " + std::to_string(rank_) + " failed: an error unwound this rank (its own message says which)",
+                    rank_);
     NcclShared::Rank& me = shared_->rank(rank_);
     {
       std::lock_guard lock(me.mutex);
