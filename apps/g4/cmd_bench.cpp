@@ -19,6 +19,7 @@
 #include "quant/quantize.h"
 #include "runtime/decode_graph.h"
 #include "runtime/session.h"
+#include "runtime/tensor_parallel.h"
 #include "util/error.h"
 #ifdef G4_HAVE_CUDA
 #include "backend/cuda/copy_bandwidth.h"
@@ -33,39 +34,17 @@ struct BenchOptions {
   int64_t prompt_len = 2048, gen = 128;
   uint64_t seed = 1;
   std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
+  int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
 };
 
-// docs/DESIGN.md §2: Gemma 4 31B (full attention every 6th layer, K=V, proportional RoPE on full layers).
-ModelConfig gemma4_31b_config() {
-  ModelConfig c;
-  c.vocab_size = 262144;
-  c.hidden_size = 5376;
-  c.intermediate_size = 21504;
-  c.num_heads = 32;
-  c.rms_norm_eps = 1e-6;
-  c.final_logit_softcap = 30.0;
-  c.sliding_window = 1024;
-  c.max_position_embeddings = 262144;
-  c.tie_word_embeddings = true;
-  for (int i = 0; i < 60; ++i) {
-    LayerConfig l;
-    l.sliding = i % 6 != 5;
-    l.head_dim = l.sliding ? 256 : 512;
-    l.kv_heads = l.sliding ? 16 : 4;
-    l.k_eq_v = !l.sliding;
-    l.rope_theta = l.sliding ? 1e4 : 1e6;
-    l.rope_partial = l.sliding ? 1.0 : 0.25;
-    c.layers.push_back(l);
-  }
-  return c;
-}
-
-std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend) {
+// With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
+std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend, Communicator* comm = nullptr) {
   G4_CHECK(o.synthetic == "31b", "--synthetic: only '31b' is known");
   G4_CHECK(backend.name() == "cuda", "--synthetic 31b needs --backend cuda (17-61 GB of weights generated on the GPU)");
   ModelConfig c = gemma4_31b_config();
-  ModelWeights w = synthetic_weights(c, backend, o.seed, o.weights);
-  return std::make_unique<Gemma4>(std::move(c), std::move(w));
+  if (!comm) return std::make_unique<Gemma4>(c, synthetic_weights(c, backend, o.seed, o.weights));
+  ModelWeights shard = synthetic_weights(c, backend, o.seed, o.weights, TpShard{comm->rank(), comm->size()});
+  return std::make_unique<Gemma4>(std::move(c), std::move(shard), *comm);
 }
 
 // Bytes of weights one decode step streams: every layer matrix and the LM head.
@@ -177,9 +156,9 @@ DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> promp
   s.prefill(prompt);
   int64_t token = s.sample(sampler, 0);
   be.synchronize();
-  DecodeGraph g(s);
   double secs = 0;
   if (graph) {
+    DecodeGraph g(s);
     g.start(int32_t(token), sampler, 1);
     g.next();  // the first replay uploads the graph
     secs = seconds_of([&] {
@@ -196,9 +175,117 @@ DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> promp
   return {double(gen - 1) / secs, secs / double(gen - 1) * 1e3};
 }
 
+// A context for a short run: at least the sliding window.
+int64_t bench_max_seq_len(const ModelConfig& c, const BenchOptions& o) {
+  return std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, o.prompt_len + o.gen + 8));
+}
+
+std::vector<int32_t> random_prompt(const ModelConfig& c, const BenchOptions& o) {
+  std::mt19937 rng(unsigned(o.seed));
+  std::vector<int32_t> prompt(size_t(o.prompt_len));
+  for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
+  return prompt;
+}
+
+// Seconds of 3 prefills of `prompt` after a warm-up, fastest first.
+std::vector<double> prefill_runs(Session& s, Backend& be, std::span<const int32_t> prompt) {
+  std::vector<double> runs;
+  for (int i = 0; i < 4; ++i) {  // the first run warms up cuBLAS and the caches
+    s.reset();
+    const double t = seconds_of([&] {
+      s.prefill(prompt);
+      be.synchronize();
+    });
+    if (i > 0) runs.push_back(t);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs;
+}
+
+// Seconds of one decode step's collectives alone, back to back: an all-reduce of one hidden row
+// after each layer's o_proj and down_proj, and the gather of the LM head's vocabulary shards.
+double step_collective_seconds(Backend& be, Communicator& comm, const Gemma4& model) {
+  const ModelConfig& c = model.config();
+  const Tensor row = be.alloc(be.activation_dtype(), 1, c.hidden_size);
+  const Tensor shard = be.alloc(be.activation_dtype(), 1, c.vocab_size / comm.size());
+  const Tensor whole = be.alloc(be.activation_dtype(), 1, c.vocab_size);
+  auto step = [&] {
+    for (int i = 0; i < 2 * c.num_layers(); ++i) comm.all_reduce_sum(row);
+    comm.all_gather_cols(shard, whole);
+  };
+  step();
+  comm.barrier();
+  const int kSteps = 20;
+  return seconds_of([&] {
+    for (int i = 0; i < kSteps; ++i) step();
+    comm.barrier();
+  }) / kSteps;
+}
+
+// One rank of `g4 bench --tp N`: every rank runs the same prefill and decode steps on its shard;
+// rank 0 reports. Eager decode only: graph capture does not run split yet.
+void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
+  EngineOptions eo;
+  eo.backend = o.backend;
+  eo.tp = group.size();
+  eo.tp_group = &group;
+  eo.tp_rank = rank;
+  auto backend = make_engine_backend(eo);
+  Backend& be = *backend;
+  const std::unique_ptr<Communicator> comm = group.join(rank, be);
+  run_or_abort([&](const std::string& what) { comm->abort(what); }, [&] {
+    std::unique_ptr<Gemma4> model;
+    const double load_s = seconds_of([&] {
+      model = o.synthetic.empty() ? std::move(load_program(o.model_path, be, comm.get()).model)
+                                  : synthetic_model(o, be, comm.get());
+      comm->barrier();
+    });
+    const ModelConfig& c = model->config();
+    SessionOptions so;
+    so.max_seq_len = bench_max_seq_len(c, o);
+    Session s(*model, be, so);
+    const std::vector<int32_t> prompt = random_prompt(c, o);
+    const double prefill_s = prefill_runs(s, be, prompt)[1];  // the median of 3
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    const DecodeResult decode = time_decode(s, be, prompt, Sampler(greedy), o.gen, false);
+    const double collectives_s = step_collective_seconds(be, *comm, *model);
+    if (rank != 0) return;
+    nlohmann::json r = {
+        {"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
+        {"backend", be.name()},
+        {"tp", comm->size()},
+        {"weights", o.synthetic.empty() ? "the file's" : o.weights},
+        {"rank0_weight_bytes", describe_weight_bytes(weight_bytes_by_type(model->weights()))},
+        {"load_s", load_s},
+        {"prompt_len", o.prompt_len},
+        {"prefill_s_median", prefill_s},
+        {"prefill_tok_s", double(o.prompt_len) / prefill_s},
+        {"gen", o.gen},
+        {"decode_greedy_tok_s", decode.tok_s},
+        {"step_ms_greedy", decode.step_ms},
+        {"collectives_ms_per_step", collectives_s * 1e3},
+        {"all_reduce_pct_of_step", 100.0 * collectives_s / (decode.step_ms * 1e-3)},
+    };
+    std::printf("%s\n", r.dump(1).c_str());
+  });
+}
+
+// g4 bench --tp N (docs/DESIGN.md, "Tensor parallel"): one thread per rank, as g4 run.
+void bench_tensor_parallel(const BenchOptions& o) {
+  G4_CHECK(o.concurrency.empty(), "--tp " + std::to_string(o.tp) +
+                                      " with --concurrency: the continuous-batching bench does not run split yet");
+  EngineOptions eo;
+  eo.backend = o.backend;
+  eo.tp = o.tp;
+  const std::unique_ptr<CommGroup> group = make_comm_group(eo);  // checks the GPUs and NCCL first
+  run_rank_threads(*group, [&](int rank) { bench_rank(o, *group, rank); });
+}
+
 void run_bench(const BenchOptions& o) {
   G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
+  if (o.tp != 1) return bench_tensor_parallel(o);
   auto backend = make_backend(o.backend);
   Backend& be = *backend;
   double copy_bytes_per_s = 0;
@@ -219,23 +306,10 @@ void run_bench(const BenchOptions& o) {
   }
 
   SessionOptions so;
-  // A short run still needs a context of at least the sliding window.
-  so.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, o.prompt_len + o.gen + 8));
+  so.max_seq_len = bench_max_seq_len(c, o);
   Session s(*model, be, so);
-  std::mt19937 rng(unsigned(o.seed));
-  std::vector<int32_t> prompt(size_t(o.prompt_len));
-  for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
-
-  std::vector<double> prefill_s;
-  for (int i = 0; i < 4; ++i) {  // the first run warms up cuBLAS and the caches
-    s.reset();
-    const double t = seconds_of([&] {
-      s.prefill(prompt);
-      be.synchronize();
-    });
-    if (i > 0) prefill_s.push_back(t);
-  }
-  std::sort(prefill_s.begin(), prefill_s.end());
+  const std::vector<int32_t> prompt = random_prompt(c, o);
+  const std::vector<double> prefill_s = prefill_runs(s, be, prompt);
 
   SamplingParams greedy, topk_topp;
   greedy.temperature = 0.0f;
@@ -320,6 +394,9 @@ void add_bench_command(CLI::App& app) {
                   "--prompt_len prompt tokens, --gen generated)")
       ->delimiter(',');
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--tp", opts->tp,
+                  "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "
+                  "prefill, eager decode and the collectives' share of a step");
   cmd->callback([opts] { run_bench(*opts); });
 }
 

@@ -158,6 +158,7 @@ class Conversation {
 
 void chat(const ChatOptions& o) {
   check_generation_flags(o.gen);
+  check_single_rank(o.gen, "g4 chat");
   std::unique_ptr<Engine> engine = open_engine(o.gen);
   const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
   note_foreign_chat_template(*engine);

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "generation_flags.h"
 #include "runtime/generator.h"
+#include "runtime/tensor_parallel.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -34,11 +35,17 @@ void check_prompt_flags(const RunOptions& o) {
   G4_CHECK(!o.prompt_tokens_flag->count() || !o.prompt_tokens.empty(), "--prompt_tokens is empty: give ids such as 2,105");
 }
 
-std::vector<int32_t> prompt_ids(const RunOptions& o, const std::optional<Tokenizer>& tokenizer, const Engine& engine) {
+// The prompt text, read once (standard input too) before any rank starts.
+std::string prompt_text(const RunOptions& o) {
+  if (o.prompt_tokens_flag->count()) return "";
+  return o.prompt_file_flag->count() ? read_input(o.prompt_file) : o.prompt;
+}
+
+std::vector<int32_t> prompt_ids(const RunOptions& o, const std::string& text, const std::optional<Tokenizer>& tokenizer,
+                                const Engine& engine) {
   if (o.prompt_tokens_flag->count()) return parse_id_list(o.prompt_tokens);
   G4_CHECK(tokenizer, "no tokenizer: the model has none embedded; pass --tokenizer_path or --prompt_tokens");
-  const std::string text = o.prompt_file_flag->count() ? read_input(o.prompt_file) : o.prompt;
-  if (!o.raw_prompt) note_foreign_chat_template(engine);
+  if (!o.raw_prompt && engine.tp_rank() == 0) note_foreign_chat_template(engine);
   return encode_prompt(*tokenizer, text, o.raw_prompt, o.gen.bos_id);
 }
 
@@ -59,38 +66,42 @@ void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r,
     std::fprintf(stderr, "weights: %s\n", weight_types(GgufFile(model_path)).summary().c_str());
   std::fprintf(stderr, "weight bytes by type on the %s backend: %s\n", backend.name().c_str(),
                describe_weight_bytes(weight_bytes_by_type(engine.model().weights())).c_str());
+  if (engine.tp_size() > 1)
+    std::fprintf(stderr, "tensor parallel: %d ranks (the memory and weight figures are rank 0's)\n", engine.tp_size());
 }
 
-void run(const RunOptions& o) {
-  check_generation_flags(o.gen);  // before any loading: a bad flag fails fast
-  check_prompt_flags(o);
-  std::unique_ptr<Engine> engine = open_engine(o.gen);
-  const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
-  std::unique_ptr<Session> session = engine->create_session();
+// One rank's run (the only one unless --tp > 1): every rank generates the same tokens (docs/DESIGN.md,
+// "Tensor parallel"); rank 0 prints them and the report.
+void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string& prompt, Engine& engine) {
+  check_token_flags(flags, engine);
+  const bool speaks = engine.tp_rank() == 0;
+  const std::optional<Tokenizer> tokenizer = open_tokenizer(flags, engine);
+  std::unique_ptr<Session> session = engine.create_session();
   GenerationRequest request;
-  request.prompt = prompt_ids(o, tokenizer, *engine);
+  request.prompt = prompt_ids(o, prompt, tokenizer, engine);
   session->check_input(request.prompt, 0);
   // Only once nothing can fail any more: the random seed line belongs to a run that happens.
-  const EffectiveSampling sampling = effective_sampling(o.gen, engine->generation_defaults());
+  const EffectiveSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
   request.sampler = sampling.sampler;
-  request.max_new_tokens = o.gen.max_new_tokens;
-  request.stop_ids = stop_ids(o.gen, *engine);
-  request.graph = o.gen.cuda_graph;
+  request.max_new_tokens = flags.max_new_tokens;
+  request.stop_ids = stop_ids(flags, engine);
+  request.graph = flags.cuda_graph;
 
   // Without a tokenizer the ids are the only output there is.
   const bool print_ids = o.print_token_ids || !tokenizer;
   std::optional<StreamDecoder> text;
-  if (!print_ids) text.emplace(*tokenizer, true);
+  if (!print_ids && speaks) text.emplace(*tokenizer, true);
   // When the text goes to a file or pipe, a terminal still sees how fast tokens come.
   std::optional<Progress> progress;
-  if (!isatty(STDOUT_FILENO) && Progress::stderr_is_terminal())
-    progress.emplace("generating", uint64_t(o.gen.max_new_tokens), "tokens");
+  if (speaks && !isatty(STDOUT_FILENO) && Progress::stderr_is_terminal())
+    progress.emplace("generating", uint64_t(flags.max_new_tokens), "tokens");
   GenerationResult result = generate(*session, request, [&](int32_t id) {
     if (progress) progress->advance(1);
     if (!text) return;
     std::fputs(text->push(id).c_str(), stdout);
     std::fflush(stdout);
   });
+  if (!speaks) return;
   if (progress) progress->finish();
   if (text) std::printf("%s\n", text->flush().c_str());
   if (print_ids) {
@@ -99,7 +110,16 @@ void run(const RunOptions& o) {
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);  // the text before the report, also when stdout is a pipe
-  print_report(request.prompt, result, sampling, *engine, engine->backend(), o.gen.model_path);
+  print_report(request.prompt, result, sampling, engine, engine.backend(), flags.model_path);
+}
+
+void run(const RunOptions& o) {
+  check_generation_flags(o.gen);  // before any loading: a bad flag fails fast
+  check_prompt_flags(o);
+  GenerationFlags flags = o.gen;
+  draw_seed_for_ranks(flags);
+  const std::string prompt = prompt_text(o);
+  run_tensor_parallel(engine_options(flags), [&](Engine& engine) { run_on(o, flags, prompt, engine); });
 }
 
 }  // namespace

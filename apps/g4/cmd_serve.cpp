@@ -82,6 +82,7 @@ void serve(const ServeOptions&) {
 #else
 void serve(const ServeOptions& o) {
   check_generation_flags(o.gen);
+  check_single_rank(o.gen, "g4 serve");
   G4_CHECK(!o.gen.cuda_graph, "--cuda_graph applies to g4 run and g4 chat; g4 serve batches requests with the scheduler");
   G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
   G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));

@@ -64,6 +64,10 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
   cmd.add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd.add_flag("--cuda_graph,--cuda-graph", f.cuda_graph, "Replay a captured CUDA graph per decode step (--backend cuda)");
   cmd.add_option("-t,--threads", f.threads, "CPU backend worker threads (default: one per hardware thread)");
+  cmd.add_option("--tp", f.tp,
+                 "Tensor parallel: split the model over N ranks (--backend cuda: GPUs 0..N-1 with NCCL; cpu: "
+                 "N groups of the worker threads)")
+      ->capture_default_str();
 }
 
 void check_generation_flags(const GenerationFlags& f) {
@@ -77,6 +81,19 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(f.threads >= 0, "--threads must be >= 0 (0 = one per hardware thread), got " + std::to_string(f.threads));
   G4_CHECK(!f.cuda_graph || f.backend == "cuda", "--cuda_graph needs --backend cuda (CUDA graphs replay GPU work)");
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
+  G4_CHECK(f.tp >= 1, "--tp must be at least 1, got " + std::to_string(f.tp));
+  G4_CHECK(f.tp == 1 || !f.cuda_graph, "--cuda_graph does not run with --tp > 1 yet: leave it out (eager decode)");
+}
+
+void check_single_rank(const GenerationFlags& f, const std::string& command) {
+  G4_CHECK(f.tp == 1, command + " --tp " + std::to_string(f.tp) +
+                          ": this command does not run a split model yet (g4 run and g4 bench do)");
+}
+
+void draw_seed_for_ranks(GenerationFlags& f) {
+  if (f.tp == 1 || parse_seed(f.seed)) return;
+  std::random_device rd;
+  f.drawn_seed = (uint64_t(rd()) << 32) ^ rd();
 }
 
 EngineOptions engine_options(const GenerationFlags& f) {
@@ -85,6 +102,7 @@ EngineOptions engine_options(const GenerationFlags& f) {
   eo.backend = f.backend;
   eo.max_seq_len = f.max_seq_len;
   eo.threads = f.threads;
+  eo.tp = f.tp;
   return eo;
 }
 
@@ -102,7 +120,7 @@ void check_token_flags(const GenerationFlags& f, const Engine& engine) {
                                  std::to_string(vocab) + ")");
 }
 
-EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d) {
+EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d, bool announce) {
   EffectiveSampling s;
   SamplingParams params = flag_sampling(f);
   auto pick = [](const CLI::Option* flag, const auto& model_value, auto& value, std::string& from) {
@@ -123,12 +141,14 @@ EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationD
   s.random_seed = !seed;
   if (seed) {
     params.seed = *seed;
+  } else if (f.drawn_seed) {
+    params.seed = *f.drawn_seed;
   } else if (!is_greedy(params)) {
     std::random_device rd;
     params.seed = (uint64_t(rd()) << 32) ^ rd();
   }
   s.sampler = Sampler(params);  // the model's values are checked too
-  if (s.random_seed && !s.sampler.greedy())
+  if (announce && s.random_seed && !s.sampler.greedy())
     std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(params.seed));
   return s;
 }

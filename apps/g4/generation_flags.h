@@ -21,7 +21,11 @@ struct GenerationFlags {
   int64_t max_new_tokens = 128, max_seq_len = 0;
   int32_t bos_id = 2, eos_id = 1;
   int threads = 0;
+  int tp = 1;  // ranks of a split model (docs/DESIGN.md, "Tensor parallel")
   bool cuda_graph = false;
+  // The base seed --seed -1 drew before the ranks of a split model started (each rank must use the
+  // same one); unset: effective_sampling draws it.
+  std::optional<uint64_t> drawn_seed;
   // Set by add_generation_flags: a sampling flag the user did not give takes the model's value.
   CLI::Option *temperature_flag = nullptr, *top_k_flag = nullptr, *top_p_flag = nullptr, *min_p_flag = nullptr;
 };
@@ -31,6 +35,11 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& flags);
 
 // Everything that can be judged without the model, so that a bad flag fails before loading.
 void check_generation_flags(const GenerationFlags& flags);
+
+// For a command that runs on one device only: a clear error for --tp > 1 naming `command`.
+void check_single_rank(const GenerationFlags& flags, const std::string& command);
+// --seed -1 with --tp > 1: draws the base seed now, once for every rank (drawn_seed).
+void draw_seed_for_ranks(GenerationFlags& flags);
 
 // What the flags ask to load: the model (the demo model when no --model_path), backend, context.
 EngineOptions engine_options(const GenerationFlags& flags);
@@ -46,8 +55,10 @@ struct EffectiveSampling {
   bool random_seed = false;  // --seed -1: drawn at start
 };
 // Flags the user gave win; the others take the model's generation config, else g4's defaults.
-// Draws the base seed for --seed -1 and prints it, unless decoding is greedy (no seed is used).
-EffectiveSampling effective_sampling(const GenerationFlags& flags, const GenerationDefaults& model_defaults);
+// Draws the base seed for --seed -1 (or takes drawn_seed) and, with `announce`, prints it, unless
+// decoding is greedy (no seed is used).
+EffectiveSampling effective_sampling(const GenerationFlags& flags, const GenerationDefaults& model_defaults,
+                                     bool announce = true);
 // One line for a report: "sampling: temperature 0.8 (default), top_k 64 (model), ..., seed 42".
 std::string describe_sampling(const EffectiveSampling& sampling);
 

@@ -118,6 +118,9 @@ class Backend {
   // Each row's seed is read from params (see sampling_params.h).
   virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
   virtual void synchronize() = 0;
+  // The queue this backend's ops run on, for a communicator that enqueues collectives among them
+  // (docs/DESIGN.md, "Tensor parallel"): CUDA's cudaStream_t; nullptr where ops run at once (CPU).
+  virtual void* stream_handle() const { return nullptr; }
   // Peak bytes of backend memory allocated so far (device memory on CUDA; on the CPU, buffers
   // only: mapped weights are not allocations).
   virtual size_t peak_memory_bytes() const = 0;

@@ -9,21 +9,24 @@
 
 namespace g4 {
 
-bool cuda_available() {
+int cuda_devices() {
 #ifdef G4_HAVE_CUDA
-  return cuda_device_count() > 0;
+  return cuda_device_count();
 #else
-  return false;
+  return 0;
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+bool cuda_available() { return cuda_devices() > 0; }
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda") {
 #ifdef G4_HAVE_CUDA
     G4_CHECK(cuda_device_count() > 0, "--backend cuda: no CUDA GPU is present on this machine");
-    return make_cuda_backend();
+    return make_cuda_backend(device);
 #else
+    (void)device;
     throw Error("--backend cuda: this g4 was built without CUDA (no nvcc at configure time)");
 #endif
   }

@@ -7,7 +7,11 @@
 
 namespace g4 {
 
-std::unique_ptr<Backend> make_backend(const std::string& name);
+// `device` picks the CUDA device (the calling thread's current one from then on; -1 = the current
+// one): a tensor-parallel rank thread makes its backend on the GPU of its rank.
+std::unique_ptr<Backend> make_backend(const std::string& name, int device = -1);
+// CUDA devices present (0 in a build without CUDA).
+int cuda_devices();
 // True when this build has the CUDA backend and a CUDA device is present.
 bool cuda_available();
 

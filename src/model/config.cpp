@@ -276,4 +276,28 @@ ModelConfig load_hf_config(const std::string& path) {
   return parse_hf_config(read_json_file(path));
 }
 
+ModelConfig gemma4_31b_config() {
+  ModelConfig c;
+  c.vocab_size = 262144;
+  c.hidden_size = 5376;
+  c.intermediate_size = 21504;
+  c.num_heads = 32;
+  c.rms_norm_eps = 1e-6;
+  c.final_logit_softcap = 30.0;
+  c.sliding_window = 1024;
+  c.max_position_embeddings = 262144;
+  c.tie_word_embeddings = true;
+  for (int i = 0; i < 60; ++i) {
+    LayerConfig l;
+    l.sliding = i % 6 != 5;
+    l.head_dim = l.sliding ? 256 : 512;
+    l.kv_heads = l.sliding ? 16 : 4;
+    l.k_eq_v = !l.sliding;
+    l.rope_theta = l.sliding ? 1e4 : 1e6;
+    l.rope_partial = l.sliding ? 1.0 : 0.25;
+    c.layers.push_back(l);
+  }
+  return c;
+}
+
 }  // namespace g4

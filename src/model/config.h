@@ -47,6 +47,10 @@ struct ModelConfig {
   int64_t max_prefill_chunk(int64_t max_seq_len) const;
 };
 
+// Gemma 4 31B's shape (docs/DESIGN.md §2: full attention every 6th layer, K=V and proportional
+// RoPE on full layers): g4 bench's synthetic model and the tensor-parallel checks' example.
+ModelConfig gemma4_31b_config();
+
 // Upper bounds on model sizes read from a file (config.json or GGUF): far above any Gemma 4
 // model, low enough that products of them (vocab * hidden, heads * head_dim * positions) fit int64.
 inline constexpr int64_t kMaxLayers = 4096;

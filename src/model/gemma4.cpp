@@ -4,6 +4,7 @@
 #include <cmath>
 #include <span>
 
+#include "model/tensor_parallel.h"
 #include "util/error.h"
 
 namespace g4 {
@@ -23,6 +24,12 @@ ForwardBuffers::ForwardBuffers(const ModelConfig& c, Backend& be, int64_t max_to
   logits_act = be.alloc(a, max_outputs, c.vocab_size);
 }
 
+Gemma4::Gemma4(ModelConfig config, ModelWeights weights, Communicator& comm)
+    : config_(std::move(config)),
+      rank_config_(g4::rank_config(config_, comm.size())),
+      weights_(std::move(weights)),
+      comm_(&comm) {}
+
 // First T rows of `t`, seen as [T, cols].
 static Tensor head(const Tensor& t, int64_t T, int64_t cols) { return t.rows_view(0, T).reshaped(T, cols); }
 // Rows [first, first + n) of `t` seen as rows of `cols` values.
@@ -32,11 +39,12 @@ static Tensor rows(const Tensor& t, int64_t first, int64_t n, int64_t cols) {
 
 void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::span<const SequenceRows> sequences,
                              const Tensor& positions, int64_t T, int64_t first) const {
-  const LayerConfig& l = config_.layers[size_t(layer)];
+  // This rank's heads (all of them on one device).
+  const LayerConfig& l = rank_config_.layers[size_t(layer)];
   const LayerWeights& w = weights_.layers[size_t(layer)];
   const float eps = float(config_.rms_norm_eps);
   const int64_t H = config_.hidden_size, hd = l.head_dim, out_rows = T - first;
-  const int64_t heads = config_.num_heads, q_cols = heads * hd, kv_cols = l.kv_heads * hd;
+  const int64_t heads = rank_config_.num_heads, q_cols = heads * hd, kv_cols = l.kv_heads * hd;
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
   // Queries only for rows [first, T), whose output is read; keys and values for all T.
   Tensor q = head(buf.q, out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
@@ -67,7 +75,7 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
     args.v_new = seq_v;
     args.cache = &(*s.caches)[size_t(layer)];
     args.positions = seq_positions;
-    args.heads = config_.num_heads;
+    args.heads = int(heads);
     args.kv_heads = l.kv_heads;
     args.head_dim = l.head_dim;
     args.window = l.sliding ? config_.sliding_window : 0;
@@ -80,17 +88,19 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
 
   Tensor o = rows(buf.proj, first, out_rows, H);
   be.matmul(head(buf.attn, out_rows, q_cols), w.o_proj, o);
+  reduce_partial(o);
   be.residual_norm(x.rows_view(first, out_rows), o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm,
                    h.rows_view(first, out_rows));
 }
 
 void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const {
   const LayerWeights& w = weights_.layers[size_t(layer)];
-  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  const int64_t H = config_.hidden_size, I = rank_config_.intermediate_size;
   Tensor x = rows(buf.x, first, n, H), h = rows(buf.normed, first, n, H);
   Tensor gate = rows(buf.gate, first, n, I), o = rows(buf.proj, first, n, H);
   be.gated_gelu(h, w.gate_proj, w.up_proj, gate);
   be.matmul(gate, w.down_proj, o);
+  reduce_partial(o);
   // The last layer leaves x un-normed: logits() applies the final norm.
   const bool last = layer + 1 == config_.num_layers();
   be.residual_norm(x, o, w.post_ffn_norm, w.layer_scalar, float(config_.rms_norm_eps),
@@ -140,7 +150,20 @@ void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCach
 void Gemma4::logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor& scratch,
                     const Tensor& logits) const {
   be.rms_norm(hidden, weights_.final_norm, float(config_.rms_norm_eps), normed);
-  be.matmul(normed, weights_.lm_head, scratch);
+  if (!comm_) {
+    be.matmul(normed, weights_.lm_head, scratch);
+  } else {
+    // The shard's rows [n, V/N] in the activation dtype go to the front of `logits`' memory (F32
+    // [n, V], at least as many bytes, only written by the soft-cap below), and are gathered into
+    // `scratch` as whole rows. The soft-cap is per element, so soft-capping after the gather gives
+    // the bits of one device's LM head; the gather moves activation-dtype rows (bf16 on CUDA: half
+    // of F32's bytes). docs/DESIGN.md, "Tensor parallel".
+    Tensor shard = logits;
+    shard.dtype = scratch.dtype;
+    shard.cols = weights_.lm_head.rows;
+    be.matmul(normed, weights_.lm_head, shard);
+    comm_->all_gather_cols(shard, scratch);
+  }
   be.softcap(scratch, float(config_.final_logit_softcap), logits);
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/comm/communicator.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -29,9 +30,20 @@ struct SequenceRows {
 
 class Gemma4 {
  public:
-  Gemma4(ModelConfig config, ModelWeights weights) : config_(std::move(config)), weights_(std::move(weights)) {}
+  Gemma4(ModelConfig config, ModelWeights weights)
+      : config_(std::move(config)), rank_config_(config_), weights_(std::move(weights)) {}
+  // One rank of a tensor-parallel group (docs/DESIGN.md, "Tensor parallel"): `weights` are the
+  // rank's shard (load_weights with its TpShard); `comm` sums the split projections and gathers
+  // the LM head's vocabulary shards, and must outlive the model.
+  Gemma4(ModelConfig config, ModelWeights weights, Communicator& comm);
+  // The whole model's config (vocabulary, ids, context): what callers check against.
   const ModelConfig& config() const { return config_; }
+  // What this rank computes: its query and KV heads and MLP columns (config() unless split).
+  // Activation buffers and KV caches are sized by it.
+  const ModelConfig& rank_config() const { return rank_config_; }
   const ModelWeights& weights() const { return weights_; }
+  // The tensor-parallel group; nullptr for a model on one device.
+  Communicator* communicator() const { return comm_; }
 
   // Runs the rows of several sequences (`sequences`, in row order, covering ids.rows rows) through
   // every layer in one forward: every projection, norm and MLP over all rows at once, attention per
@@ -46,7 +58,8 @@ class Gemma4 {
   void forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
                       const Tensor& positions, int64_t out_rows) const;
   // LM head + soft-cap of hidden rows `hidden` [n, H] into F32 `logits` [n, V]. `scratch` holds
-  // the activation-dtype logits [n, V].
+  // the activation-dtype logits [n, V]. A rank of a split model computes its vocabulary shard and
+  // gathers the whole rows from the others first, so that every rank holds the same logits.
   void logits(Backend& be, const Tensor& hidden, const Tensor& normed, const Tensor& scratch,
               const Tensor& logits) const;
 
@@ -58,8 +71,15 @@ class Gemma4 {
   // The MLP block over rows [first, first + n).
   void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const;
 
-  ModelConfig config_;
+  // After a projection split by its input (o_proj, down_proj): the sum of every rank's partial
+  // output. Nothing on one device.
+  void reduce_partial(const Tensor& partial) const {
+    if (comm_) comm_->all_reduce_sum(partial);
+  }
+
+  ModelConfig config_, rank_config_;
   ModelWeights weights_;
+  Communicator* comm_ = nullptr;
 };
 
 }  // namespace g4

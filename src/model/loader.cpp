@@ -12,14 +12,16 @@ namespace g4 {
 
 namespace {
 
-std::unique_ptr<Gemma4> load_from(const ModelConfig& config, const TensorSource& source, Backend& backend) {
-  ModelWeights weights = load_weights(config, source, backend);
-  return std::make_unique<Gemma4>(config, std::move(weights));
+std::unique_ptr<Gemma4> load_from(const ModelConfig& config, const TensorSource& source, Backend& backend,
+                                  Communicator* comm) {
+  if (!comm) return std::make_unique<Gemma4>(config, load_weights(config, source, backend));
+  ModelWeights shard = load_weights(config, source, backend, TpShard{comm->rank(), comm->size()});
+  return std::make_unique<Gemma4>(config, std::move(shard), *comm);
 }
 
-LoadedProgram load_gguf(const GgufModel& file, Backend& backend) {
+LoadedProgram load_gguf(const GgufModel& file, Backend& backend, Communicator* comm) {
   LoadedProgram out;
-  out.model = load_from(file.config(), file, backend);
+  out.model = load_from(file.config(), file, backend, comm);
   out.program = file.program();
   out.tokenizer_json = file.tokenizer_json();
   out.generation = read_generation_defaults(file.file().metadata());
@@ -31,23 +33,23 @@ LoadedProgram load_gguf(const GgufModel& file, Backend& backend) {
 }  // namespace
 
 // A directory is a Hugging Face checkpoint; any other path must be a GGUF model file.
-LoadedProgram load_program(const std::string& path, Backend& backend) {
+LoadedProgram load_program(const std::string& path, Backend& backend, Communicator* comm) {
   G4_CHECK(std::filesystem::exists(path), "model path '" + path + "' does not exist");
   LoadedProgram out;
   if (std::filesystem::is_directory(path)) {
     HfCheckpoint checkpoint(path);
-    out.model = load_from(checkpoint.config(), checkpoint, backend);
+    out.model = load_from(checkpoint.config(), checkpoint, backend, comm);
     out.program = default_program_flags(checkpoint.config(), false);
     out.tokenizer_json = read_file_if_exists((std::filesystem::path(path) / "tokenizer.json").string());
     out.generation = read_generation_config(path);
     out.chat_template = read_chat_template(path);
     return out;
   }
-  return load_gguf(GgufModel(path), backend);
+  return load_gguf(GgufModel(path), backend, comm);
 }
 
-LoadedProgram load_program(const ModelImage& image, Backend& backend) {
-  return load_gguf(GgufModel(GgufFile(image.bytes, nullptr, image.name)), backend);
+LoadedProgram load_program(const ModelImage& image, Backend& backend, Communicator* comm) {
+  return load_gguf(GgufModel(GgufFile(image.bytes, nullptr, image.name)), backend, comm);
 }
 
 std::optional<std::string> model_tokenizer_json(const std::string& path) {

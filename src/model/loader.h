@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/comm/communicator.h"
 #include "model/gemma4.h"
 #include "model/generation_config.h"
 #include "model/gguf_model.h"
@@ -26,7 +27,9 @@ struct LoadedProgram {
   // chat format natively; the template says whether a file expects that format (docs/DESIGN.md §5).
   std::optional<std::string> chat_template;
 };
-LoadedProgram load_program(const std::string& path, Backend& backend);
+// With `comm`, loads rank comm->rank()'s shard of the model for a tensor-parallel group
+// (docs/DESIGN.md, "Tensor parallel"); `comm` must outlive the model.
+LoadedProgram load_program(const std::string& path, Backend& backend, Communicator* comm = nullptr);
 
 // The tokenizer.json text of the model at `path` (embedded in a .gguf, or the checkpoint
 // directory's tokenizer.json) without loading its weights; nullopt when it has none.
@@ -37,7 +40,7 @@ struct ModelImage {
   std::span<const uint8_t> bytes;
   std::string name;  // names the model in messages
 };
-LoadedProgram load_program(const ModelImage& image, Backend& backend);
+LoadedProgram load_program(const ModelImage& image, Backend& backend, Communicator* comm = nullptr);
 std::optional<std::string> model_tokenizer_json(const ModelImage& image);
 
 }  // namespace g4

@@ -57,16 +57,24 @@ class SyntheticTypes {
 
 }  // namespace
 
-ModelWeights synthetic_weights(const ModelConfig& c, Backend& backend, uint64_t seed, const std::string& weights) {
-  const SyntheticTypes types(weights, c);
-  RandomFiller fill(backend, seed);
+ModelWeights synthetic_weights(const ModelConfig& whole, Backend& backend, uint64_t seed, const std::string& weights,
+                               TpShard shard) {
+  const SyntheticTypes types(weights, whole);
+  // Each rank its own values; rank 0 (and an unsplit model) those of `seed`.
+  RandomFiller fill(backend, seed + uint64_t(shard.rank) * 0x9E3779B97F4A7C15ull);
+  const ModelConfig c = shard.split() ? rank_config(whole, shard.size) : whole;  // this rank's heads and MLP
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   auto matrix = [&](const std::string& name, int64_t out, int64_t in, int v_index = 0) {
     return fill.matrix(types.of(name, {out, in}, v_index), out, in);
   };
   ModelWeights w;
   w.embed = matrix("embed_tokens.weight", c.vocab_size, H);
-  w.lm_head = c.tie_word_embeddings ? w.embed : matrix("lm_head.weight", c.vocab_size, H);
+  if (c.tie_word_embeddings && !shard.split()) {
+    w.lm_head = w.embed;
+  } else {  // a split LM head is the rank's vocabulary rows, typed as the embedding it stands for
+    const std::string name = c.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight";
+    w.lm_head = matrix(name, c.vocab_size / shard.size, H);
+  }
   w.final_norm = fill.norm(H);
   int v_index = 0;
   for (int i = 0; i < c.num_layers(); ++i) {

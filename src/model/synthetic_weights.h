@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 
 namespace g4 {
@@ -16,7 +17,9 @@ namespace g4 {
 // on every backend (Backend::fill_uniform). `weights` names the matrices' types: "bf16"; a block
 // type as `g4 export --weights` names it ("q8_0", "q4_0", "q4_k", ...) for every matrix and the
 // embedding; or "q4_k_m", llama.cpp's mix (requested_dtype) with its Q6_K embedding.
+// With a split `shard`, the rank's shapes (rank_slice's) with its own random values, and a tied
+// model's LM head as its vocabulary rows of their own (docs/DESIGN.md, "Tensor parallel").
 ModelWeights synthetic_weights(const ModelConfig& c, Backend& backend, uint64_t seed,
-                               const std::string& weights = "bf16");
+                               const std::string& weights = "bf16", TpShard shard = {});
 
 }  // namespace g4

@@ -124,29 +124,50 @@ Tensor upload_rope_inv_freq(const LayerConfig& layer, Backend& backend) {
 // Weights below this size load in well under a second: no progress line for them.
 constexpr uint64_t kProgressThresholdBytes = uint64_t(1) << 30;
 
-ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend) {
+namespace {
+
+// The tensors a shard uploads, in load order: the config's, plus its vocabulary rows of a tied
+// embedding as its own LM head when the model is split.
+std::vector<std::string> tensors_to_load(const ModelConfig& c, TpShard shard) {
+  std::vector<std::string> names;
+  for (const auto& spec : expected_tensors(c)) names.push_back(spec.name);
+  if (c.tie_word_embeddings && shard.split()) names.push_back("lm_head.weight");
+  return names;
+}
+
+// The file's tensor behind `name`: a tied LM head is the embedding.
+const HostTensor& file_tensor(const ModelConfig& c, const TensorSource& source, const std::string& name) {
+  return *source.find(c.tie_word_embeddings && name == "lm_head.weight" ? "embed_tokens.weight" : name);
+}
+
+}  // namespace
+
+ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend, TpShard shard) {
   validate_tensors(c, source);
+  if (shard.split()) check_tensor_parallel(c, shard.size);
   uint64_t total = 0, on_backend = 0;
-  for (const auto& spec : expected_tensors(c)) {
-    const HostTensor& t = *source.find(spec.name);
-    G4_CHECK(backend.runs_weight_dtype(t.dtype), "tensor '" + spec.name + "' is " + dtype_name(t.dtype) +
+  for (const std::string& name : tensors_to_load(c, shard)) {
+    const HostTensor& t = file_tensor(c, source, name);
+    G4_CHECK(backend.runs_weight_dtype(t.dtype), "tensor '" + name + "' is " + dtype_name(t.dtype) +
                                                      ", which the " + backend.name() +
                                                      " backend does not run yet (the cpu backend does)");
-    total += t.bytes;
-    on_backend += backend.weight_bytes_on_backend(t);
+    // Sized from the slice's shape (no bytes copied): also checks every slice before any upload.
+    const HostTensor part = slice_host_tensor(t, rank_slice(c, name, shard), true);
+    total += part.bytes;
+    on_backend += backend.weight_bytes_on_backend(part);
   }
   check_weights_fit(on_backend, backend);
   std::optional<Progress> progress;
-  if (total >= kProgressThresholdBytes) progress.emplace("loading weights (" + backend.name() + ")", total, "B");
+  if (total >= kProgressThresholdBytes && shard.rank == 0) progress.emplace("loading weights (" + backend.name() + ")", total, "B");
   auto get = [&](const std::string& name) {
-    const HostTensor& t = *source.find(name);
+    const HostTensor t = slice_host_tensor(file_tensor(c, source, name), rank_slice(c, name, shard));
     Tensor uploaded = backend.upload_weight(t);
     if (progress) progress->advance(t.bytes);
     return uploaded;
   };
   ModelWeights w;
   w.embed = get("embed_tokens.weight");
-  w.lm_head = c.tie_word_embeddings ? w.embed : get("lm_head.weight");
+  w.lm_head = c.tie_word_embeddings && !shard.split() ? w.embed : get("lm_head.weight");
   w.final_norm = get("norm.weight");
   for (int i = 0; i < c.num_layers(); ++i) {
     const LayerConfig& l = c.layers[size_t(i)];

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "format/tensor_source.h"
+#include "model/tensor_parallel.h"
 
 namespace g4 {
 
@@ -37,8 +38,10 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c);
 void validate_tensors(const ModelConfig& c, const TensorSource& source);
 
 // Validates, then uploads every tensor with backend.upload_weight, reporting progress on stderr
-// when the weights are large (see util/progress.h).
-ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend);
+// when the weights are large (see util/progress.h). A shard of a tensor-parallel group reads only
+// its slices (rank_slice); its LM head is its vocabulary rows, also when tied to the embedding,
+// which every rank holds whole (docs/DESIGN.md, "Tensor parallel").
+ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Backend& backend, TpShard shard = {});
 // Bytes of the weights in backend memory per storage type (a tied LM head counted once): the
 // memory report of `g4 bench` and `g4 run`.
 std::map<DType, uint64_t> weight_bytes_by_type(const ModelWeights& w);

@@ -4,6 +4,11 @@
 
 namespace g4 {
 
+DecodeGraph::DecodeGraph(Session& session) : session_(session) {
+  G4_CHECK(!session.runner().model().communicator(),
+           "CUDA graph decoding (--cuda_graph) does not run with --tp > 1 yet: decode eagerly");
+}
+
 DecodeGraph::~DecodeGraph() {
   if (session_.runner().graph_owner() == this) session_.runner().set_graph_owner(nullptr);
 }

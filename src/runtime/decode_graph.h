@@ -23,7 +23,9 @@ namespace g4 {
 
 class DecodeGraph {
  public:
-  explicit DecodeGraph(Session& session) : session_(session) {}
+  // Throws for a rank of a split model: capturing the NCCL collectives is not verified on two GPUs
+  // yet (docs/DESIGN.md, "Tensor parallel").
+  explicit DecodeGraph(Session& session);
   ~DecodeGraph();
   DecodeGraph(const DecodeGraph&) = delete;
   DecodeGraph& operator=(const DecodeGraph&) = delete;

@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
@@ -8,21 +9,43 @@
 
 namespace g4 {
 
-namespace {
-
-std::unique_ptr<Backend> backend_for(const EngineOptions& options) {
+std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options) {
   G4_CHECK(options.threads >= 0, "threads must be >= 0 (0 = one per hardware thread), got " +
                                      std::to_string(options.threads));
+  G4_CHECK(options.tp == 1 || options.tp_group, "an engine of a model split over " + std::to_string(options.tp) +
+                                                    " ranks is made per rank by run_tensor_parallel");
+  if (options.backend == "cpu" && options.tp > 1) {
+    // The ranks share the machine's cores.
+    const int all = options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency());
+    return std::make_unique<CpuBackend>(std::max(1, all / options.tp));
+  }
   if (options.backend == "cpu" && options.threads > 0) return std::make_unique<CpuBackend>(options.threads);
-  return make_backend(options.backend);
+  return make_backend(options.backend, options.tp > 1 ? options.tp_rank : -1);
+}
+
+namespace {
+
+std::unique_ptr<Communicator> communicator_for(const EngineOptions& options, Backend& backend) {
+  if (!options.tp_group) return nullptr;
+  return options.tp_group->join(options.tp_rank, backend);
+}
+
+// A rank that fails to load aborts the group first, so that its peers stop waiting for it.
+LoadedProgram load_for(const EngineOptions& options, Backend& backend, Communicator* comm) {
+  auto load = [&] {
+    return options.model_image ? load_program(*options.model_image, backend, comm)
+                               : load_program(options.model_path, backend, comm);
+  };
+  if (!comm) return load();
+  return run_or_abort([&](const std::string& what) { comm->abort(what); }, load);
 }
 
 }  // namespace
 
 Engine::Engine(const EngineOptions& options)
-    : backend_(backend_for(options)),
-      loaded_(options.model_image ? load_program(*options.model_image, *backend_)
-                                  : load_program(options.model_path, *backend_)) {
+    : backend_(make_engine_backend(options)),
+      comm_(communicator_for(options, *backend_)),
+      loaded_(load_for(options, *backend_, comm_.get())) {
   RunnerOptions ro;
   ro.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : loaded_.program.max_seq_len;
   ro.max_prefill_chunk = options.max_prefill_chunk > 0
@@ -31,6 +54,7 @@ Engine::Engine(const EngineOptions& options)
   ro.max_batch_sequences = options.max_batch_sequences;
   ro.kv_budget_bytes = options.kv_budget_bytes;
   runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
+  if (comm_) comm_->barrier();  // every rank loaded: a failed peer shows here, before any work
 }
 
 std::unique_ptr<Session> Engine::create_session(SessionOptions options) {

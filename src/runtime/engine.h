@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/comm/communicator.h"
 #include "model/loader.h"
 #include "runtime/model_runner.h"
 #include "runtime/session.h"
@@ -27,7 +28,18 @@ struct EngineOptions {
   // max_seq_len (what g4 run and g4 chat use).
   size_t kv_budget_bytes = 0;
   int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)
+  // Tensor parallel (docs/DESIGN.md, "Tensor parallel"): the model split over `tp` ranks, one
+  // thread and one device each (CUDA: GPU r; CPU: threads / tp workers each). An engine of a split
+  // model is one rank: run_tensor_parallel (runtime/tensor_parallel.h) makes one per rank, setting
+  // tp_group and tp_rank.
+  int tp = 1;
+  CommGroup* tp_group = nullptr;
+  int tp_rank = 0;
 };
+
+// The backend an engine of `options` runs on: rank tp_rank's device (CUDA), or its share of the
+// CPU worker threads (threads / tp each, so that the ranks do not oversubscribe the cores).
+std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options);
 
 // What the reference design's program returns for a forward.
 struct ForwardResult {
@@ -47,6 +59,10 @@ class Engine {
   const GenerationDefaults& generation_defaults() const { return loaded_.generation; }
   const std::optional<std::string>& chat_template() const { return loaded_.chat_template; }
   Backend& backend() { return *backend_; }
+  // This engine's rank of a split model (0 of 1 unsplit), and its communicator (nullptr unsplit).
+  int tp_rank() const { return comm_ ? comm_->rank() : 0; }
+  int tp_size() const { return comm_ ? comm_->size() : 1; }
+  Communicator* communicator() const { return comm_.get(); }
   ModelRunner& runner() { return *runner_; }
   KvPool& kv_pool() { return runner_->kv_pool(); }
 
@@ -66,6 +82,7 @@ class Engine {
 
  private:
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> comm_;  // before loaded_: the model keeps a reference
   LoadedProgram loaded_;
   std::unique_ptr<ModelRunner> runner_;
 };

@@ -54,10 +54,11 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
     : model_(model),
       backend_(backend),
       max_seq_len_(chosen_max_seq_len(model.config(), o.max_seq_len)),
-      pool_(model.config(), backend,
+      // Caches and activations hold this rank's heads and MLP columns (all of them on one device).
+      pool_(model.rank_config(), backend,
             o.kv_budget_bytes > 0 ? o.kv_budget_bytes
-                                  : kv_sequence_bytes(model.config(), backend.activation_dtype(), max_seq_len_)),
-      buffers_(model.config(), backend, chosen_chunk(model.config(), max_seq_len_, o.max_prefill_chunk),
+                                  : kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), max_seq_len_)),
+      buffers_(model.rank_config(), backend, chosen_chunk(model.config(), max_seq_len_, o.max_prefill_chunk),
                checked_batch_sequences(o.max_batch_sequences)) {
   const ModelConfig& c = config();
   const int64_t rows = buffers_.max_tokens, outputs = buffers_.max_outputs;

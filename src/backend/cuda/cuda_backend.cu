@@ -379,6 +379,7 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
+  void* stream_handle() const override { return stream_; }
   size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
 
   void begin_capture() override {
@@ -507,8 +508,14 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
-  G4_CHECK(cuda_device_count() > 0, "no CUDA GPU is present on this machine");
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  const int count = cuda_device_count();
+  G4_CHECK(count > 0, "no CUDA GPU is present on this machine");
+  if (device >= 0) {
+    G4_CHECK(device < count, "CUDA device " + std::to_string(device) + " requested, but only " +
+                                 std::to_string(count) + " present");
+    G4_CUDA(cudaSetDevice(device));
+  }
   return std::make_unique<CudaBackend>();
 }
 
