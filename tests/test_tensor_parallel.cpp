@@ -19,17 +19,20 @@
 #include "runtime/generator.h"
 #include "runtime/scheduler.h"
 #include "runtime/tensor_parallel.h"
+#include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
 
 namespace g4 {
 namespace {
 
-const std::string kDemo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+// The fortune demo (bf16, 4 query heads, 2 KV heads, 1 on the full layer): the shapes these tests
+// check (test::fortune_demo_path, tests/support/demo_engine.h).
+const std::string& demo() { return test::fortune_demo_path(); }
 // docs/DESIGN.md §6, rule (a): relative L2 over all positions' logits, on a trained model.
 constexpr double kRuleA = 1e-2;
 
-EngineOptions demo_options(int tp, const std::string& backend = "cpu", const std::string& path = kDemo) {
+EngineOptions demo_options(int tp, const std::string& backend = "cpu", const std::string& path = demo()) {
   EngineOptions o;
   o.model_path = path;
   o.backend = backend;
@@ -310,7 +313,7 @@ TEST(TensorParallel, ARankThatFailsToLoadStopsEveryRank) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.emplace_back([&, r] {
-      EngineOptions o = demo_options(2, "cpu", r == 1 ? "/nonexistent/model.gguf" : kDemo);
+      EngineOptions o = demo_options(2, "cpu", r == 1 ? "/nonexistent/model.gguf" : demo());
       o.tp_group = group.get();
       o.tp_rank = r;
       errors[size_t(r)] = test::error_of([&] { Engine engine(o); });
@@ -371,7 +374,7 @@ std::string output_of(const std::string& arguments) {
 
 TEST(TensorParallelCli, RunPrintsTheTokensOfOneRank) {
   for (const std::string sampling : {"--temperature 0", "--temperature 1 --top_k 50 --seed 3"}) {
-    const std::string base = "run --prompt 'The fox' -n 24 --print_token_ids " + sampling;
+    const std::string base = "run --model_path " + demo() + " --prompt 'The fox' -n 24 --print_token_ids " + sampling;
     const std::string want = output_of(base);
     ASSERT_FALSE(want.empty());
     EXPECT_EQ(output_of(base + " --tp 2"), want) << sampling;  // printed once: by rank 0
@@ -382,7 +385,7 @@ TEST(TensorParallelCli, RunPrintsTheTokensOfOneRank) {
 TEST(TensorParallelCli, ARandomSeedIsDrawnOnceForEveryRank) {
   // Ranks that drew seeds of their own would feed different tokens into the shared sums: the text
   // would match no single seed's.
-  const test::CommandResult split = test::run_g4("run --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --tp 2");
+  const test::CommandResult split = test::run_g4("run --model_path " + demo() + " --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --tp 2");
   ASSERT_EQ(split.exit_code, 0) << split.output;
   const std::string key = "Sampling base seed: ";
   const size_t at = split.output.find(key);
@@ -391,7 +394,7 @@ TEST(TensorParallelCli, ARandomSeedIsDrawnOnceForEveryRank) {
   const std::string seed = split.output.substr(at + key.size(), split.output.find('\n', at) - at - key.size());
   const std::string ids = split.output.substr(split.output.find('\n', at) + 1);
   EXPECT_EQ(ids.substr(0, ids.find('\n')),
-            output_of("run --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --seed " + seed).substr(0, ids.find('\n')));
+            output_of("run --model_path " + demo() + " --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --seed " + seed).substr(0, ids.find('\n')));
 }
 
 TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
@@ -400,7 +403,7 @@ TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
     EXPECT_NE(r.exit_code, 0) << arguments;
     return r.output;
   };
-  EXPECT_NE(error_of("run -p x --tp 3").find("--tp 3: 4 query heads are not divisible by 3"), std::string::npos);
+  EXPECT_NE(error_of("run -p x --tp 3").find("--tp 3: 8 query heads are not divisible by 3"), std::string::npos);
   EXPECT_NE(error_of("chat --tp 2").find("g4 chat --tp 2: this command does not run a split model yet"),
             std::string::npos);
   EXPECT_NE(error_of("run -p x --tp 2 --backend cuda --cuda_graph").find("--cuda_graph does not run with --tp > 1"),
@@ -412,7 +415,7 @@ TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
 
 TEST(TensorParallelCli, BenchReportsTheCollectivesShare) {
   const std::string out =
-      output_of("bench --model_path " + kDemo + " --backend cpu --tp 2 --prompt_len 16 --gen 4");
+      output_of("bench --model_path " + demo() + " --backend cpu --tp 2 --prompt_len 16 --gen 4");
   for (const char* key : {"\"tp\": 2", "\"decode_greedy_tok_s\"", "\"prefill_s_median\"", "\"all_reduce_pct_of_step\""})
     EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
 }
