@@ -185,6 +185,35 @@ ParsedOutput parse_in_pieces(const std::string& text, size_t cut) {
   return out;
 }
 
+// A body nested a million levels deep (5 MB: within a server's 8 MiB body limit) is a 400 before
+// anything copies or renders it recursively, which would overflow a handler thread's stack; 64
+// levels, as deep as a request may nest, still parse. Tool arguments and tool responses given as
+// JSON text that nests deeper are kept as text.
+TEST(ServeFuzz, NestingDeeperThan64LevelsIsA400NotARecursion) {
+  auto nested = [](int levels) {
+    std::string s;
+    for (int i = 0; i < levels; ++i) s += "{\"a\":";
+    return s + "1" + std::string(size_t(levels), '}');
+  };
+  auto with_kwargs = [](const std::string& value) {
+    return "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chat_template_kwargs\": " + value + "}";
+  };
+  try {
+    serve::parse_completion_request(with_kwargs(nested(1000000)), serve::Endpoint::kChat);
+    ADD_FAILURE() << "a body nested a million levels deep was accepted";
+  } catch (const serve::ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("nests deeper than 64 levels"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(serve::parse_completion_request(with_kwargs(nested(63)), serve::Endpoint::kChat));
+  const std::string deep_text = nlohmann::json(nested(100000)).dump();
+  const std::string body = "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"c\", \"function\": "
+                           "{\"name\": \"f\", \"arguments\": " + deep_text + "}}]}, {\"role\": \"tool\", "
+                           "\"tool_call_id\": \"c\", \"content\": " + deep_text + "}]}";
+  const serve::CompletionRequest r = serve::parse_completion_request(body, serve::Endpoint::kChat);
+  EXPECT_EQ(r.messages.size(), 1u);
+}
+
 TEST(ServeFuzz, ToolCallParserNeverCrashesAndIsSplitInvariant) {
   test::Mutator mutator(test::fuzz_seed(18));
   const uint64_t runs = test::fuzz_runs(3000);

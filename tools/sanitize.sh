@@ -38,5 +38,9 @@ fi
 # modes in the plain build). Its sibling with the published layout runs the same ring-cache and
 # long-prompt paths here in ~12 s a mode. Nor the perplexity comparison with llama-perplexity
 # (105 forwards of 256 tokens: 19 s plain, many minutes here); measure_perplexity itself runs
-# here in test_perplexity. CUDA tests skip in this CPU-only build.
-exec ctest --test-dir "$build" --output-on-failure -j"$jobs" -E "LongContext.*long_31b_heads|LlamaCppFiles.PerplexityAndKl"
+# here in test_perplexity. Nor the server's load test (500 requests: 21 s plain, 4 minutes here, and
+# its bound on the server's memory growth does not hold under ASan, whose quarantine keeps freed
+# memory: +320 MiB after the run); the server's conformance and fuzz tests run here. CUDA tests
+# skip in this CPU-only build.
+exec ctest --test-dir "$build" --output-on-failure -j"$jobs" \
+  -E "LongContext.*long_31b_heads|LlamaCppFiles.PerplexityAndKl|OpenAiClient.LoadOf32StreamingClients"

@@ -15,6 +15,29 @@ namespace {
 
 ApiError bad(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
 
+// Request JSON nests at most this deep. Values are copied and rendered recursively, so a body of a
+// few megabytes of '[' (within the body limit) could otherwise exhaust a handler thread's stack.
+constexpr int kMaxJsonDepth = 64;
+
+// `text` as JSON, containers deeper than kMaxJsonDepth left out (the parser itself is iterative);
+// *too_deep says whether any were. Throws json::exception on invalid JSON when allow_exceptions.
+json parse_bounded(std::string_view text, bool allow_exceptions, bool* too_deep) {
+  *too_deep = false;
+  const json::parser_callback_t keep_shallow = [too_deep](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) *too_deep = true;
+    return depth <= kMaxJsonDepth;
+  };
+  return json::parse(text, keep_shallow, allow_exceptions);
+}
+
+// JSON text inside a request (tool arguments, a tool's response): the value it encodes, or
+// discarded when it is not JSON or nests too deep (the caller then keeps it as text).
+json decode_embedded_json(const std::string& text) {
+  bool too_deep = false;
+  json decoded = parse_bounded(text, /*allow_exceptions=*/false, &too_deep);
+  return too_deep ? json(json::value_t::discarded) : decoded;
+}
+
 float number_field(const json& body, const char* name) {
   const json& v = body.at(name);
   if (!v.is_number()) throw bad(name, std::string("'") + name + "' must be a number");
@@ -98,7 +121,7 @@ void parse_tool_calls(const json& m, const std::string& at, ChatMessage& out,
       const json& arguments = function["arguments"];
       if (arguments.is_object()) parsed.arguments = arguments;
       else if (arguments.is_string()) {
-        json decoded = json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        json decoded = decode_embedded_json(arguments.get<std::string>());
         parsed.arguments = decoded.is_object() ? std::move(decoded) : arguments;
       } else {
         throw bad(call_at + ".function.arguments", call_at + ".function.arguments must be a JSON string");
@@ -124,7 +147,7 @@ ChatToolResponse parse_tool_result(const json& m, const std::string& at,
     if (auto it = names_by_id.find(m["tool_call_id"].get<std::string>()); it != names_by_id.end())
       response.name = it->second;
   if (m.contains("name") && m["name"].is_string()) response.name = m["name"].get<std::string>();
-  json decoded = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json decoded = decode_embedded_json(text);
   response.response = decoded.is_discarded() ? json(text) : std::move(decoded);
   return response;
 }
@@ -260,11 +283,13 @@ json error_json(const ApiError& error) {
 
 CompletionRequest parse_completion_request(std::string_view body_text, Endpoint endpoint) {
   json body;
+  bool too_deep = false;
   try {
-    body = json::parse(body_text);
+    body = parse_bounded(body_text, /*allow_exceptions=*/true, &too_deep);
   } catch (const json::exception& e) {
     throw bad("", std::string("the request body is not valid JSON: ") + e.what());
   }
+  if (too_deep) throw bad("", "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   if (!body.is_object()) throw bad("", "the request body must be a JSON object");
   auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
 
