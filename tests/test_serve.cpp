@@ -3,7 +3,8 @@
 // streaming equal to the whole answer, stop strings, concurrent requests equal to each alone, the
 // API key, a 400 naming the field for each kind of bad input, 404/413/429, tool messages rendered
 // as the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics,
-// stop() and SIGTERM on the binary. ReplyText's hold-back rules (whole UTF-8 characters, partial
+// stop() and SIGTERM on the binary; the binary at --tp 2 answering as --tp 1, freeing every rank's
+// session when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9). ReplyText's hold-back rules (whole UTF-8 characters, partial
 // stop strings) are tested on byte tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>

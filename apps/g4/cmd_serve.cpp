@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "runtime/rank_inputs.h"
@@ -58,19 +59,29 @@ class ShutdownSignals {
   ShutdownSignals& operator=(const ShutdownSignals&) = delete;
 
   void on_signal(std::function<void()> stop) {
-    waiter_ = std::thread([this, stop = std::move(stop)] {
+    stop_ = std::move(stop);
+    waiter_ = std::thread([this] {
       int received = 0;
       sigwait(&signals_, &received);
       if (finished_) return;
       std::fprintf(stderr, "g4 serve: %s: finishing the requests in flight, then stopping\n",
                    received == SIGINT ? "SIGINT" : "SIGTERM");
-      stop();
+      std::lock_guard lock(stop_mutex_);
+      if (stop_) stop_();
     });
+  }
+  // What the stop function stops is going away (a split run's rank 0 ends before main does): a
+  // later signal stops nothing.
+  void forget() {
+    std::lock_guard lock(stop_mutex_);
+    stop_ = nullptr;
   }
 
  private:
   sigset_t signals_{}, previous_{};
   std::atomic<bool> finished_{false};
+  std::mutex stop_mutex_;
+  std::function<void()> stop_;
   std::thread waiter_;
 };
 #endif
@@ -123,6 +134,7 @@ void listen(const ServeOptions& o, const serve::ServerOptions& so, const serve::
                o.host.c_str(), port);
   signals.on_signal([&server] { server.stop(); });
   server.listen();
+  signals.forget();
 }
 
 serve::WorkerOptions worker_options(const ServeOptions& o) { return {o.max_sessions, o.max_waiting}; }
