@@ -3,6 +3,9 @@
 // a bad N and a failing rank give clear errors on every rank, never a hang. On the CPU the ranks are
 // threads over the in-process communicator; the CUDA tests need two GPUs and skip without them.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -487,6 +490,59 @@ TEST(TensorParallelCli, ChatTranscriptsEqualOneRank) {
   const test::CommandResult four = test::run_g4("chat -n 4 --tp 4 < /dev/null");
   EXPECT_NE(four.exit_code, 0);
   EXPECT_NE(four.output.find("cannot be split"), std::string::npos) << four.output;
+}
+
+// g4 chat `tp` on the embedded demo, with a turn that rambles (temperature 2, seed 1: 469 tokens)
+// and a Ctrl-C once its first text is out, then a second turn: its output and exit status.
+test::CommandResult chat_interrupted(const std::string& tp) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return {-1, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(in[1]);
+    close(out[0]);
+    execl(G4_BINARY, G4_BINARY, "chat", "-n", "100000", "--temperature", "2", "--top_k", "0", "--top_p", "1",
+          "--min_p", "0", "--seed", "1", "--tp", tp.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  const std::string first = "Tell me a story\n", second = "Hi\n";
+  (void)!write(in[1], first.data(), first.size());
+  test::CommandResult r{-1, ""};
+  char buffer[4096];
+  // The header line (stderr), then the reply's first text: the reply is running.
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
+    r.output.append(buffer, size_t(n));
+    const size_t header_end = r.output.find('\n');
+    if (header_end != std::string::npos && r.output.size() > header_end + 1) break;
+  }
+  kill(pid, SIGINT);
+  (void)!write(in[1], second.data(), second.size());
+  close(in[1]);
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) r.output.append(buffer, size_t(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(TensorParallelCli, CtrlCStopsAChatReplyOnEveryRank) {
+  // Every rank must stop at the token rank 0 saw the Ctrl-C at: a rank that went on would feed
+  // its next token into the shared sums alone, and the next turn would hang or differ.
+  for (const std::string tp : {"1", "2"}) {
+    const test::CommandResult r = chat_interrupted(tp);
+    EXPECT_EQ(r.exit_code, 0) << "--tp " << tp << ": " << r.output;
+    const size_t first_report = r.output.find("[prefilled");
+    ASSERT_NE(first_report, std::string::npos) << r.output;
+    const std::string report = r.output.substr(first_report, r.output.find('\n', first_report) - first_report);
+    EXPECT_NE(report.find("; stopped"), std::string::npos) << "--tp " << tp << ": " << report;
+    EXPECT_NE(r.output.find("[prefilled", first_report + 1), std::string::npos) << "the second turn did not run: " << r.output;
+  }
 }
 
 TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {

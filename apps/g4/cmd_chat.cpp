@@ -71,14 +71,26 @@ std::string trim(const std::string& text) {
   return text.substr(first, text.find_last_not_of(" \t\r\n") + 1 - first);
 }
 
+// What rank 0 read: a user turn, a reset, or the end of the conversation; and during a reply,
+// for each token, whether a Ctrl-C stops the reply there. With --tp > 1 these are what the other
+// ranks receive, so that every rank runs the same turns and stops at the same token
+// (docs/DESIGN.md §9).
+struct ChatInput {
+  enum class Kind { kTurn, kReset, kEnd, kReplyGoesOn, kReplyStops } kind = Kind::kEnd;
+  std::string text;
+};
+
 // The conversation as token ids. Each reply passes the whole history to the session, which
 // keeps what its caches hold (every earlier turn but, at most, a reply's last token: generation
 // stops before feeding the token that hit max_new_tokens or a Ctrl-C) and prefills the rest.
 class Conversation {
  public:
-  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling)
-      : speaks_(engine.tp_rank() == 0),
-        stoppable_(engine.tp_size() == 1),
+  // `inputs`: rank 0's inputs to a split model's ranks (nullptr unsplit).
+  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling,
+               RankInputs<ChatInput>* inputs)
+      : rank_(engine.tp_rank()),
+        speaks_(rank_ == 0),
+        inputs_(inputs),
         session_(engine.create_session()),
         tokenizer_(tokenizer),
         options_(options),
@@ -106,9 +118,10 @@ class Conversation {
     request.max_new_tokens = options_.gen.max_new_tokens;
     request.stop_ids = stop_ids_;
     request.graph = options_.gen.cuda_graph;
-    // Ctrl-C stops a reply only unsplit: each rank would see the flag at its own token (a split
-    // chat ends on Ctrl-C instead; docs/DESIGN.md §9).
-    request.stop = stoppable_ ? &g_stop_reply : nullptr;
+    // Unsplit, a Ctrl-C stops the reply at the next token. Split, every rank must stop at the
+    // same token, so rank 0 reads the flag once per token and hands its answer to the others.
+    std::atomic<bool> stop_here{false};
+    request.stop = inputs_ ? &stop_here : &g_stop_reply;
     // Fails before running anything (and so leaves the conversation as it was) when the
     // context cannot take the turn.
     session_->check_input(request.prompt, 0);
@@ -119,6 +132,7 @@ class Conversation {
     GenerationResult result;
     try {
       result = generate(*session_, request, [&](int32_t id) {
+        if (inputs_) stop_here.store(agree_on_stop());
         if (!speaks_) return;
         std::fputs(text.push(id).c_str(), stdout);
         std::fflush(stdout);
@@ -138,6 +152,14 @@ class Conversation {
   }
 
  private:
+  // Whether the reply stops after this token, the same on every rank of a split model.
+  bool agree_on_stop() {
+    if (!speaks_) return inputs_->next(rank_).kind == ChatInput::Kind::kReplyStops;
+    const bool stop = g_stop_reply.load();
+    inputs_->publish({stop ? ChatInput::Kind::kReplyStops : ChatInput::Kind::kReplyGoesOn, {}});
+    return stop;
+  }
+
   void report(const GenerationRequest& request, const GenerationResult& result, StreamDecoder& text) const {
     std::printf("%s\n", text.flush().c_str());
     std::fflush(stdout);
@@ -160,7 +182,9 @@ class Conversation {
     ids.insert(ids.end(), more.begin(), more.end());
   }
 
-  const bool speaks_, stoppable_;
+  const int rank_;
+  const bool speaks_;
+  RankInputs<ChatInput>* const inputs_;
   std::unique_ptr<Session> session_;
   const Tokenizer& tokenizer_;
   const ChatOptions& options_;
@@ -170,12 +194,6 @@ class Conversation {
   uint64_t drawn_ = 0;
 };
 
-// What rank 0 read: a user turn, a reset, or the end of the conversation. With --tp > 1 it is
-// what the other ranks receive, so that every rank runs the same turns (docs/DESIGN.md §9).
-struct ChatInput {
-  enum class Kind { kTurn, kReset, kEnd } kind = Kind::kEnd;
-  std::string text;
-};
 
 // The next input on standard input; chat commands other than /reset and /exit are answered here.
 ChatInput read_chat_input(bool interactive) {
@@ -206,13 +224,11 @@ void converse(const ChatOptions& o, const GenerationFlags& flags, Engine& engine
   const bool interactive = speaks && isatty(STDIN_FILENO);
   if (speaks)
     std::fprintf(stderr, "g4 chat (%s)%s\n", describe_sampling(sampling).c_str(),
-                 !interactive ? ""
-                 : engine.tp_size() == 1 ? ". /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops a reply."
-                                         : ". /reset starts over, /exit or Ctrl-D quits.");
+                 interactive ? ". /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops a reply." : "");
 
-  Conversation conversation(engine, *tokenizer, o, sampling);
+  Conversation conversation(engine, *tokenizer, o, sampling, engine.tp_size() > 1 ? &inputs : nullptr);
   std::optional<SigintGuard> sigint;
-  if (engine.tp_size() == 1) sigint.emplace();
+  if (speaks) sigint.emplace();
   for (;;) {
     ChatInput input;
     if (speaks) {
