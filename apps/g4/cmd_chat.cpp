@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,11 @@ struct ChatInput {
   std::string text;
 };
 
+// A split model's rank failed while generating a reply: fatal, unlike an Error the chat survives.
+struct FailedMidReply : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The conversation as token ids. Each reply passes the whole history to the session, which
 // keeps what its caches hold (every earlier turn but, at most, a reply's last token: generation
 // stops before feeding the token that hit max_new_tokens or a Ctrl-C) and prefills the rest.
@@ -137,9 +143,15 @@ class Conversation {
         std::fputs(text.push(id).c_str(), stdout);
         std::fflush(stdout);
       });
+    } catch (const Error& e) {
+      g_replying.store(false);
+      // Split, a rank that fails while generating ends the run (its peers are mid-step, and no
+      // other rank need have failed): not an Error, so the chat loop does not go on with it.
+      if (inputs_ && !dynamic_cast<const PeerFailure*>(&e)) throw FailedMidReply(e.what());
+      throw;  // history is unchanged; the session's caches say what they hold, so the next turn fits
     } catch (...) {
       g_replying.store(false);
-      throw;  // history is unchanged; the session's caches say what they hold, so the next turn fits
+      throw;
     }
     g_replying.store(false);
 
