@@ -8,6 +8,7 @@
 // It never deadlocks: a rank that fails aborts the log (run_with_inputs does so), which wakes
 // every rank waiting in next() with PeerFailure, as the communicator's abort contract does.
 #pragma once
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
