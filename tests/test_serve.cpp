@@ -3,7 +3,8 @@
 // streaming equal to the whole answer, stop strings, concurrent requests equal to each alone, the
 // API key, a 400 naming the field for each kind of bad input, 404/413/429, tool messages rendered
 // as the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics,
-// stop() and SIGTERM on the binary. ReplyText's hold-back rules (whole UTF-8 characters, partial
+// stop() and SIGTERM on the binary; the binary at --tp 2 answering as --tp 1, freeing every rank's
+// session when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9). ReplyText's hold-back rules (whole UTF-8 characters, partial
 // stop strings) are tested on byte tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -15,16 +16,19 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/rank_inputs.h"
 #include "serve/engine_worker.h"
 #include "serve/openai_api.h"
 #include "serve/reply_text.h"
 #include "serve/server.h"
+#include "support/fixtures.h"
 #include "support/running_server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -534,42 +538,161 @@ TEST_F(Serve, StopFinishesTheRequestsInFlight) {
   EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);
 }
 
-// The binary: SIGTERM (and SIGINT) stop g4 serve gracefully, with exit status 0.
+// The binary: SIGTERM (and SIGINT) stop g4 serve gracefully, with exit status 0 — split too, where
+// every rank must stop.
 TEST(ServeCli, SigtermStopsTheServerWithExitStatusZero) {
-  for (int signal_number : {SIGTERM, SIGINT}) {
-    int err[2];
-    ASSERT_EQ(pipe(err), 0);
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      dup2(err[1], 2);
-      close(err[0]);
-      execl(G4_BINARY, G4_BINARY, "serve", "--port", "0", "--max_seq_len", "256", static_cast<char*>(nullptr));
-      _exit(127);
+  for (const char* tp : {"1", "2"})
+    for (int signal_number : {SIGTERM, SIGINT}) {
+      SCOPED_TRACE(std::string("--tp ") + tp + ", signal " + std::to_string(signal_number));
+      test::ServeProcess server({"--max_seq_len", "256", "--tp", tp});
+      ASSERT_GT(server.port(), 0) << server.log();
+      const httplib::Result health = server.client().Get("/health");
+      ASSERT_TRUE(health);
+      EXPECT_EQ(health->status, 200);
+      EXPECT_EQ(server.stop(signal_number), 0) << server.log();
+      EXPECT_NE(server.log().find("g4 serve: stopped"), std::string::npos) << server.log();
     }
-    close(err[1]);
-    std::string log;
-    int port = 0;
-    const std::string marker = "listening on http://127.0.0.1:";
-    char buffer[512];
-    for (ssize_t n; port == 0 && (n = read(err[0], buffer, sizeof buffer)) > 0;) {
-      log.append(buffer, size_t(n));
-      if (const size_t at = log.find(marker); at != std::string::npos && log.find('\n', at) != std::string::npos)
-        port = std::stoi(log.substr(at + marker.size()));
-    }
-    ASSERT_GT(port, 0) << log;
-    httplib::Client c("127.0.0.1", port);
-    const httplib::Result health = c.Get("/health");
-    ASSERT_TRUE(health);
-    EXPECT_EQ(health->status, 200);
-    kill(pid, signal_number);
-    for (ssize_t n; (n = read(err[0], buffer, sizeof buffer)) > 0;) log.append(buffer, size_t(n));
-    close(err[0]);
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log;
-    EXPECT_NE(log.find("g4 serve: stopped"), std::string::npos) << log;
+}
+
+// ---- g4 serve --tp 2 (docs/DESIGN.md §9, "Front ends") ----
+
+// The reply's text and finish reason, from a whole answer or the chunks of a stream.
+std::string reply_of(const test::ServeProcess& server, const std::string& path, const json& body) {
+  httplib::Client c = server.client();
+  const httplib::Result r = c.Post(path, body.dump(), "application/json");
+  if (!r || r->status != 200) return "HTTP error " + (r ? std::to_string(r->status) + ": " + r->body : "(no answer)");
+  std::string text, finish;
+  auto read_choice = [&](const json& choice) {
+    if (choice.contains("message")) text += choice["message"].value("content", "");
+    if (choice.contains("delta")) text += choice["delta"].value("content", "");
+    if (choice.contains("text")) text += choice["text"].get<std::string>();
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  };
+  if (!body.value("stream", false)) {
+    read_choice(json::parse(r->body)["choices"][0]);
+  } else {
+    std::istringstream lines(r->body);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("data: {", 0) == 0)
+        for (const json& choice : json::parse(line.substr(6))["choices"]) read_choice(choice);
   }
+  return text + " [" + finish + "]";
+}
+
+TEST(ServeCli, SplitServerAnswersAsOneRank) {
+  test::ServeProcess one({"--max_seq_len", "256"}), two({"--max_seq_len", "256", "--tp", "2"});
+  ASSERT_GT(one.port(), 0) << one.log();
+  ASSERT_GT(two.port(), 0) << two.log();
+  const json message = json::array({{{"role", "user"}, {"content", "Tell me a story about the sea."}}});
+  for (const json& sampling : {json{{"temperature", 0}}, json{{"temperature", 1.0}, {"top_k", 40}, {"seed", 7}}})
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(sampling.dump() + (stream ? " streamed" : ""));
+      json body = {{"messages", message}, {"max_tokens", 24}, {"stream", stream}};
+      body.update(sampling);
+      const std::string want = reply_of(one, "/v1/chat/completions", body);
+      EXPECT_EQ(reply_of(two, "/v1/chat/completions", body), want);
+      body.erase("messages");
+      body["prompt"] = "Once upon a time";
+      EXPECT_EQ(reply_of(two, "/v1/completions", body), reply_of(one, "/v1/completions", body));
+    }
+  // Requests arriving together are batched by every rank's scheduler alike: each answer is its own.
+  std::vector<std::string> want(4), got(4);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < 4; ++i) {
+    const json body = {{"prompt", "Request " + std::to_string(i)}, {"max_tokens", 16 + 4 * int(i)},
+                       {"temperature", 1.0}, {"seed", int(i)}, {"stream", i % 2 == 1}};
+    want[i] = reply_of(one, "/v1/completions", body);
+    clients.emplace_back([&, i, body] { got[i] = reply_of(two, "/v1/completions", body); });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(two.stop(), 0) << two.log();
+}
+
+std::string metrics_of(const test::ServeProcess& server) {
+  httplib::Client c = server.client();
+  const httplib::Result r = c.Get("/metrics");
+  return r ? r->body : "";
+}
+
+TEST(ServeCli, SplitServerFreesEveryRanksSessionWhenTheClientLeaves) {
+  test::ServeProcess two({"--max_seq_len", "256", "--tp", "2"});
+  ASSERT_GT(two.port(), 0) << two.log();
+  const std::string running1 = "g4_rank_running_sequences{rank=\"1\"}", kv1 = "g4_rank_kv_bytes_in_use{rank=\"1\"}";
+  httplib::Client c = two.client();
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.headers = {{"Content-Type", "application/json"}};
+  // Greedy, max_tokens left to the context's room: a long reply that only a cancel ends early.
+  request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"stream", true}}.dump();
+  double running_on_rank1 = 0;
+  request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    // While the stream runs, rank 1 runs the same sequence (it reports after its step).
+    for (int i = 0; i < 500 && running_on_rank1 == 0; ++i) {
+      running_on_rank1 = metric(metrics_of(two), running1);
+      if (running_on_rank1 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;  // then the client hangs up
+  };
+  c.send(request);
+  EXPECT_EQ(running_on_rank1, 1);
+  std::string text;
+  for (int i = 0; i < 500; ++i) {
+    text = metrics_of(two);
+    if (metric(text, "g4_running_sequences") == 0 && metric(text, running1) == 0 && metric(text, kv1) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(metric(text, "g4_running_sequences"), 0) << text;
+  EXPECT_EQ(metric(text, "g4_kv_bytes_in_use"), 0) << text;
+  EXPECT_EQ(metric(text, running1), 0) << text;
+  EXPECT_EQ(metric(text, kv1), 0) << text;
+  EXPECT_EQ(metric(text, "g4_rank_kv_bytes_in_use{rank=\"0\"}"), 0) << text;
+  EXPECT_EQ(two.stop(), 0) << two.log();
+}
+
+TEST(ServeCli, ASplitTheModelCannotTakeIsAClearError) {
+  test::ServeProcess four({"--tp", "4"});  // the demo's Q4_K blocks do not fall on a quarter of its MLP
+  EXPECT_EQ(four.port(), 0);
+  EXPECT_EQ(four.stop(0), 1) << four.log();
+  EXPECT_NE(four.log().find("cannot be split"), std::string::npos) << four.log();
+}
+
+// Rank 1 dies as the first request reaches it: the request fails naming it, the worker stops
+// (failure()), rank 0's hook runs (g4 serve's stops the server) and the run reports rank 1's own
+// error — no rank waits.
+TEST(ServeSplit, AFailingRankFailsTheRequestAndStopsRankZero) {
+  const serve::WorkerOptions wo{2, 4};
+  EngineOptions split = serve::EngineWorker::engine_options(test::demo_serve_options(256), wo);
+  split.tp = 2;
+  ScheduledRanks ranks(2);
+  std::string hooked, request_failure, worker_failure;
+  const std::string error = test::error_of([&] {
+    run_with_inputs<SchedulerInputs>(split, ranks.inputs, [&](Engine& engine) {
+      if (engine.tp_rank() == 1) {
+        ranks.inputs.next(1);
+        throw Error("simulated failure on rank 1");
+      }
+      ranks.inputs.on_abort([&](const std::string& what) { hooked = what; });
+      serve::EngineWorker worker(engine, wo, ranks);
+      SchedulerRequest request;
+      request.prompt = {2, 9, 10, 11};
+      request.max_new_tokens = 8;
+      const std::shared_ptr<serve::RequestChannel> channel = worker.submit(request);
+      ASSERT_TRUE(channel);
+      EXPECT_EQ(channel->wait_admitted(), std::nullopt);
+      // The step never ends on rank 0 (rank 1 is gone): no token comes, only the failure.
+      EXPECT_TRUE(channel->take().empty());
+      request_failure = channel->failure();
+      for (int i = 0; i < 500 && worker.failure().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      worker_failure = worker.failure();
+      EXPECT_FALSE(worker.submit(request)) << "a failed split worker takes no more requests";
+    });
+  });
+  EXPECT_EQ(error, "simulated failure on rank 1");
+  EXPECT_EQ(request_failure, "the engine failed: tensor parallel: rank 1 failed: simulated failure on rank 1");
+  EXPECT_EQ(worker_failure, "tensor parallel: rank 1 failed: simulated failure on rank 1");
+  EXPECT_EQ(hooked, "simulated failure on rank 1");
 }
 
 // ---- ReplyText, on byte-fallback tokens (one byte each) ----

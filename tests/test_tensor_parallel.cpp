@@ -3,11 +3,16 @@
 // a bad N and a failing rank give clear errors on every rank, never a hang. On the CPU the ranks are
 // threads over the in-process communicator; the CUDA tests need two GPUs and skip without them.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "backend/backend_factory.h"
@@ -17,6 +22,7 @@
 #include "model/tensor_parallel.h"
 #include "quant/quantize.h"
 #include "runtime/generator.h"
+#include "runtime/rank_inputs.h"
 #include "runtime/scheduler.h"
 #include "runtime/tensor_parallel.h"
 #include "support/demo_engine.h"
@@ -308,6 +314,58 @@ TEST(TensorParallel, ScheduledBatchesEqualOneRank) {
   EXPECT_EQ(got[1], want);
 }
 
+// ---- inputs from rank 0 (docs/DESIGN.md §9, "Front ends") ----
+
+TEST(RankInputs, EveryRankTakesEveryEventInOrder) {
+  RankInputs<int> inputs(4);
+  std::vector<std::vector<int>> seen(4);
+  std::vector<std::thread> followers;
+  for (int r = 1; r < 4; ++r)
+    followers.emplace_back([&, r] {
+      for (int e; (e = inputs.next(r)) >= 0;) seen[size_t(r)].push_back(e);
+    });
+  for (int e = 0; e < 1000; ++e) inputs.publish(e);
+  inputs.publish(-1);
+  for (auto& t : followers) t.join();
+  std::vector<int> want(1000);
+  for (int e = 0; e < 1000; ++e) want[size_t(e)] = e;
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(seen[size_t(r)], want) << "rank " << r;
+}
+
+TEST(RankInputs, AbortReleasesEveryWaitingRankWithTheReason) {
+  RankInputs<int> inputs(3);
+  std::string hooked;
+  inputs.on_abort([&](const std::string& what) { hooked = what; });
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> followers;
+  for (int r = 1; r < 3; ++r)
+    followers.emplace_back([&, r] { errors[size_t(r)] = test::error_of([&] { inputs.next(r); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both are waiting (or about to)
+  inputs.abort(0, "stdin went away");
+  inputs.abort(1, "a later echo");  // the first failure stays
+  for (auto& t : followers) t.join();
+  EXPECT_EQ(errors[1], "tensor parallel: rank 0 failed: stdin went away");
+  EXPECT_EQ(errors[2], errors[1]);
+  EXPECT_EQ(hooked, "stdin went away");
+  inputs.publish(7);  // events after the failure are never taken
+  EXPECT_EQ(test::error_of([&] { inputs.next(1); }), errors[1]);
+}
+
+TEST(RankInputs, AFailingRankReleasesPeersWaitingForInput) {
+  // Rank 0 fails before it publishes anything: rank 1, waiting for an input, gets its reason.
+  RankInputs<int> inputs(2);
+  std::string peer;
+  const std::string error = test::error_of([&] {
+    run_with_inputs<int>(demo_options(2), inputs, [&](Engine& engine) {
+      if (engine.tp_rank() == 0) throw Error("simulated failure reading stdin");
+      peer = test::error_of([&] { inputs.next(1); });
+      throw PeerFailure(peer);
+    });
+  });
+  EXPECT_EQ(error, "simulated failure reading stdin");
+  EXPECT_EQ(peer, "tensor parallel: rank 0 failed: simulated failure reading stdin");
+}
+
 // ---- failures: a clear error from every rank, no hang ----
 
 TEST(TensorParallel, ARankThatFailsToLoadStopsEveryRank) {
@@ -401,6 +459,92 @@ TEST(TensorParallelCli, ARandomSeedIsDrawnOnceForEveryRank) {
             output_of("run --model_path " + demo() + " --prompt 'The fox' -n 24 --print_token_ids --temperature 1 --seed " + seed).substr(0, ids.find('\n')));
 }
 
+// g4 chat over `lines` (one per line on standard input), its whole output: rank 0 prints the
+// replies and the per-turn reports, whose timings are cut.
+std::string chat_of(const std::string& arguments, const std::string& lines) {
+  const std::string input = test::temp_dir("tp-chat") + "/input.txt";
+  std::ofstream(input) << lines;
+  const test::CommandResult r = test::run_g4("chat " + arguments + " < " + input);
+  EXPECT_EQ(r.exit_code, 0) << arguments << ": " << r.output;
+  std::string out;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);)
+    out += line.rfind("[prefilled", 0) == 0 ? line.substr(0, line.find(" in ")) + "\n" : line + "\n";
+  return out;
+}
+
+TEST(TensorParallelCli, ChatTranscriptsEqualOneRank) {
+  // Three turns, a reset and an unknown command: every rank must run the same turns, in the same
+  // order, from rank 0's standard input.
+  const std::string lines = "Tell me a fortune\nAnother one\n/oops\n/reset\nAnd one more\n";
+  for (const std::string sampling : {"--temperature 0", "--temperature 1 --top_k 50 --seed 3"}) {
+    const std::string base = "--model_path " + demo() + " -n 12 " + sampling;
+    const std::string want = chat_of(base, lines);
+    ASSERT_NE(want.find("[conversation reset]"), std::string::npos) << want;
+    EXPECT_EQ(chat_of(base + " --tp 2", lines), want) << sampling;
+    EXPECT_EQ(chat_of(base + " --tp 4", lines), want) << sampling;
+  }
+  // The embedded chat model splits in two; its Q4_K blocks do not fall on a quarter of its MLP.
+  const std::string want = chat_of("-n 16 --temperature 0", "Hello\nWhat can you do?\n");
+  EXPECT_EQ(chat_of("-n 16 --temperature 0 --tp 2", "Hello\nWhat can you do?\n"), want);
+  const test::CommandResult four = test::run_g4("chat -n 4 --tp 4 < /dev/null");
+  EXPECT_NE(four.exit_code, 0);
+  EXPECT_NE(four.output.find("cannot be split"), std::string::npos) << four.output;
+}
+
+// g4 chat `tp` on the embedded demo, with a turn that rambles (temperature 2, seed 1: 469 tokens)
+// and a Ctrl-C once its first text is out, then a second turn: its output and exit status.
+test::CommandResult chat_interrupted(const std::string& tp) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return {-1, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(in[1]);
+    close(out[0]);
+    execl(G4_BINARY, G4_BINARY, "chat", "-n", "100000", "--temperature", "2", "--top_k", "0", "--top_p", "1",
+          "--min_p", "0", "--seed", "1", "--tp", tp.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  const std::string first = "Tell me a story\n", second = "Hi\n";
+  (void)!write(in[1], first.data(), first.size());
+  test::CommandResult r{-1, ""};
+  char buffer[4096];
+  // The header line (stderr), then the reply's first text: the reply is running.
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
+    r.output.append(buffer, size_t(n));
+    const size_t header_end = r.output.find('\n');
+    if (header_end != std::string::npos && r.output.size() > header_end + 1) break;
+  }
+  kill(pid, SIGINT);
+  (void)!write(in[1], second.data(), second.size());
+  close(in[1]);
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) r.output.append(buffer, size_t(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(TensorParallelCli, CtrlCStopsAChatReplyOnEveryRank) {
+  // Every rank must stop at the token rank 0 saw the Ctrl-C at: a rank that went on would feed
+  // its next token into the shared sums alone, and the next turn would hang or differ.
+  for (const std::string tp : {"1", "2"}) {
+    const test::CommandResult r = chat_interrupted(tp);
+    EXPECT_EQ(r.exit_code, 0) << "--tp " << tp << ": " << r.output;
+    const size_t first_report = r.output.find("[prefilled");
+    ASSERT_NE(first_report, std::string::npos) << r.output;
+    const std::string report = r.output.substr(first_report, r.output.find('\n', first_report) - first_report);
+    EXPECT_NE(report.find("; stopped"), std::string::npos) << "--tp " << tp << ": " << report;
+    EXPECT_NE(r.output.find("[prefilled", first_report + 1), std::string::npos) << "the second turn did not run: " << r.output;
+  }
+}
+
 TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
   auto error_of = [](const std::string& arguments) {
     const test::CommandResult r = test::run_g4(arguments);
@@ -408,8 +552,6 @@ TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
     return r.output;
   };
   EXPECT_NE(error_of("run -p x --tp 3").find("--tp 3: 8 query heads are not divisible by 3"), std::string::npos);
-  EXPECT_NE(error_of("chat --tp 2").find("g4 chat --tp 2: this command does not run a split model yet"),
-            std::string::npos);
   EXPECT_NE(error_of("run -p x --tp 2 --backend cuda --cuda_graph").find("--cuda_graph does not run with --tp > 1"),
             std::string::npos);
   EXPECT_NE(error_of("bench --synthetic 31b --tp 2").find("--tp 2 needs 2 CUDA GPUs, and " +

@@ -1,5 +1,7 @@
 // g4 chat: a multi-turn conversation in the terminal (or through a pipe). The KV cache is kept
-// between turns, so each turn prefills only what the cache does not hold yet.
+// between turns, so each turn prefills only what the cache does not hold yet. With --tp N every
+// rank holds its own conversation over its shard; rank 0 reads the input, hands each line to the
+// others (RankInputs, docs/DESIGN.md §9 "Front ends") and prints.
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,12 +10,15 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "generation_flags.h"
 #include "runtime/generator.h"
+#include "runtime/rank_inputs.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -67,13 +72,32 @@ std::string trim(const std::string& text) {
   return text.substr(first, text.find_last_not_of(" \t\r\n") + 1 - first);
 }
 
+// What rank 0 read: a user turn, a reset, or the end of the conversation; and during a reply,
+// for each token, whether a Ctrl-C stops the reply there. With --tp > 1 these are what the other
+// ranks receive, so that every rank runs the same turns and stops at the same token
+// (docs/DESIGN.md §9).
+struct ChatInput {
+  enum class Kind { kTurn, kReset, kEnd, kReplyGoesOn, kReplyStops } kind = Kind::kEnd;
+  std::string text;
+};
+
+// A split model's rank failed while generating a reply: fatal, unlike an Error the chat survives.
+struct FailedMidReply : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The conversation as token ids. Each reply passes the whole history to the session, which
 // keeps what its caches hold (every earlier turn but, at most, a reply's last token: generation
 // stops before feeding the token that hit max_new_tokens or a Ctrl-C) and prefills the rest.
 class Conversation {
  public:
-  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling)
-      : session_(engine.create_session()),
+  // `inputs`: rank 0's inputs to a split model's ranks (nullptr unsplit).
+  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling,
+               RankInputs<ChatInput>* inputs)
+      : rank_(engine.tp_rank()),
+        speaks_(rank_ == 0),
+        inputs_(inputs),
+        session_(engine.create_session()),
         tokenizer_(tokenizer),
         options_(options),
         sampling_(sampling),
@@ -100,7 +124,10 @@ class Conversation {
     request.max_new_tokens = options_.gen.max_new_tokens;
     request.stop_ids = stop_ids_;
     request.graph = options_.gen.cuda_graph;
-    request.stop = &g_stop_reply;
+    // Unsplit, a Ctrl-C stops the reply at the next token. Split, every rank must stop at the
+    // same token, so rank 0 reads the flag once per token and hands its answer to the others.
+    std::atomic<bool> stop_here{false};
+    request.stop = inputs_ ? &stop_here : &g_stop_reply;
     // Fails before running anything (and so leaves the conversation as it was) when the
     // context cannot take the turn.
     session_->check_input(request.prompt, 0);
@@ -111,22 +138,43 @@ class Conversation {
     GenerationResult result;
     try {
       result = generate(*session_, request, [&](int32_t id) {
+        if (inputs_) stop_here.store(agree_on_stop());
+        if (!speaks_) return;
         std::fputs(text.push(id).c_str(), stdout);
         std::fflush(stdout);
       });
+    } catch (const Error& e) {
+      g_replying.store(false);
+      // Split, a rank that fails while generating ends the run (its peers are mid-step, and no
+      // other rank need have failed): not an Error, so the chat loop does not go on with it.
+      if (inputs_ && !dynamic_cast<const PeerFailure*>(&e)) throw FailedMidReply(e.what());
+      throw;  // history is unchanged; the session's caches say what they hold, so the next turn fits
     } catch (...) {
       g_replying.store(false);
-      throw;  // history is unchanged; the session's caches say what they hold, so the next turn fits
+      throw;
     }
     g_replying.store(false);
-    std::printf("%s\n", text.flush().c_str());
-    std::fflush(stdout);
 
     // The reply as the model produced it, closed as the template closes a model turn.
     history_.insert(history_.end(), turn.begin(), turn.end());
     history_.insert(history_.end(), result.tokens.begin(), result.tokens.end());
     history_.insert(history_.end(), turn_end_.begin(), turn_end_.end());
     drawn_ += result.tokens.size() + 1;
+    if (speaks_) report(request, result, text);
+  }
+
+ private:
+  // Whether the reply stops after this token, the same on every rank of a split model.
+  bool agree_on_stop() {
+    if (!speaks_) return inputs_->next(rank_).kind == ChatInput::Kind::kReplyStops;
+    const bool stop = g_stop_reply.load();
+    inputs_->publish({stop ? ChatInput::Kind::kReplyStops : ChatInput::Kind::kReplyGoesOn, {}});
+    return stop;
+  }
+
+  void report(const GenerationRequest& request, const GenerationResult& result, StreamDecoder& text) const {
+    std::printf("%s\n", text.flush().c_str());
+    std::fflush(stdout);
 
     const double tps = result.decode_seconds > 0 && result.tokens.size() > 1
                            ? double(result.tokens.size() - 1) / result.decode_seconds
@@ -141,12 +189,14 @@ class Conversation {
                  static_cast<long long>(history_.size()), static_cast<long long>(session_->max_seq_len()));
   }
 
- private:
   void append(std::vector<int32_t>& ids, const std::string& text) const {
     const std::vector<int32_t> more = tokenizer_.encode(text, /*parse_special=*/true);
     ids.insert(ids.end(), more.begin(), more.end());
   }
 
+  const int rank_;
+  const bool speaks_;
+  RankInputs<ChatInput>* const inputs_;
   std::unique_ptr<Session> session_;
   const Tokenizer& tokenizer_;
   const ChatOptions& options_;
@@ -156,46 +206,74 @@ class Conversation {
   uint64_t drawn_ = 0;
 };
 
-void chat(const ChatOptions& o) {
-  check_generation_flags(o.gen);
-  check_single_rank(o.gen, "g4 chat");
-  std::unique_ptr<Engine> engine = open_engine(o.gen);
-  const std::optional<Tokenizer> tokenizer = open_tokenizer(o.gen, *engine);
-  note_foreign_chat_template(*engine);
-  G4_CHECK(tokenizer, "chat needs a tokenizer: the model has none embedded; pass --tokenizer_path");
-  const EffectiveSampling sampling = effective_sampling(o.gen, engine->generation_defaults());
-  const bool interactive = isatty(STDIN_FILENO);
-  std::fprintf(stderr, "g4 chat (%s)%s\n", describe_sampling(sampling).c_str(),
-               interactive ? ". /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops a reply." : "");
 
-  Conversation conversation(*engine, *tokenizer, o, sampling);
-  SigintGuard sigint;
+// The next input on standard input; chat commands other than /reset and /exit are answered here.
+ChatInput read_chat_input(bool interactive) {
   for (std::string line;;) {
     if (interactive) {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
-    if (!std::getline(std::cin, line)) break;
+    if (!std::getline(std::cin, line)) return {};
     line = trim(line);
     if (line.empty()) continue;
-    if (line == "/exit" || line == "/quit") break;
-    if (line == "/reset") {
-      conversation.reset();
-      std::fprintf(stderr, "[conversation reset]\n");
-      continue;
+    if (line == "/exit" || line == "/quit") return {};
+    if (line == "/reset") return {ChatInput::Kind::kReset, {}};
+    if (line[0] != '/') return {ChatInput::Kind::kTurn, line};
+    std::fprintf(stderr, "unknown chat command '%s': /reset starts over, /exit quits\n", line.c_str());
+  }
+}
+
+// One rank's conversation: the same turns on every rank, from rank 0's standard input (rank 0
+// publishes each input before acting on it) or, on the others, from what rank 0 published.
+void converse(const ChatOptions& o, const GenerationFlags& flags, Engine& engine, RankInputs<ChatInput>& inputs) {
+  check_token_flags(flags, engine);
+  const bool speaks = engine.tp_rank() == 0;
+  const std::optional<Tokenizer> tokenizer = open_tokenizer(flags, engine);
+  if (speaks) note_foreign_chat_template(engine);
+  G4_CHECK(tokenizer, "chat needs a tokenizer: the model has none embedded; pass --tokenizer_path");
+  const EffectiveSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
+  const bool interactive = speaks && isatty(STDIN_FILENO);
+  if (speaks)
+    std::fprintf(stderr, "g4 chat (%s)%s\n", describe_sampling(sampling).c_str(),
+                 interactive ? ". /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops a reply." : "");
+
+  Conversation conversation(engine, *tokenizer, o, sampling, engine.tp_size() > 1 ? &inputs : nullptr);
+  std::optional<SigintGuard> sigint;
+  if (speaks) sigint.emplace();
+  for (;;) {
+    ChatInput input;
+    if (speaks) {
+      input = read_chat_input(interactive);
+      if (engine.tp_size() > 1) inputs.publish(input);
+    } else {
+      input = inputs.next(engine.tp_rank());
     }
-    if (line[0] == '/') {
-      std::fprintf(stderr, "unknown chat command '%s': /reset starts over, /exit quits\n", line.c_str());
+    if (input.kind == ChatInput::Kind::kEnd) break;
+    if (input.kind == ChatInput::Kind::kReset) {
+      conversation.reset();
+      if (speaks) std::fprintf(stderr, "[conversation reset]\n");
       continue;
     }
     try {
-      conversation.reply(line);
+      conversation.reply(input.text);
+    } catch (const PeerFailure&) {
+      throw;  // the group failed: no rank can go on
     } catch (const Error& e) {
-      // The turn did not run; the conversation goes on (e.g. after a full context, /reset).
-      std::fprintf(stderr, "error: %s\n", e.what());
+      // The turn did not run, on any rank (the same check fails on each); the conversation goes
+      // on (e.g. after a full context, /reset).
+      if (speaks) std::fprintf(stderr, "error: %s\n", e.what());
     }
   }
   if (interactive) std::fputs("\n", stdout);
+}
+
+void chat(const ChatOptions& o) {
+  check_generation_flags(o.gen);
+  GenerationFlags flags = o.gen;
+  draw_seed_for_ranks(flags);
+  RankInputs<ChatInput> inputs(flags.tp);
+  run_with_inputs<ChatInput>(engine_options(flags), inputs, [&](Engine& engine) { converse(o, flags, engine, inputs); });
 }
 
 }  // namespace

@@ -15,8 +15,10 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <thread>
 
+#include "runtime/rank_inputs.h"
 #include "serve/engine_worker.h"
 #include "serve/server.h"
 #endif
@@ -57,19 +59,29 @@ class ShutdownSignals {
   ShutdownSignals& operator=(const ShutdownSignals&) = delete;
 
   void on_signal(std::function<void()> stop) {
-    waiter_ = std::thread([this, stop = std::move(stop)] {
+    stop_ = std::move(stop);
+    waiter_ = std::thread([this] {
       int received = 0;
       sigwait(&signals_, &received);
       if (finished_) return;
       std::fprintf(stderr, "g4 serve: %s: finishing the requests in flight, then stopping\n",
                    received == SIGINT ? "SIGINT" : "SIGTERM");
-      stop();
+      std::lock_guard lock(stop_mutex_);
+      if (stop_) stop_();
     });
+  }
+  // What the stop function stops is going away (a split run's rank 0 ends before main does): a
+  // later signal stops nothing.
+  void forget() {
+    std::lock_guard lock(stop_mutex_);
+    stop_ = nullptr;
   }
 
  private:
   sigset_t signals_{}, previous_{};
   std::atomic<bool> finished_{false};
+  std::mutex stop_mutex_;
+  std::function<void()> stop_;
   std::thread waiter_;
 };
 #endif
@@ -80,31 +92,28 @@ void serve(const ServeOptions&) {
               "(Debian: apt install libcpp-httplib-dev) and rebuild");
 }
 #else
-void serve(const ServeOptions& o) {
-  check_generation_flags(o.gen);
-  check_single_rank(o.gen, "g4 serve");
-  G4_CHECK(!o.gen.cuda_graph, "--cuda_graph applies to g4 run and g4 chat; g4 serve batches requests with the scheduler");
-  G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
-  G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));
+// What the server takes from the loaded engine (rank 0's when split): the tokenizer and the
+// defaults of requests that leave a field out. The one time a thread other than the engine's
+// reads the engine (docs/DESIGN.md §8).
+void take_defaults(const ServeOptions& o, const Engine& engine, serve::ServerOptions& so,
+                   std::optional<Tokenizer>& tokenizer) {
+  check_token_flags(o.gen, engine);
+  tokenizer = open_tokenizer(o.gen, engine);
+  G4_CHECK(tokenizer, "serve needs a tokenizer: the model has none embedded; pass --tokenizer_path");
+  note_foreign_chat_template(engine);
+  // --seed -1 means a fresh seed per request, not one drawn (and printed) now.
+  GenerationFlags defaults = o.gen;
+  if (defaults.seed == "-1") defaults.seed = "0";
+  const EffectiveSampling sampling = effective_sampling(defaults, engine.generation_defaults());
+  so.default_sampler = sampling.sampler;
+  so.random_seed = o.gen.seed == "-1";
+  so.stop_ids = stop_ids(o.gen, engine);
+  std::fprintf(stderr, "g4 serve: request defaults: %s%s\n", describe_sampling(sampling).c_str(),
+               so.random_seed ? " (a request without a seed gets a random one)" : "");
+}
 
-  ShutdownSignals signals;  // before any thread starts
-  serve::ServerOptions so;
-  std::optional<Tokenizer> tokenizer;
-  serve::EngineWorker worker(engine_options(o.gen), {o.max_sessions, o.max_waiting}, [&](Engine& engine) {
-    check_token_flags(o.gen, engine);
-    tokenizer = open_tokenizer(o.gen, engine);
-    G4_CHECK(tokenizer, "serve needs a tokenizer: the model has none embedded; pass --tokenizer_path");
-    note_foreign_chat_template(engine);
-    // --seed -1 means a fresh seed per request, not one drawn (and printed) now.
-    GenerationFlags defaults = o.gen;
-    if (defaults.seed == "-1") defaults.seed = "0";
-    const EffectiveSampling sampling = effective_sampling(defaults, engine.generation_defaults());
-    so.default_sampler = sampling.sampler;
-    so.random_seed = o.gen.seed == "-1";
-    so.stop_ids = stop_ids(o.gen, engine);
-    std::fprintf(stderr, "g4 serve: request defaults: %s%s\n", describe_sampling(sampling).c_str(),
-                 so.random_seed ? " (a request without a seed gets a random one)" : "");
-  });
+// The server options that come from the flags alone.
+void take_flags(const ServeOptions& o, serve::ServerOptions& so) {
   so.model_id = o.gen.model_path.empty() ? "g4-demo" : std::filesystem::path(o.gen.model_path).filename().string();
   so.api_key = o.api_key;
   so.bos_id = o.gen.bos_id;
@@ -112,14 +121,78 @@ void serve(const ServeOptions& o) {
   G4_CHECK(o.max_body_bytes >= 1024, "--max_body_bytes must be >= 1024, got " + std::to_string(o.max_body_bytes));
   so.max_body_bytes = size_t(o.max_body_bytes);
   G4_CHECK(so.default_max_tokens >= 1, "--max_new_tokens (the default max_tokens) must be >= 1");
+}
 
-  serve::Server server(worker, *tokenizer, so);
+// Binds, says where, and serves until SIGINT or SIGTERM (or server.stop()).
+void listen(const ServeOptions& o, const serve::ServerOptions& so, const serve::EngineWorker& worker,
+            serve::Server& server, ShutdownSignals& signals) {
   const int port = server.bind(o.host, o.port);
-  std::fprintf(stderr, "g4 serve: model %s, %lld sessions of %lld tokens; listening on http://%s:%d\n",
+  std::fprintf(stderr, "g4 serve: model %s, %lld sessions of %lld tokens%s; listening on http://%s:%d\n",
                so.model_id.c_str(), static_cast<long long>(o.max_sessions),
-               static_cast<long long>(worker.max_seq_len()), o.host.c_str(), port);
+               static_cast<long long>(worker.max_seq_len()),
+               o.gen.tp > 1 ? (", tensor parallel over " + std::to_string(o.gen.tp) + " ranks").c_str() : "",
+               o.host.c_str(), port);
   signals.on_signal([&server] { server.stop(); });
   server.listen();
+  signals.forget();
+}
+
+serve::WorkerOptions worker_options(const ServeOptions& o) { return {o.max_sessions, o.max_waiting}; }
+
+void serve_one_rank(const ServeOptions& o, ShutdownSignals& signals) {
+  serve::ServerOptions so;
+  std::optional<Tokenizer> tokenizer;
+  serve::EngineWorker worker(engine_options(o.gen), worker_options(o),
+                             [&](Engine& engine) { take_defaults(o, engine, so, tokenizer); });
+  take_flags(o, so);
+  serve::Server server(worker, *tokenizer, so);
+  listen(o, so, worker, server, signals);
+}
+
+// Rank 0 of a split model: the HTTP server and the engine thread, which hands every request and
+// cancellation to the other ranks before the step that applies it (docs/DESIGN.md §9).
+void serve_rank0(const ServeOptions& o, Engine& engine, ScheduledRanks& ranks, ShutdownSignals& signals) {
+  serve::ServerOptions so;
+  std::optional<Tokenizer> tokenizer;
+  take_defaults(o, engine, so, tokenizer);
+  take_flags(o, so);
+  serve::EngineWorker worker(engine, worker_options(o), ranks);
+  serve::Server server(worker, *tokenizer, so);
+  // A failed rank stops the server (requests in flight end with the failure), then the run
+  // reports the failing rank's error.
+  ranks.inputs.on_abort([&server](const std::string&) { server.stop(); });
+  try {
+    listen(o, so, worker, server, signals);
+  } catch (...) {
+    ranks.inputs.clear_on_abort();
+    throw;
+  }
+  ranks.inputs.clear_on_abort();
+  const std::string failure = worker.failure();
+  G4_CHECK(failure.empty(), "the engine failed: " + failure);
+}
+
+// Every rank runs the same scheduler steps; only rank 0 listens and answers.
+void serve_split(const ServeOptions& o, ShutdownSignals& signals) {
+  ScheduledRanks ranks(o.gen.tp);
+  const EngineOptions eo = serve::EngineWorker::engine_options(engine_options(o.gen), worker_options(o));
+  run_with_inputs<SchedulerInputs>(eo, ranks.inputs, [&](Engine& engine) {
+    if (engine.tp_rank() == 0) return serve_rank0(o, engine, ranks, signals);
+    follow_scheduler(engine, serve::EngineWorker::scheduler_options(worker_options(o)), ranks);
+  });
+}
+
+void serve(const ServeOptions& o) {
+  check_generation_flags(o.gen);
+  G4_CHECK(!o.gen.cuda_graph, "--cuda_graph applies to g4 run and g4 chat; g4 serve batches requests with the scheduler");
+  G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
+  G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));
+
+  ShutdownSignals signals;  // before any thread starts
+  if (o.gen.tp == 1)
+    serve_one_rank(o, signals);
+  else
+    serve_split(o, signals);
   std::fprintf(stderr, "g4 serve: stopped\n");
 }
 #endif

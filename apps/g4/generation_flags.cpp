@@ -85,11 +85,6 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(f.tp == 1 || !f.cuda_graph, "--cuda_graph does not run with --tp > 1 yet: leave it out (eager decode)");
 }
 
-void check_single_rank(const GenerationFlags& f, const std::string& command) {
-  G4_CHECK(f.tp == 1, command + " --tp " + std::to_string(f.tp) +
-                          ": this command does not run a split model yet (g4 run and g4 bench do)");
-}
-
 void draw_seed_for_ranks(GenerationFlags& f) {
   if (f.tp == 1 || parse_seed(f.seed)) return;
   std::random_device rd;

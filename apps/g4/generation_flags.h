@@ -36,8 +36,6 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& flags);
 // Everything that can be judged without the model, so that a bad flag fails before loading.
 void check_generation_flags(const GenerationFlags& flags);
 
-// For a command that runs on one device only: a clear error for --tp > 1 naming `command`.
-void check_single_rank(const GenerationFlags& flags, const std::string& command);
 // --seed -1 with --tp > 1: draws the base seed now, once for every rank (drawn_seed).
 void draw_seed_for_ranks(GenerationFlags& flags);
 

@@ -53,6 +53,7 @@ Engine::Engine(const EngineOptions& options)
                              : std::min(loaded_.program.max_prefill_chunk, config().max_prefill_chunk(ro.max_seq_len));
   ro.max_batch_sequences = options.max_batch_sequences;
   ro.kv_budget_bytes = options.kv_budget_bytes;
+  ro.kv_budget_sequences = options.kv_budget_sequences;
   runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
   if (comm_) comm_->barrier();  // every rank loaded: a failed peer shows here, before any work
 }

@@ -57,7 +57,8 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
       // Caches and activations hold this rank's heads and MLP columns (all of them on one device).
       pool_(model.rank_config(), backend,
             o.kv_budget_bytes > 0 ? o.kv_budget_bytes
-                                  : kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), max_seq_len_)),
+                                  : size_t(std::max<int64_t>(1, o.kv_budget_sequences)) *
+                                        kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), max_seq_len_)),
       buffers_(model.rank_config(), backend, chosen_chunk(model.config(), max_seq_len_, o.max_prefill_chunk),
                checked_batch_sequences(o.max_batch_sequences)) {
   const ModelConfig& c = config();

@@ -2,11 +2,15 @@
 // tests; header-only because only they link the g4_serve library).
 #pragma once
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/engine.h"
 #include "serve/engine_worker.h"
@@ -58,6 +62,68 @@ class RunningServer {
   std::unique_ptr<serve::Server> server_;
   std::thread thread_;
   int port_ = 0;
+};
+
+// `g4 serve` as a process of its own (the binary, G4_BINARY), on a free loopback port: what its
+// signals and --tp do end to end. The port comes from its "listening on" line on stderr.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::vector<std::string>& arguments) {
+    int err[2];
+    if (pipe(err) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(err[1], 2);
+      close(err[0]);
+      std::vector<std::string> args = {G4_BINARY, "serve", "--port", "0"};
+      args.insert(args.end(), arguments.begin(), arguments.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(G4_BINARY, argv.data());
+      _exit(127);
+    }
+    close(err[1]);
+    err_ = err[0];
+    const std::string marker = "listening on http://127.0.0.1:";
+    char buffer[512];
+    for (ssize_t n; port_ == 0 && (n = read(err_, buffer, sizeof buffer)) > 0;) {
+      log_.append(buffer, size_t(n));
+      if (const size_t at = log_.find(marker); at != std::string::npos && log_.find('\n', at) != std::string::npos)
+        port_ = std::stoi(log_.substr(at + marker.size()));
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !waited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (err_ >= 0) close(err_);
+  }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  int port() const { return port_; }  // 0 when it never listened: log() says why
+  const std::string& log() const { return log_; }
+  httplib::Client client() const { return httplib::Client("127.0.0.1", port_); }
+
+  // Sends `signal_number` (none: 0, for a process that ends by itself), reads the rest of the log
+  // and returns the exit status (-1 when it did not exit normally).
+  int stop(int signal_number = SIGTERM) {
+    if (signal_number != 0) kill(pid_, signal_number);
+    char buffer[512];
+    for (ssize_t n; (n = read(err_, buffer, sizeof buffer)) > 0;) log_.append(buffer, size_t(n));
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    waited_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int err_ = -1, port_ = 0;
+  bool waited_ = false;
+  std::string log_;
 };
 
 }  // namespace g4::test

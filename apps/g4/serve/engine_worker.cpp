@@ -43,25 +43,41 @@ void RequestChannel::fail(std::string why) {
   changed_.notify_all();
 }
 
-EngineWorker::EngineWorker(EngineOptions engine_options, WorkerOptions options,
-                           const std::function<void(Engine&)>& on_loaded) {
+EngineOptions EngineWorker::engine_options(EngineOptions engine_options, const WorkerOptions& options) {
   G4_CHECK(options.max_sessions >= 1, "--max_sessions must be >= 1, got " + std::to_string(options.max_sessions));
   G4_CHECK(options.max_waiting >= 0, "the waiting queue bound must be >= 0");
-  // One sequence's bytes depend on the model, the context and the backend: ask a loaded engine.
+  // One sequence's bytes depend on the model, the context, the backend and the rank's heads: the
+  // engine counts them.
   engine_options.kv_budget_bytes = 0;
-  engine_ = std::make_unique<Engine>(engine_options);
-  max_seq_len_ = engine_->runner().max_seq_len();
-  engine_options.max_seq_len = max_seq_len_;
-  engine_options.kv_budget_bytes = size_t(options.max_sessions) * engine_->kv_pool().sequence_bytes(max_seq_len_);
+  engine_options.kv_budget_sequences = options.max_sessions;
   engine_options.max_batch_sequences = options.max_sessions;
-  engine_.reset();  // its memory goes before the larger engine takes its own
-  engine_ = std::make_unique<Engine>(engine_options);
+  return engine_options;
+}
 
-  if (on_loaded) on_loaded(*engine_);
-  max_in_flight_ = size_t(options.max_sessions + options.max_waiting);
+SchedulerOptions EngineWorker::scheduler_options(const WorkerOptions& options) {
   SchedulerOptions so;
-  so.max_waiting = max_in_flight_;  // submit() bounds the queue first, so add() never answers "busy"
-  scheduler_ = std::make_unique<Scheduler>(engine_->runner(), so);
+  // submit() bounds the queue first, so add() never answers "busy".
+  so.max_waiting = size_t(options.max_sessions + options.max_waiting);
+  return so;
+}
+
+EngineWorker::EngineWorker(EngineOptions engine_options, WorkerOptions options,
+                           const std::function<void(Engine&)>& on_loaded) {
+  owned_ = std::make_unique<Engine>(EngineWorker::engine_options(std::move(engine_options), options));
+  engine_ = owned_.get();
+  if (on_loaded) on_loaded(*engine_);
+  start(options);
+}
+
+EngineWorker::EngineWorker(Engine& rank0, WorkerOptions options, ScheduledRanks& ranks)
+    : engine_(&rank0), ranks_(&ranks) {
+  start(options);
+}
+
+void EngineWorker::start(const WorkerOptions& options) {
+  max_seq_len_ = engine_->runner().max_seq_len();
+  max_in_flight_ = size_t(options.max_sessions + options.max_waiting);
+  scheduler_ = std::make_unique<Scheduler>(engine_->runner(), scheduler_options(options));
   update_gauges();
   thread_ = std::thread([this] { run(); });
 }
@@ -116,8 +132,11 @@ void EngineWorker::run() {
     // The last tokens go out after the count drops, so a client that sends its next request as
     // soon as it has its answer finds the room its last one left.
     std::vector<std::pair<std::shared_ptr<RequestChannel>, SequenceEvent>> last_tokens;
+    // What the other ranks of a split model apply before the same step (none unsplit).
+    SchedulerInputs published;
     // Admissions first, so that a request cancelled as soon as it was submitted is found.
     for (auto& [request, channel] : submitted) {
+      if (ranks_) published.added.push_back(request);
       try {
         channel->id_ = scheduler_->add(request);
         requests_[channel->id_] = channel;
@@ -131,11 +150,13 @@ void EngineWorker::run() {
       auto it = requests_.find(channel->id_);
       if (channel->id_ == 0 || it == requests_.end() || it->second != channel) continue;  // ended already
       scheduler_->cancel(channel->id_);
+      if (ranks_) published.cancelled.push_back(channel->id_);
       requests_.erase(it);
       last_tokens.emplace_back(channel, SequenceEvent{channel->id_, DecodedToken{-1, StopReason::kCancelled}, {}});
       ++ended_now;
       ++cancelled_count_;
     }
+    if (ranks_) publish(std::move(published));
     if (!scheduler_->idle()) {
       try {
         for (SequenceEvent& event : scheduler_->step()) {
@@ -153,6 +174,7 @@ void EngineWorker::run() {
         // A fault of the engine, not of one request: every request in the scheduler fails (HTTP 500).
         ended_now += requests_.size();
         fail_all(std::string("the engine failed: ") + e.what());
+        if (ranks_) fail_group(e.what());
       }
     }
     update_gauges();
@@ -164,6 +186,27 @@ void EngineWorker::run() {
   ended(requests_.size());
   fail_all("the server is stopping");
   for (auto& [request, channel] : submitted_) channel->fail("the server is stopping");
+  if (ranks_ && failure().empty()) publish({{}, {}, /*stop=*/true});
+}
+
+void EngineWorker::publish(SchedulerInputs inputs) { ranks_->inputs.publish(std::move(inputs)); }
+
+// A split engine that failed a step cannot step again (its peers are mid-collective or gone): the
+// group is aborted, so no rank waits for this one, and the worker stops taking requests; the
+// inputs' abort hook stops the server (cmd_serve.cpp), and rank 0 then reports failure().
+void EngineWorker::fail_group(const std::string& why) {
+  if (Communicator* comm = engine_->communicator()) comm->abort(why);
+  {
+    std::lock_guard lock(mutex_);
+    failure_ = why;
+    stopping_ = true;
+  }
+  ranks_->inputs.abort(0, why);
+}
+
+std::string EngineWorker::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
 }
 
 void EngineWorker::update_gauges() {
@@ -174,6 +217,7 @@ void EngineWorker::update_gauges() {
   g.kv_bytes_in_use = pool.bytes_in_use();
   g.kv_bytes_kept = pool.bytes_kept();
   g.kv_budget_bytes = pool.budget_bytes();
+  if (ranks_) ranks_->set_load(0, {g.running, g.kv_bytes_in_use});
   std::lock_guard lock(gauges_mutex_);
   gauges_ = g;
 }
@@ -181,6 +225,7 @@ void EngineWorker::update_gauges() {
 EngineGauges EngineWorker::gauges() const {
   std::lock_guard lock(gauges_mutex_);
   EngineGauges g = gauges_;
+  if (ranks_) g.ranks = ranks_->loads();
   {
     std::lock_guard queue(mutex_);
     g.waiting += submitted_.size();  // handed over, not yet in the scheduler

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/rank_inputs.h"
 #include "runtime/scheduler.h"
 #include "serve/metrics.h"
 
@@ -64,6 +65,16 @@ class EngineWorker {
   // engine thread. Throws g4::Error when the model cannot be loaded or on_loaded throws.
   EngineWorker(EngineOptions engine_options, WorkerOptions options,
                const std::function<void(Engine&)>& on_loaded = {});
+  // Rank 0 of a split model (docs/DESIGN.md §9, "Front ends"): the engine is rank 0's, loaded
+  // with engine_options(…) by run_tensor_parallel; before each step the engine thread publishes
+  // what it added and cancelled to `ranks`, whose other ranks run follow_scheduler with
+  // scheduler_options(options), and the end when it stops. A failed step fails the whole group
+  // (failure() says why) instead of only the requests running.
+  EngineWorker(Engine& rank0, WorkerOptions options, ScheduledRanks& ranks);
+  // The engine options for `options`: a KV budget of max_sessions sequences (of each rank's
+  // heads), as many rows per decode batch.
+  static EngineOptions engine_options(EngineOptions engine_options, const WorkerOptions& options);
+  static SchedulerOptions scheduler_options(const WorkerOptions& options);
   ~EngineWorker();  // stops the thread; requests still running fail with "server stopping"
   EngineWorker(const EngineWorker&) = delete;
   EngineWorker& operator=(const EngineWorker&) = delete;
@@ -74,6 +85,8 @@ class EngineWorker {
   uint64_t cancelled() const { return cancelled_count_.load(); }
   // Queue depth, running sequences and KV bytes, as of the engine thread's last step.
   EngineGauges gauges() const;
+  // Why a split engine failed (its group is aborted and the thread has stopped); empty otherwise.
+  std::string failure() const;
 
   // Queues a request for the engine thread, or returns nullptr when max_sessions + max_waiting
   // requests are already in flight (the caller answers "busy").
@@ -82,13 +95,18 @@ class EngineWorker {
   void cancel(const std::shared_ptr<RequestChannel>& channel);
 
  private:
+  void start(const WorkerOptions& options);
   void run();
+  void publish(SchedulerInputs inputs);
+  void fail_group(const std::string& why);
   void start_submitted(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted);
   void fail_all(const std::string& why);
   void ended(size_t requests);  // that many requests left the engine: room for others
   void update_gauges();
 
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Engine> owned_;  // unsplit: the worker's own engine
+  Engine* engine_ = nullptr;
+  ScheduledRanks* ranks_ = nullptr;  // split: rank 0 publishes to the others
   std::unique_ptr<Scheduler> scheduler_;
   int64_t max_seq_len_ = 0;
   size_t max_in_flight_ = 0;
@@ -97,6 +115,7 @@ class EngineWorker {
   mutable std::mutex mutex_;  // guards what follows
   std::condition_variable work_;
   bool stopping_ = false;
+  std::string failure_;
   size_t in_flight_ = 0;
   std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>> submitted_;
   std::vector<std::shared_ptr<RequestChannel>> cancelled_;

@@ -100,6 +100,15 @@ std::string Metrics::render(const EngineGauges& engine) const {
   out += sample("g4_kv_bytes_kept", double(engine.kv_bytes_kept));
   out += header("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.");
   out += sample("g4_kv_bytes_budget", double(engine.kv_budget_bytes));
+  if (!engine.ranks.empty()) {
+    out += header("g4_rank_running_sequences", "gauge", "Sequences generating now on each tensor-parallel rank.");
+    for (size_t r = 0; r < engine.ranks.size(); ++r)
+      out += "g4_rank_running_sequences{rank=\"" + std::to_string(r) + "\"} " + std::to_string(engine.ranks[r].running) + "\n";
+    out += header("g4_rank_kv_bytes_in_use", "gauge", "KV-cache bytes held by live sequences on each tensor-parallel rank.");
+    for (size_t r = 0; r < engine.ranks.size(); ++r)
+      out += "g4_rank_kv_bytes_in_use{rank=\"" + std::to_string(r) + "\"} " +
+             std::to_string(engine.ranks[r].kv_bytes_in_use) + "\n";
+  }
   out += header("g4_time_to_first_token_seconds", "histogram", "From a request's arrival to its first token.");
   out += time_to_first_token_.render("g4_time_to_first_token_seconds");
   out += header("g4_decode_token_seconds", "histogram", "Between successive tokens of a request.");

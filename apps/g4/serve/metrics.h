@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/rank_inputs.h"
+
 namespace g4::serve {
 
 // A cumulative histogram with fixed upper bounds (seconds).
@@ -30,6 +32,9 @@ class Histogram {
 struct EngineGauges {
   size_t waiting = 0, running = 0;
   size_t kv_bytes_in_use = 0, kv_bytes_kept = 0, kv_budget_bytes = 0;
+  // A split model (--tp N): each rank's running sequences and live KV bytes, rank 0 first (the
+  // gauges above are rank 0's); empty unsplit.
+  std::vector<RankLoad> ranks;
 };
 
 class Metrics {
