@@ -30,7 +30,7 @@ namespace g4 {
 namespace {
 
 // What Gemma 4's template writes for get_weather(location="Paris"); generation stops on the
-// <|tool_response> after it, where the caller appends the tool's response (SPEC §10).
+// <|tool_response> after it, where the caller appends the tool's response (docs/DESIGN.md §8).
 constexpr const char* kParisCall = "<|tool_call>call:get_weather{location:<|\"|>Paris<|\"|>}<tool_call|>";
 
 nlohmann::json golden() {
