@@ -2,11 +2,13 @@
 // the batch — alone, or among 2, 5, 8 or 13 sequences, in any slot, with different prefill chunk
 // sizes and arrival orders (CPU; on CUDA for decode batches) — every running sequence decodes in
 // one batched forward, the KV budget bounds admission, cancel frees memory at once, a finished
-// sequence's caches serve the next turn, and bad requests are clear errors.
+// sequence's caches serve the next turn, 10 000 requests cancelled at every stage leave the pool
+// empty, and bad requests are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -166,6 +168,29 @@ TEST(Scheduler, TheKvBudgetBoundsAdmissionAndCancelFreesMemory) {
   EXPECT_EQ(got[c], want[2]);
   EXPECT_EQ(got.count(d), 0u);
   EXPECT_EQ(pool.bytes_in_use(), 0u);
+}
+
+// Ten thousand requests come and go — cancelled while waiting, while prefilling and while
+// decoding — and nothing is left behind: the pool holds no live or kept bytes at the end.
+TEST(Scheduler, TenThousandRequestsAddedAndCancelledLeaveThePoolEmpty) {
+  auto engine = demo_engine(2);
+  KvPool& pool = engine->kv_pool();
+  Scheduler scheduler(engine->runner(), SchedulerOptions{.max_waiting = 8});
+  const std::vector<SchedulerRequest> rs = requests();
+  std::deque<RequestId> live;
+  for (int i = 0; i < 10000; ++i) {
+    SchedulerRequest r = rs[size_t(i) % rs.size()];
+    r.max_new_tokens = 1000;  // none finishes on its own: every one is cancelled
+    live.push_back(scheduler.add(r));
+    if (i % 32 == 31) scheduler.step();
+    for (; live.size() > 6; live.pop_front()) EXPECT_TRUE(scheduler.cancel(live.front()));
+  }
+  for (RequestId id : live) EXPECT_TRUE(scheduler.cancel(id));
+  EXPECT_TRUE(scheduler.idle());
+  EXPECT_EQ(scheduler.running(), 0u);
+  EXPECT_EQ(scheduler.waiting(), 0u);
+  EXPECT_EQ(pool.bytes_in_use(), 0u);
+  EXPECT_EQ(pool.bytes_kept(), 0u);
 }
 
 TEST(Scheduler, AFinishedSequenceServesTheNextTurn) {
