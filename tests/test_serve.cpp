@@ -228,15 +228,21 @@ TEST_F(Serve, ConcurrentRequestsEqualEachAlone) {
   for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
 }
 
-TEST_F(Serve, ClientDisconnectCancelsTheStream) {
-  const uint64_t cancelled_before = worker_->cancelled();
-  httplib::Client c = client();
+// A streamed completion, greedy, max_tokens left to the context's room: a long reply that only a
+// cancel ends early (the disconnect tests hang up in its middle).
+httplib::Request long_streamed_completion() {
   httplib::Request request;
   request.method = "POST";
   request.path = "/v1/completions";
   request.headers = {{"Content-Type", "application/json"}};
-  // Greedy, max_tokens left to the context's room: a long reply that only a cancel ends early.
   request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"stream", true}}.dump();
+  return request;
+}
+
+TEST_F(Serve, ClientDisconnectCancelsTheStream) {
+  const uint64_t cancelled_before = worker_->cancelled();
+  httplib::Client c = client();
+  httplib::Request request = long_streamed_completion();
   int chunks = 0;
   request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
   c.send(request);  // the client hangs up after its second chunk
@@ -620,12 +626,7 @@ TEST(ServeCli, SplitServerFreesEveryRanksSessionWhenTheClientLeaves) {
   ASSERT_GT(two.port(), 0) << two.log();
   const std::string running1 = "g4_rank_running_sequences{rank=\"1\"}", kv1 = "g4_rank_kv_bytes_in_use{rank=\"1\"}";
   httplib::Client c = two.client();
-  httplib::Request request;
-  request.method = "POST";
-  request.path = "/v1/completions";
-  request.headers = {{"Content-Type", "application/json"}};
-  // Greedy, max_tokens left to the context's room: a long reply that only a cancel ends early.
-  request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"stream", true}}.dump();
+  httplib::Request request = long_streamed_completion();
   double running_on_rank1 = 0;
   request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
     // While the stream runs, rank 1 runs the same sequence (it reports after its step).

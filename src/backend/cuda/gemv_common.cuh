@@ -9,7 +9,6 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/packed_blocks.h"
 
 namespace g4 {
 
@@ -21,44 +20,6 @@ __device__ inline uint4 load_streaming(const void* p) {
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-
-// Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where
-// load_block's instantiations exist too but never run.
-struct StreamingLoads {
-  G4_HOST_DEVICE static void load16(const uint8_t* p, uint32_t* w) {
-#if defined(__CUDA_ARCH__)
-    const uint4 v = load_streaming(p);
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-#else
-    packed::PlainLoads::load16(p, w);
-#endif
-  }
-  G4_HOST_DEVICE static void load8(const uint8_t* p, uint32_t* w) {
-#if defined(__CUDA_ARCH__)
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
-#else
-    packed::PlainLoads::load8(p, w);
-#endif
-  }
-  G4_HOST_DEVICE static uint32_t load4(const uint8_t* p) {
-#if defined(__CUDA_ARCH__)
-    uint32_t v;
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-#else
-    return packed::PlainLoads::load4(p);
-#endif
-  }
-  G4_HOST_DEVICE static uint32_t load2(const uint8_t* p) {
-#if defined(__CUDA_ARCH__)
-    unsigned short v;
-    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-#else
-    return packed::PlainLoads::load2(p);
-#endif
-  }
-};
 
 // Asks L2 for `bytes` bytes from p (128-byte lines, spread over the warp's lanes): the head of a
 // warp's weight rows, issued before pdl_wait() (weights depend on no earlier kernel).

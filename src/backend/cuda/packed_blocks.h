@@ -143,11 +143,12 @@ struct RawBlock {
   uint32_t super[4] = {};  // Q4_K/Q5_K: the super-block head; Q6_K: [0] the block's two int8 scales, [1] f16 d
 };
 
-// Every field of block b but its quants (qh, params, the super-block's scales): what a lane that
-// reads one word of the quants (tile_matmul.cu) needs beside it.
 template <DType kType, class Loads>
-G4_HOST_DEVICE void load_block_scales(const RowRegions<const uint8_t>& r, int64_t b, RawBlock& raw) {
+G4_HOST_DEVICE RawBlock load_block(const RowRegions<const uint8_t>& r, int64_t b) {
   constexpr Format f = format_of(kType);
+  RawBlock raw;
+  Loads::load16(r.qs + b * f.qs, raw.qs);
+  if constexpr (f.qs == 32) Loads::load16(r.qs + b * f.qs + 16, raw.qs + 4);
   if constexpr (f.qh == 4) raw.qh[0] = Loads::load4(r.qh + b * 4);
   if constexpr (f.qh == 8) Loads::load8(r.qh + b * 8, raw.qh);
   if constexpr (f.params == 2) raw.params = Loads::load2(r.params + b * 2);
@@ -158,80 +159,52 @@ G4_HOST_DEVICE void load_block_scales(const RowRegions<const uint8_t>& r, int64_
     raw.super[0] = Loads::load2(r.super + s * 16 + 2 * (b % kSubBlocks));
     raw.super[1] = Loads::load2(r.super_d + s * 2);
   }
-}
-
-template <DType kType, class Loads>
-G4_HOST_DEVICE RawBlock load_block(const RowRegions<const uint8_t>& r, int64_t b) {
-  constexpr Format f = format_of(kType);
-  RawBlock raw;
-  Loads::load16(r.qs + b * f.qs, raw.qs);
-  if constexpr (f.qs == 32) Loads::load16(r.qs + b * f.qs + 16, raw.qs + 4);
-  load_block_scales<kType, Loads>(r, b, raw);
   return raw;
 }
 
-// Word i of a block's nibbles (qs word i: weight 4i + c in the low nibble of byte c, 16 + 4i + c in
-// the high one) with the high bits of those weights from qh: bytes c of *lo and *hi are the quants
-// of weights 4i + c and 16 + 4i + c. Not for Q8_0, whose words are its int8 quants as they are.
-template <DType kType>
-G4_HOST_DEVICE void unpack_quant_word(uint32_t qs, const uint32_t (&qh)[2], int i, uint32_t* lo, uint32_t* hi) {
-  constexpr Format f = format_of(kType);
-  *lo = qs & 0x0F0F0F0Fu;
-  *hi = (qs >> 4) & 0x0F0F0F0Fu;
-  if constexpr (f.qh == 4) {  // bit 8c + i (weight 4i + c) and 8c + 4 + i (16 + 4i + c) to bit 8c + 4
-    *lo |= (qh[0] << (4 - i)) & 0x10101010u;
-    *hi |= (qh[0] >> i) & 0x10101010u;
-  }
-  if constexpr (f.qh == 8) {  // bits 8c + 2i, 8c + 2i + 1 to bits 8c + 4, 8c + 5
-    *lo |= ((qh[0] >> (2 * i)) & 0x03030303u) << 4;
-    *hi |= ((qh[1] >> (2 * i)) & 0x03030303u) << 4;
-  }
-}
-
-// A block's scales: weight i = scale(i) * (q_i - quant_offset) (+ min), scale(i) = `scale` for
-// i < 16, `scale_hi` above (they differ only for Q6_K, whose scales cover 16 weights).
-struct BlockScales {
-  float scale, scale_hi, min;
-};
-
-// `sub` = b % kSubBlocks: which of its super-block's scales a K-quant block uses.
-template <DType kType>
-G4_HOST_DEVICE BlockScales block_scales(const RawBlock& raw, int sub) {
-  BlockScales s{};
-  if constexpr (kType == DType::Q4_K || kType == DType::Q5_K) {
-    int sc, m;
-    k_scale_min(sub, raw.super[1], raw.super[2], raw.super[3], &sc, &m);
-    s.scale = f16_bits_to_float(raw.super[0] & 0xFFFFu) * float(sc);
-    s.min = -(f16_bits_to_float(raw.super[0] >> 16) * float(m));
-    s.scale_hi = s.scale;
-  } else if constexpr (kType == DType::Q6_K) {
-    const float d = f16_bits_to_float(raw.super[1]);
-    s.scale = d * float(int8_t(raw.super[0] & 0xFFu));
-    s.scale_hi = d * float(int8_t((raw.super[0] >> 8) & 0xFFu));
-  } else {
-    s.scale = s.scale_hi = f16_bits_to_float(raw.params & 0xFFFFu);
-    if constexpr (has_min(kType)) s.min = f16_bits_to_float(raw.params >> 16);
-  }
-  return s;
-}
-
 // A block ready for arithmetic: weight i = scale(i) * (q_i - quant_offset) (+ min), where q_i is
-// byte i % 4 of q[i / 4] (unsigned, or int8 for Q8_0).
+// byte i % 4 of q[i / 4] (unsigned, or int8 for Q8_0) and scale(i) is `scale` for i < 16,
+// `scale_hi` above (they differ only for Q6_K, whose scales cover 16 weights).
 struct BlockWeights {
   uint32_t q[8];
   float scale, scale_hi, min;
 };
 
+// `sub` = b % kSubBlocks: which of its super-block's scales a K-quant block uses.
 template <DType kType>
 G4_HOST_DEVICE BlockWeights unpack_block(const RawBlock& raw, int sub) {
+  constexpr Format f = format_of(kType);
   BlockWeights w{};
   if constexpr (kType == DType::Q8_0) {
     for (int i = 0; i < 8; ++i) w.q[i] = raw.qs[i];
   } else {
-    for (int i = 0; i < 4; ++i) unpack_quant_word<kType>(raw.qs[i], raw.qh, i, &w.q[i], &w.q[4 + i]);
+    for (int i = 0; i < 4; ++i) {
+      w.q[i] = raw.qs[i] & 0x0F0F0F0Fu;
+      w.q[4 + i] = (raw.qs[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (f.qh == 4) {  // bit 8c + i (weight 4i + c) and 8c + 4 + i (16 + 4i + c) to bit 8c + 4
+        w.q[i] |= (raw.qh[0] << (4 - i)) & 0x10101010u;
+        w.q[4 + i] |= (raw.qh[0] >> i) & 0x10101010u;
+      }
+      if constexpr (f.qh == 8) {  // bits 8c + 2i, 8c + 2i + 1 to bits 8c + 4, 8c + 5
+        w.q[i] |= ((raw.qh[0] >> (2 * i)) & 0x03030303u) << 4;
+        w.q[4 + i] |= ((raw.qh[1] >> (2 * i)) & 0x03030303u) << 4;
+      }
+    }
   }
-  const BlockScales s = block_scales<kType>(raw, sub);
-  w.scale = s.scale, w.scale_hi = s.scale_hi, w.min = s.min;
+  if constexpr (kType == DType::Q4_K || kType == DType::Q5_K) {
+    int sc, m;
+    k_scale_min(sub, raw.super[1], raw.super[2], raw.super[3], &sc, &m);
+    w.scale = f16_bits_to_float(raw.super[0] & 0xFFFFu) * float(sc);
+    w.min = -(f16_bits_to_float(raw.super[0] >> 16) * float(m));
+    w.scale_hi = w.scale;
+  } else if constexpr (kType == DType::Q6_K) {
+    const float d = f16_bits_to_float(raw.super[1]);
+    w.scale = d * float(int8_t(raw.super[0] & 0xFFu));
+    w.scale_hi = d * float(int8_t((raw.super[0] >> 8) & 0xFFu));
+  } else {
+    w.scale = w.scale_hi = f16_bits_to_float(raw.params & 0xFFFFu);
+    if constexpr (has_min(kType)) w.min = f16_bits_to_float(raw.params >> 16);
+  }
   return w;
 }
 

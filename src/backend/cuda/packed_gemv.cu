@@ -26,6 +26,44 @@ constexpr int kRowsPerWarp = 2;  // rows sharing a warp's activation loads
 constexpr int kUnroll = 2;       // blocks per row in flight per lane
 constexpr int kQuantizeThreads = 128;
 
+// Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where
+// load_block's instantiations exist too but never run.
+struct StreamingLoads {
+  G4_HOST_DEVICE static void load16(const uint8_t* p, uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+    const uint4 v = load_streaming(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#else
+    PlainLoads::load16(p, w);
+#endif
+  }
+  G4_HOST_DEVICE static void load8(const uint8_t* p, uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+#else
+    PlainLoads::load8(p, w);
+#endif
+  }
+  G4_HOST_DEVICE static uint32_t load4(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return PlainLoads::load4(p);
+#endif
+  }
+  G4_HOST_DEVICE static uint32_t load2(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+#else
+    return PlainLoads::load2(p);
+#endif
+  }
+};
+
 // The quantized input in device memory: per token five planes of 16 bytes per block, planes 0-3
 // holding words 4k..4k+3 of each block's q, plane 4 its d, dsum, sum and sum_lo. Lanes on
 // consecutive blocks then read 512 contiguous bytes per load (80-byte blocks side by side would
