@@ -579,8 +579,10 @@ std::string reply_of(const test::ServeProcess& server, const std::string& path, 
   } else {
     std::istringstream lines(r->body);
     for (std::string line; std::getline(lines, line);)
-      if (line.rfind("data: {", 0) == 0)
-        for (const json& choice : json::parse(line.substr(6))["choices"]) read_choice(choice);
+      if (line.rfind("data: {", 0) == 0) {
+        const json chunk = json::parse(line.substr(6));  // named: a temporary would die before the loop body
+        for (const json& choice : chunk["choices"]) read_choice(choice);
+      }
   }
   return text + " [" + finish + "]";
 }

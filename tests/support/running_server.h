@@ -3,6 +3,7 @@
 #pragma once
 #include <httplib.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,8 +72,13 @@ class ServeProcess {
   explicit ServeProcess(const std::vector<std::string>& arguments) {
     int err[2];
     if (pipe(err) != 0) return;
+    const pid_t test_pid = getpid();
     pid_ = fork();
     if (pid_ == 0) {
+      // The server dies with the test: a test process that aborts (an assertion, a sanitizer
+      // report) must not leave a server holding ctest's output pipe open until the timeout.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != test_pid) _exit(127);  // the test died before prctl
       dup2(err[1], 2);
       close(err[0]);
       std::vector<std::string> args = {G4_BINARY, "serve", "--port", "0"};
