@@ -321,6 +321,73 @@ TEST_F(CudaOps, NormedAttentionFoldsTheHeadNormsIntoDecode) {
     }
 }
 
+// A decode batch's attention (one token per sequence, each over its own cache at its own
+// position) in the batched launches, against each sequence run alone: the same bits in the outputs
+// and the caches (docs/DESIGN.md §7, batch invariance). 20 sequences span two launches of 16.
+TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
+  const int64_t S = 20;
+  struct Case {
+    int heads, kv_heads, head_dim, window;
+    int64_t capacity;
+  };
+  for (const Case& c : {Case{4, 2, 256, 16, 32}, Case{8, 1, 512, 0, 96}})
+    for (bool k_eq_v : {false, true}) {
+      const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
+      std::vector<float> inv(size_t(hd / 2), 0.0f);
+      for (int64_t i = 0; i < hd / 8; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+      Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
+      // Positions from 0 to past a ring's wrap (flat caches: below the capacity).
+      std::vector<int32_t> p(size_t(S));
+      for (int64_t i = 0; i < S; ++i) p[size_t(i)] = int32_t((7 * i + 3) % (c.window ? 3 * c.capacity : c.capacity));
+      Both positions = raw(DType::I32, S, 1, p.data());
+      const std::vector<float> qv = random_values(size_t(S * q_cols), 3.0f, seed_++),
+                               kv = random_values(size_t(S * kv_cols), 2.0f, seed_++),
+                               vv = random_values(size_t(S * kv_cols), 1.5f, seed_++);
+      Both q = activation(S, q_cols, qv), k = activation(S, kv_cols, kv), v = activation(S, kv_cols, vv);
+      Both out = activation(S, q_cols), out_alone = activation(S, q_cols);
+      std::vector<KvCache> batched, alone;
+      for (int64_t i = 0; i < S; ++i) {
+        const std::vector<float> kc = random_values(size_t(c.capacity * kv_cols), 2.0f, seed_++),
+                                 vc = random_values(size_t(c.capacity * kv_cols), 1.5f, seed_++);
+        for (std::vector<KvCache>* caches : {&batched, &alone})
+          caches->push_back(KvCache{activation(c.capacity, kv_cols, kc).gpu, activation(c.capacity, kv_cols, vc).gpu,
+                                    c.capacity});
+      }
+      // Sequence i's arguments, as the model makes them: row i of every tensor.
+      auto sequence = [&](int64_t i, const Tensor& ot, KvCache& cache) {
+        const Tensor qi = q.gpu.rows_view(i, 1), ki = k.gpu.rows_view(i, 1), vi = v.gpu.rows_view(i, 1);
+        const Tensor kh = ki.reshaped(c.kv_heads, hd), vh = vi.reshaped(c.kv_heads, hd);
+        HeadNorms n{qi.reshaped(c.heads, hd), q_w.gpu, kh, k_w.gpu, k_eq_v ? kh : vh, vh,
+                    positions.gpu.rows_view(i, 1), inv_freq.gpu, 1e-6f};
+        AttentionArgs a;
+        a.q = qi, a.k_new = ki, a.v_new = vi, a.out = ot.rows_view(i, 1), a.cache = &cache;
+        a.positions = positions.gpu.rows_view(i, 1);
+        a.heads = c.heads, a.kv_heads = c.kv_heads, a.head_dim = c.head_dim, a.window = c.window;
+        a.scale = 1.0f / std::sqrt(float(hd));
+        return std::pair{n, a};
+      };
+      std::vector<HeadNorms> norms;
+      std::vector<AttentionArgs> args;
+      for (int64_t i = 0; i < S; ++i) {
+        auto [n, a] = sequence(i, out.gpu, batched[size_t(i)]);
+        norms.push_back(n);
+        args.push_back(a);
+      }
+      gpu_->normed_attention_batch(norms, args);
+      for (int64_t i = 0; i < S; ++i) {
+        auto [n, a] = sequence(i, out_alone.gpu, alone[size_t(i)]);
+        gpu_->normed_attention(n, a);
+      }
+      const std::string what = "decode batch hd " + std::to_string(hd) + (k_eq_v ? " K=V" : "");
+      EXPECT_EQ(read(*gpu_, out.gpu), read(*gpu_, out_alone.gpu)) << what << ": outputs";
+      for (int64_t i = 0; i < S; ++i) {
+        EXPECT_EQ(read(*gpu_, batched[size_t(i)].k), read(*gpu_, alone[size_t(i)].k)) << what << ": K cache " << i;
+        EXPECT_EQ(read(*gpu_, batched[size_t(i)].v), read(*gpu_, alone[size_t(i)].v)) << what << ": V cache " << i;
+      }
+    }
+}
+
 TEST_F(CudaOps, SampleAndAdvanceStepMatchTheCpu) {
   const int64_t vocab = 262144;
   std::vector<float> logits = random_values(size_t(vocab), 20.0f, 99);

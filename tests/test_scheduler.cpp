@@ -1,9 +1,10 @@
 // Continuous batching (docs/DESIGN.md §7): a sequence's tokens do not depend on what else is in
 // the batch — alone, or among 2, 5, 8 or 13 sequences, in any slot, with different prefill chunk
 // sizes and arrival orders (CPU; on CUDA for decode batches) — every running sequence decodes in
-// one batched forward, the KV budget bounds admission, cancel frees memory at once, a finished
-// sequence's caches serve the next turn, 10 000 requests cancelled at every stage leave the pool
-// empty, and bad requests are clear errors.
+// one batched forward (batch_invariant = false: whole forwards past the backend's invariant rows),
+// the KV budget bounds admission, cancel frees memory at once, a finished sequence's caches serve
+// the next turn, 10 000 requests cancelled at every stage leave the pool empty, and bad requests
+// are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend_factory.h"
+#include "backend/cpu/cpu_backend.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/scheduler.h"
@@ -138,6 +140,74 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
   // prefill computed, by cuBLAS when its chunk had more than 8 rows, which a fresh prefill would
   // not reproduce bit for bit (the first H200 run failed this way, 2026-12-01).
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
+}
+
+// A CPU backend that promises row-by-row equality only up to 4 rows, as CUDA's GEMV does up to 8:
+// what SchedulerOptions::batch_invariant decides between. (Its arithmetic is the CPU's, which is
+// the same for a row at any row count.)
+class CpuBackendInvariantToFourRows : public CpuBackend {
+ public:
+  int64_t batch_invariant_rows() const override { return 4; }
+};
+
+TEST(Scheduler, BatchInvariantFalseFillsWholeForwards) {
+  auto engine = demo_engine(1);
+  CpuBackendInvariantToFourRows backend;
+  ModelRunner runner(engine->model(), backend,
+                     RunnerOptions{.max_seq_len = kMaxSeqLen, .max_batch_sequences = 13, .kv_budget_sequences = 13});
+  const std::vector<SchedulerRequest> rs = requests();
+  const std::vector<std::vector<int32_t>> want = alone(*engine, rs);
+  std::vector<size_t> order(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) order[i] = i;
+  for (bool invariant : {true, false}) {
+    Scheduler scheduler(runner, SchedulerOptions{.batch_invariant = invariant});
+    std::vector<RequestId> ids;
+    const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
+    for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got.tokens.at(ids[i]), want[i]) << "request " << i;
+    EXPECT_EQ(got.widest_decode, 13);
+    EXPECT_EQ(got.widest_decode_forwards, invariant ? 4 : 1) << "batch_invariant " << invariant;
+  }
+}
+
+// On CUDA, past the GEMV's 8 rows: the decode batch in one forward (cuBLAS matmuls, the batched
+// decode attention), each request generating all its tokens. Its tokens are not compared with
+// alone: cuBLAS rounds a row differently from the GEMV, which is what batch_invariant trades.
+TEST(Scheduler, BatchInvariantFalseRunsTheDecodeBatchInOneForwardOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine = demo_engine(13, "cuda");
+  const std::vector<SchedulerRequest> rs = requests();
+  std::vector<size_t> order(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) order[i] = i;
+  Scheduler scheduler(engine->runner(), SchedulerOptions{.batch_invariant = false});
+  std::vector<RequestId> ids;
+  const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(int64_t(got.tokens.at(ids[i]).size()), rs[i].max_new_tokens);
+  EXPECT_EQ(got.widest_decode, 13);
+  EXPECT_EQ(got.widest_decode_forwards, 1);
+}
+
+// A request arriving while another decodes: the step runs the decode row and the new prompt's
+// chunk in one forward (the CPU computes every row alone, so one forward holds any rows).
+TEST(Scheduler, DecodeRowsAndArrivingPromptsShareAForward) {
+  auto engine = demo_engine(2);
+  const std::vector<SchedulerRequest> rs = requests();
+  const std::vector<std::vector<int32_t>> want = alone(*engine, {rs[3], rs[4]});
+  Scheduler scheduler(engine->runner());
+  std::map<RequestId, std::vector<int32_t>> got;
+  const RequestId a = scheduler.add(rs[3]);
+  for (int i = 0; i < 2; ++i)
+    for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
+  const RequestId b = scheduler.add(rs[4]);
+  for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
+  const StepStats& mixed = scheduler.last_step();
+  EXPECT_EQ(mixed.decode_rows, 1);
+  EXPECT_EQ(mixed.prefill_rows, int64_t(rs[4].prompt.size()));
+  EXPECT_EQ(mixed.forwards, 1);
+  EXPECT_EQ(got[b].size(), 1u) << "the new prompt's first token is drawn in the same step";
+  while (!scheduler.idle())
+    for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
+  EXPECT_EQ(got[a], want[0]);
+  EXPECT_EQ(got[b], want[1]);
 }
 
 TEST(Scheduler, TheKvBudgetBoundsAdmissionAndCancelFreesMemory) {

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/backend_factory.h"
 #include "backend/comm/communicator.h"
 #include "model/gguf_export.h"
@@ -564,6 +566,16 @@ TEST(TensorParallelCli, BenchReportsTheCollectivesShare) {
       output_of("bench --model_path " + demo() + " --backend cpu --tp 2 --prompt_len 16 --gen 4");
   for (const char* key : {"\"tp\": 2", "\"decode_greedy_tok_s\"", "\"prefill_s_median\"", "\"all_reduce_pct_of_step\""})
     EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
+}
+
+// Every rank runs the same requests through its own scheduler, in step: every sequence ends.
+TEST(TensorParallelCli, BenchConcurrencyRunsSplit) {
+  const nlohmann::json j = nlohmann::json::parse(output_of(
+      "bench --model_path " + demo() + " --backend cpu --tp 2 --concurrency 1,3 --prompt_len 8 --gen 4 2>/dev/null"));
+  EXPECT_EQ(j["tp"].get<int>(), 2);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  for (const auto& run : j["runs"])
+    EXPECT_EQ(run["generated_tokens"].get<int64_t>(), 4 * run["concurrency"].get<int64_t>());
 }
 
 // ---- CUDA: two GPUs (skips with the count found) ----

@@ -29,9 +29,9 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   RunnerOptions ro;
   ro.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, b.prompt_len + b.gen + 8));
   ro.max_batch_sequences = n;
-  ro.kv_budget_bytes = size_t(n) * kv_sequence_bytes(c, backend.activation_dtype(), ro.max_seq_len);
+  ro.kv_budget_bytes = size_t(n) * kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), ro.max_seq_len);
   ModelRunner runner(model, backend, ro);
-  Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n)});
+  Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n), .batch_invariant = b.batch_invariant});
   std::mt19937 rng(unsigned(b.seed));
   std::map<RequestId, Clock::time_point> first, last;
   std::map<RequestId, int64_t> tokens;
@@ -106,6 +106,7 @@ nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const Co
   const int64_t widest = *std::max_element(b.concurrency.begin(), b.concurrency.end());
   return {{"backend", backend.name()},
           {"prompt_len", b.prompt_len},
+          {"batch_invariant", b.batch_invariant},
           {"gen", b.gen},
           {"runs", runs},
           {"sampler_rows", widest},

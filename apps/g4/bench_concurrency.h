@@ -15,6 +15,7 @@ struct ConcurrencyBench {
   std::vector<int64_t> concurrency;  // sequence counts, each measured on its own
   int64_t prompt_len = 0, gen = 0;   // per sequence
   uint64_t seed = 1;
+  bool batch_invariant = true;       // SchedulerOptions::batch_invariant
 };
 
 // One JSON object per sequence count; every sequence samples with top-k 64 / top-p 0.95 and its own seed.

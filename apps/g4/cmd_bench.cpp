@@ -34,6 +34,7 @@ struct BenchOptions {
   int64_t prompt_len = 2048, gen = 128;
   uint64_t seed = 1;
   std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
+  bool batch_invariant = true;        // the continuous-batching bench's SchedulerOptions::batch_invariant
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
 };
 
@@ -222,8 +223,19 @@ double step_collective_seconds(Backend& be, Communicator& comm, const Gemma4& mo
   }) / kSteps;
 }
 
+// The continuous-batching bench's report (bench_concurrency) on `model`.
+nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
+  nlohmann::json r = bench_concurrency(model, be, {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant});
+  r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
+  r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
+  r["load_s"] = load_s;
+  return r;
+}
+
 // One rank of `g4 bench --tp N`: every rank runs the same prefill and decode steps on its shard;
-// rank 0 reports. Eager decode only: graph capture does not run split yet.
+// rank 0 reports. Eager decode only: graph capture does not run split yet. With --concurrency,
+// every rank runs the same requests through its own scheduler: the scheduler is deterministic,
+// so the ranks' forwards (and their collectives) stay in step (docs/DESIGN.md §9).
 void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
   EngineOptions eo;
   eo.backend = o.backend;
@@ -240,6 +252,12 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
                                   : synthetic_model(o, be, comm.get());
       comm->barrier();
     });
+    if (!o.concurrency.empty()) {
+      nlohmann::json r = concurrency_report(o, *model, be, load_s);
+      r["tp"] = comm->size();
+      if (rank == 0) std::printf("%s\n", r.dump(1).c_str());
+      return;
+    }
     const ModelConfig& c = model->config();
     SessionOptions so;
     so.max_seq_len = bench_max_seq_len(c, o);
@@ -273,8 +291,6 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
 
 // g4 bench --tp N (docs/DESIGN.md, "Tensor parallel"): one thread per rank, as g4 run.
 void bench_tensor_parallel(const BenchOptions& o) {
-  G4_CHECK(o.concurrency.empty(), "--tp " + std::to_string(o.tp) +
-                                      " with --concurrency: the continuous-batching bench does not run split yet");
   EngineOptions eo;
   eo.backend = o.backend;
   eo.tp = o.tp;
@@ -297,11 +313,7 @@ void run_bench(const BenchOptions& o) {
   load_s = seconds_of([&] { model = o.synthetic.empty() ? load_model(o.model_path, be) : synthetic_model(o, be); });
   const ModelConfig& c = model->config();
   if (!o.concurrency.empty()) {
-    nlohmann::json r = bench_concurrency(*model, be, {o.concurrency, o.prompt_len, o.gen, o.seed});
-    r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
-    r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
-    r["load_s"] = load_s;
-    std::printf("%s\n", r.dump(1).c_str());
+    std::printf("%s\n", concurrency_report(o, *model, be, load_s).dump(1).c_str());
     return;
   }
 
@@ -393,6 +405,10 @@ void add_bench_command(CLI::App& app) {
                   "Sequence counts for the continuous-batching bench, e.g. 1,8,32,64 (each sequence: "
                   "--prompt_len prompt tokens, --gen generated)")
       ->delimiter(',');
+  cmd->add_option("--batch_invariant,--batch-invariant", opts->batch_invariant,
+                  "With --concurrency: false lets decode batches fill whole forwards (faster on CUDA; a "
+                  "sequence's tokens may then depend on its batch)")
+      ->capture_default_str();
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "

@@ -33,6 +33,7 @@ struct ServeOptions {
   int port = 8080;
   int64_t max_sessions = 4, max_waiting = 64;
   int64_t max_body_bytes = 8 << 20;
+  bool batch_invariant = true;
 };
 
 #if G4_WITH_SERVER
@@ -137,7 +138,9 @@ void listen(const ServeOptions& o, const serve::ServerOptions& so, const serve::
   signals.forget();
 }
 
-serve::WorkerOptions worker_options(const ServeOptions& o) { return {o.max_sessions, o.max_waiting}; }
+serve::WorkerOptions worker_options(const ServeOptions& o) {
+  return {o.max_sessions, o.max_waiting, o.batch_invariant};
+}
 
 void serve_one_rank(const ServeOptions& o, ShutdownSignals& signals) {
   serve::ServerOptions so;
@@ -212,6 +215,10 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max_waiting,--max-waiting", o->max_waiting,
                   "Requests queued beyond those; more are answered 429 (busy, with Retry-After)")
+      ->capture_default_str();
+  cmd->add_option("--batch_invariant,--batch-invariant", o->batch_invariant,
+                  "false: requests running together share whole forwards (more tokens/s on CUDA; a request's "
+                  "tokens may then depend on the others)")
       ->capture_default_str();
   cmd->add_option("--max_body_bytes,--max-body-bytes", o->max_body_bytes,
                   "Larger request bodies are answered 413")

@@ -99,6 +99,13 @@ class Backend {
     head_norms(norms);
     attention(args);
   }
+  // normed_attention(norms[i], args[i]) for every sequence i of a forward. A backend may run a
+  // decode batch (one token per sequence) in one launch (CUDA does), each sequence's result the
+  // same as alone.
+  virtual void normed_attention_batch(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) {
+    G4_CHECK(norms.size() == args.size(), "normed_attention_batch: one HeadNorms per sequence");
+    for (size_t i = 0; i < args.size(); ++i) normed_attention(norms[i], args[i]);
+  }
   // The gated MLP's first half: out[T, I] = gelu_tanh(x · w_gate^T) * (x · w_up^T), w_* [I, H].
   virtual void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) = 0;
   // The end of a residual block, per row: x = (x + rms_norm(o)·post_weight) · scalar[0] (no scaling

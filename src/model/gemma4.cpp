@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <vector>
 
 #include "model/tensor_parallel.h"
 #include "util/error.h"
@@ -58,32 +59,37 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
   }
 
   // Attention runs per sequence, over that sequence's cache and positions: its rows [a, a + n) of
-  // k/v, and its query rows [max(a, first), a + n), which sit at q row max(a, first) - first.
+  // k/v, and its query rows [max(a, first), a + n), which sit at q row max(a, first) - first. The
+  // backend gets all sequences at once (a decode batch may run in one launch).
+  std::vector<HeadNorms> norms;
+  std::vector<AttentionArgs> args;
+  norms.reserve(sequences.size());
+  args.reserve(sequences.size());
   for (const SequenceRows& s : sequences) {
     const int64_t a = s.first_row, n = s.rows, q_from = std::max(a, first), nq = a + n - q_from;
     const Tensor seq_q = q.rows_view(q_from - first, nq), seq_k = k.rows_view(a, n), seq_v = v.rows_view(a, n);
     const Tensor seq_positions = positions.rows_view(a, n);
     Tensor q_heads = seq_q.reshaped(nq * heads, hd);
     Tensor k_heads = seq_k.reshaped(n * l.kv_heads, hd), v_heads = seq_v.reshaped(n * l.kv_heads, hd);
-    HeadNorms norms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads, seq_positions, w.rope_inv_freq, eps,
-                    q_from - a};
-    if (l.k_eq_v) norms.v_in = k_heads;  // V = v_norm(k_proj(x)), before k_norm/RoPE
+    HeadNorms& norm = norms.emplace_back(HeadNorms{q_heads, w.q_norm, k_heads, w.k_norm, v_heads, v_heads,
+                                                   seq_positions, w.rope_inv_freq, eps, q_from - a});
+    if (l.k_eq_v) norm.v_in = k_heads;  // V = v_norm(k_proj(x)), before k_norm/RoPE
 
-    AttentionArgs args;
-    args.q = seq_q;
-    args.k_new = seq_k;
-    args.v_new = seq_v;
-    args.cache = &(*s.caches)[size_t(layer)];
-    args.positions = seq_positions;
-    args.heads = int(heads);
-    args.kv_heads = l.kv_heads;
-    args.head_dim = l.head_dim;
-    args.window = l.sliding ? config_.sliding_window : 0;
-    args.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
-    args.out = head(buf.attn, out_rows, q_cols).rows_view(q_from - first, nq);
-    args.q_first = q_from - a;
-    be.normed_attention(norms, args);
+    AttentionArgs& arg = args.emplace_back();
+    arg.q = seq_q;
+    arg.k_new = seq_k;
+    arg.v_new = seq_v;
+    arg.cache = &(*s.caches)[size_t(layer)];
+    arg.positions = seq_positions;
+    arg.heads = int(heads);
+    arg.kv_heads = l.kv_heads;
+    arg.head_dim = l.head_dim;
+    arg.window = l.sliding ? config_.sliding_window : 0;
+    arg.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
+    arg.out = head(buf.attn, out_rows, q_cols).rows_view(q_from - first, nq);
+    arg.q_first = q_from - a;
   }
+  be.normed_attention_batch(norms, args);
   if (out_rows == 0) return;
 
   Tensor o = rows(buf.proj, first, out_rows, H);

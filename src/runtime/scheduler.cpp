@@ -11,6 +11,9 @@ Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
     : runner_(runner),
       prefill_per_step_(options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step
                                                             : runner.max_prefill_chunk()),
+      forward_rows_(options.batch_invariant
+                        ? std::min(runner.backend().batch_invariant_rows(), runner.max_prefill_chunk())
+                        : runner.max_prefill_chunk()),
       max_waiting_(options.max_waiting) {
   G4_CHECK(prefill_per_step_ <= runner.max_prefill_chunk(),
            "prefill_tokens_per_step " + std::to_string(prefill_per_step_) + " exceeds the forward workspace (" +
@@ -52,8 +55,25 @@ bool Scheduler::cancel(RequestId id) {
 std::vector<SequenceEvent> Scheduler::step() {
   stats_ = {};
   std::vector<SequenceEvent> events;
-  decode(events);
-  prefill(events);
+  std::vector<Work> work;  // decode rows first, in arrival order, then the step's prefill chunks
+  for (Sequence& s : running_)
+    if (s.pending >= 0) work.push_back(Work{&s, 1});
+  for (const Work& chunk : plan_prefill()) work.push_back(chunk);
+  // Packed in order into forwards of at most forward_rows_ rows and max_batch_sequences outputs;
+  // a chunk larger than forward_rows_ runs in a forward of its own.
+  size_t first = 0;
+  int64_t rows = 0, outputs = 0;
+  for (size_t i = 0; i < work.size(); ++i) {
+    const int64_t n = work[i].tokens, out = work[i].ends_prompt_or_decodes() ? 1 : 0;
+    if (i > first && (rows + n > forward_rows_ || outputs + out > runner_.max_batch_sequences())) {
+      run_forward(std::span(work).subspan(first, i - first), events);
+      first = i, rows = 0, outputs = 0;
+    }
+    rows += n;
+    outputs += out;
+  }
+  if (first < work.size()) run_forward(std::span(work).subspan(first), events);
+  drop_ended();
   return events;
 }
 
@@ -90,38 +110,18 @@ void Scheduler::drop_ended() {
   running_.remove_if([](const Sequence& s) { return s.ended; });
 }
 
-// The decode rows in groups no larger than the backend computes row by row alike, so that each
-// row's arithmetic is that of the row alone (docs/DESIGN.md §7).
-void Scheduler::decode(std::vector<SequenceEvent>& events) {
-  std::vector<Sequence*> rows;
-  for (Sequence& s : running_)
-    if (s.pending >= 0) rows.push_back(&s);
-  const int64_t group = std::min({runner_.max_batch_sequences(), runner_.backend().batch_invariant_rows(),
-                                  runner_.max_prefill_chunk()});
-  for (size_t at = 0; at < rows.size(); at += size_t(group)) {
-    const std::span<Sequence* const> part(rows.data() + at, std::min(rows.size() - at, size_t(group)));
-    std::vector<SequenceChunk> chunks;
-    for (Sequence* s : part) chunks.push_back(SequenceChunk{&s->kv, std::span<const int32_t>(&s->pending, 1), 1});
-    runner_.forward(chunks, runner_.workspace_logits(int64_t(part.size())));
-    draw(part, events);
-    stats_.decode_rows += int64_t(part.size());
-    ++stats_.decode_forwards;
-  }
-  drop_ended();
-}
-
 // A sequence's chunk is min(what is left of its prompt, prefill_tokens_per_step) — never cut by
 // other sequences, so its chunking depends only on its own prompt — and it runs this step if it
 // fits in what is left of the step's budget. Waiting requests start, in arrival order, when the
 // KV pool has room (taking over a kept prefix when one fits).
-std::vector<Scheduler::PrefillChunk> Scheduler::plan_prefill() {
-  std::vector<PrefillChunk> plan;
+std::vector<Scheduler::Work> Scheduler::plan_prefill() {
+  std::vector<Work> plan;
   int64_t budget = prefill_per_step_;
   auto take = [&](Sequence& s) {
     const int64_t left = int64_t(s.prompt.size()) - s.kv.position();
     const int64_t n = std::min(left, prefill_per_step_);
     if (n > budget) return false;
-    plan.push_back(PrefillChunk{&s, n});
+    plan.push_back(Work{&s, n});
     budget -= n;
     return true;
   };
@@ -138,46 +138,27 @@ std::vector<Scheduler::PrefillChunk> Scheduler::plan_prefill() {
   return plan;
 }
 
-void Scheduler::prefill(std::vector<SequenceEvent>& events) {
-  const std::vector<PrefillChunk> plan = plan_prefill();
-  // Chunks share a forward only while it stays within the rows the backend computes alike
-  // (batch_invariant_rows); a larger chunk runs in a forward of its own.
-  const int64_t invariant = runner_.backend().batch_invariant_rows();
-  size_t first = 0;
-  int64_t rows = 0, outputs = 0;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const int64_t n = plan[i].tokens;
-    const Sequence& s = *plan[i].sequence;
-    const int64_t out = s.kv.position() + n == int64_t(s.prompt.size()) ? 1 : 0;
-    const bool fits = rows + n <= std::min(invariant, runner_.max_prefill_chunk()) &&
-                      outputs + out <= runner_.max_batch_sequences();
-    if (i > first && !fits) {
-      run_prefill(std::span(plan).subspan(first, i - first), events);
-      first = i, rows = 0, outputs = 0;
-    }
-    rows += n;
-    outputs += out;
-  }
-  if (first < plan.size()) run_prefill(std::span(plan).subspan(first), events);
-  drop_ended();
-}
-
-void Scheduler::run_prefill(std::span<const PrefillChunk> plan, std::vector<SequenceEvent>& events) {
+void Scheduler::run_forward(std::span<const Work> work, std::vector<SequenceEvent>& events) {
   std::vector<SequenceChunk> chunks;
-  std::vector<Sequence*> finishing;  // the sequences whose prompt ends in this forward
-  int64_t rows = 0;
-  for (const PrefillChunk& c : plan) {
-    Sequence& s = *c.sequence;
-    const std::span<const int32_t> tokens = std::span(s.prompt).subspan(size_t(s.kv.position()), size_t(c.tokens));
-    const bool last = s.kv.position() + c.tokens == int64_t(s.prompt.size());
-    chunks.push_back(SequenceChunk{&s.kv, tokens, last ? 1 : 0});
-    if (last) finishing.push_back(&s);
-    rows += c.tokens;
+  std::vector<Sequence*> drawing;  // decode rows and the sequences whose prompt ends here, in order
+  bool decodes = false, prefills = false;
+  for (const Work& w : work) {
+    Sequence& s = *w.sequence;
+    const bool decode = s.pending >= 0;
+    const std::span<const int32_t> tokens =
+        decode ? std::span<const int32_t>(&s.pending, 1)
+               : std::span<const int32_t>(s.prompt).subspan(size_t(s.kv.position()), size_t(w.tokens));
+    const bool draws = w.ends_prompt_or_decodes();
+    chunks.push_back(SequenceChunk{&s.kv, tokens, draws ? 1 : 0});
+    if (draws) drawing.push_back(&s);
+    (decode ? stats_.decode_rows : stats_.prefill_rows) += w.tokens;
+    (decode ? decodes : prefills) = true;
   }
-  runner_.forward(chunks, runner_.workspace_logits(std::max<int64_t>(1, int64_t(finishing.size()))));
-  if (!finishing.empty()) draw(finishing, events);
-  stats_.prefill_rows += rows;
-  ++stats_.prefill_forwards;
+  runner_.forward(chunks, runner_.workspace_logits(std::max<int64_t>(1, int64_t(drawing.size()))));
+  if (!drawing.empty()) draw(drawing, events);
+  stats_.decode_forwards += decodes ? 1 : 0;
+  stats_.prefill_forwards += prefills ? 1 : 0;
+  ++stats_.forwards;
 }
 
 }  // namespace g4

@@ -1,6 +1,7 @@
 // Continuous batching (docs/DESIGN.md §7): requests join at any time; every step() runs the decode
-// tokens of all running sequences in one batched forward (in groups the backend computes row by
-// row alike: batch_invariant_rows) plus a bounded prefill chunk of arriving ones, and draws each
+// tokens of all running sequences and a bounded prefill budget of arriving ones, packed into
+// batched forwards (of at most the rows the backend computes row by row alike:
+// batch_invariant_rows, unless SchedulerOptions::batch_invariant is false), and draws each
 // sequence's token with its own parameters and seed on the backend. Sequences join and leave
 // between steps. A sequence's tokens do not depend on what else is in the batch.
 //
@@ -45,11 +46,17 @@ struct SequenceEvent {
 struct SchedulerOptions {
   int64_t prefill_tokens_per_step = 0;  // prompt tokens one step prefills; 0 = the runner's max_prefill_chunk
   size_t max_waiting = 256;             // requests waiting to start; add() past it answers "busy"
+  // true: forwards hold at most the backend's batch_invariant_rows(), so a sequence's tokens do
+  // not depend on its batch. false: a decode batch (and prefill chunks) fill whole forwards of up
+  // to the workspace's rows, faster where large matmuls run differently from small ones (CUDA),
+  // and a sequence's tokens may then depend on what runs beside it (docs/DESIGN.md §7).
+  bool batch_invariant = true;
 };
 
-// What the last step ran (for tests and reports).
+// What the last step ran (for tests and reports); a forward with decode and prefill rows counts in
+// both forward counts.
 struct StepStats {
-  int64_t decode_rows = 0, decode_forwards = 0, prefill_rows = 0, prefill_forwards = 0;
+  int64_t decode_rows = 0, decode_forwards = 0, prefill_rows = 0, prefill_forwards = 0, forwards = 0;
 };
 
 class Scheduler {
@@ -81,14 +88,18 @@ class Scheduler {
     bool ended = false;
     int32_t top_logprobs = -1;
   };
-  struct PrefillChunk {
+  // A sequence's part of a step: its pending token (a decode row) or a chunk of its prompt.
+  struct Work {
     Sequence* sequence;
     int64_t tokens;
+    // Whether the forward draws a token for it: a decode row, or the chunk that ends its prompt.
+    bool ends_prompt_or_decodes() const {
+      return sequence->pending >= 0 || sequence->kv.position() + tokens == int64_t(sequence->prompt.size());
+    }
   };
-  void decode(std::vector<SequenceEvent>& events);
-  void prefill(std::vector<SequenceEvent>& events);
-  std::vector<PrefillChunk> plan_prefill();
-  void run_prefill(std::span<const PrefillChunk> chunks, std::vector<SequenceEvent>& events);
+  std::vector<Work> plan_prefill();
+  // One forward over `work` (its sequences' tokens at their next positions), then the draws.
+  void run_forward(std::span<const Work> work, std::vector<SequenceEvent>& events);
   // Draws the token of each row of `rows`, from the logits the last forward left in the workspace.
   void draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events);
   // The logits rows of the rows that asked for log-probabilities, read back from the backend
@@ -98,6 +109,7 @@ class Scheduler {
 
   ModelRunner& runner_;
   int64_t prefill_per_step_;
+  int64_t forward_rows_;  // the most rows one forward runs (batch_invariant's bound or the workspace)
   size_t max_waiting_;
   RequestId next_id_ = 1;
   std::deque<Sequence> waiting_;

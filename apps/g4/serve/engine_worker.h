@@ -55,6 +55,7 @@ class RequestChannel {
 struct WorkerOptions {
   int64_t max_sessions = 4;  // sequences running at once (their KV caches are reserved)
   int64_t max_waiting = 64;  // requests waiting beyond those; more get "busy" (HTTP 429)
+  bool batch_invariant = true;  // SchedulerOptions::batch_invariant
 };
 
 class EngineWorker {

@@ -282,25 +282,34 @@ class CudaBackend final : public Backend {
   void attention(const AttentionArgs& args) override {
     const AttentionLaunch a = attention_launch(args);
     if (a.T > 1) return launch_prefill_attention(a, stream_);
-    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
+    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, stream_);
   }
 
   // One decode token: the head norms are folded into the attention launch, which reads the raw
   // projections (V from v_in: K itself on K=V layers).
   void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
-    const bool fold = args.positions.rows == 1 && args.q_first == 0 && norms.q_first == 0 &&
-                      norms.q.data == args.q.data && norms.k.data == args.k_new.data &&
-                      norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
-    if (!fold) return Backend::normed_attention(norms, args);
-    check_head_norms(norms);
-    AttentionLaunch a = attention_launch(args);
-    a.v_new = ptr<bf16>(norms.v_in);
-    a.norm_inputs = true;
-    a.q_norm_weight = optional_f32(norms.q_weight, "q_norm weight");
-    a.k_norm_weight = optional_f32(norms.k_weight, "k_norm weight");
-    a.inv_freq = ptr<float>(norms.inv_freq);
-    a.norm_eps = norms.eps;
-    launch_decode_attention(a, ptr<float>(partials_), kDecodeSplits, stream_);
+    if (!folds_norms(norms, args)) return Backend::normed_attention(norms, args);
+    const AttentionLaunch a = folded_launch(norms, args);
+    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, stream_);
+  }
+
+  // A decode batch (one token per sequence, sequence i in row i of every tensor): one launch pair
+  // per kMaxDecodeSequences sequences instead of one per sequence; each sequence's arithmetic is
+  // that of normed_attention alone.
+  void normed_attention_batch(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) override {
+    if (!decode_rows_in_order(norms, args)) return Backend::normed_attention_batch(norms, args);
+    for (size_t at = 0; at < args.size(); at += kMaxDecodeSequences) {
+      const AttentionLaunch a = folded_launch(norms[at], args[at]);
+      DecodeCaches caches;
+      caches.sequences = int(std::min(args.size() - at, size_t(kMaxDecodeSequences)));
+      for (int z = 0; z < caches.sequences; ++z) {
+        caches.k[z] = ptr<bf16>(args[at + size_t(z)].cache->k);
+        caches.v[z] = ptr<bf16>(args[at + size_t(z)].cache->v);
+      }
+      const int64_t floats = decode_partial_floats(a, kDecodeSplits) * caches.sequences;
+      if (partials_.numel() < floats) partials_ = alloc(DType::F32, 1, floats);
+      launch_decode_attention(a, caches, ptr<float>(partials_), kDecodeSplits, stream_);
+    }
   }
 
   void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
@@ -452,6 +461,59 @@ class CudaBackend final : public Backend {
              "head_norms: q, k and v heads must have one head_dim");
   }
 
+  static bool folds_norms(const HeadNorms& norms, const AttentionArgs& args) {
+    return args.positions.rows == 1 && args.q_first == 0 && norms.q_first == 0 && norms.q.data == args.q.data &&
+           norms.k.data == args.k_new.data && norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
+  }
+
+  // Sequence i's rows are row i of sequence 0's tensors, and the sequences differ only in their
+  // caches: what one batched decode launch assumes (sequence_launch in decode_attention.cu).
+  static bool decode_rows_in_order(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) {
+    if (args.size() < 2 || norms.size() != args.size()) return false;
+    const AttentionArgs& a0 = args[0];
+    const HeadNorms& n0 = norms[0];
+    // Sequence i's tensor is the i-th of tensors like the first laid end to end (a head-norm view
+    // [heads, head_dim] of one token included).
+    auto row_of = [](const Tensor& first, int64_t i, const Tensor& t) {
+      return t.rows == first.rows && t.cols == first.cols && t.dtype == first.dtype &&
+             t.data == static_cast<const uint8_t*>(first.data) + size_t(i) * first.bytes();
+    };
+    for (size_t i = 0; i < args.size(); ++i) {
+      const AttentionArgs& a = args[i];
+      const HeadNorms& n = norms[i];
+      const int64_t r = int64_t(i);
+      if (!folds_norms(n, a) || !row_of(a0.q, r, a.q) || !row_of(a0.k_new, r, a.k_new) ||
+          !row_of(n0.v_in, r, n.v_in) || !row_of(a0.out, r, a.out) || !row_of(a0.positions, r, a.positions))
+        return false;
+      if (a.heads != a0.heads || a.kv_heads != a0.kv_heads || a.head_dim != a0.head_dim || a.window != a0.window ||
+          a.scale != a0.scale || a.cache->capacity != a0.cache->capacity || a.cache->k.cols != a0.cache->k.cols ||
+          n.q_weight.data != n0.q_weight.data || n.k_weight.data != n0.k_weight.data ||
+          n.inv_freq.data != n0.inv_freq.data || n.eps != n0.eps)
+        return false;
+    }
+    return true;
+  }
+
+  // The launch of one decode token with its head norms folded in (see normed_attention).
+  AttentionLaunch folded_launch(const HeadNorms& norms, const AttentionArgs& args) {
+    check_head_norms(norms);
+    AttentionLaunch a = attention_launch(args);
+    a.v_new = ptr<bf16>(norms.v_in);
+    a.norm_inputs = true;
+    a.q_norm_weight = optional_f32(norms.q_weight, "q_norm weight");
+    a.k_norm_weight = optional_f32(norms.k_weight, "k_norm weight");
+    a.inv_freq = ptr<float>(norms.inv_freq);
+    a.norm_eps = norms.eps;
+    return a;
+  }
+
+  static DecodeCaches own_caches(const AttentionLaunch& a) {
+    DecodeCaches caches;
+    caches.k[0] = a.k_cache;
+    caches.v[0] = a.v_cache;
+    return caches;
+  }
+
   // The launch arguments of an attention call; also sizes the decode workspace, on every call,
   // prefill too: a prompt's forward visits every layer before a decode step is captured, so a
   // graph capture never has to allocate.
@@ -480,7 +542,7 @@ class CudaBackend final : public Backend {
     G4_CHECK(a.q_first >= 0 && a.q_first <= a.T && args.q.rows == a.T - a.q_first && args.out.rows == args.q.rows,
              "cuda attention: q and out must hold the chunk's tokens [q_first, T)");
     G4_CHECK(a.T > 1 || a.q_first == 0, "cuda attention: a decode step has its one query");
-    const int64_t partial_floats = int64_t(a.heads) * kDecodeSplits * (a.head_dim + 2);
+    const int64_t partial_floats = decode_partial_floats(a, kDecodeSplits);
     if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
     return a;
   }

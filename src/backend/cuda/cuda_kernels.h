@@ -81,8 +81,20 @@ struct AttentionLaunch {
   float norm_eps = 0.0f;
 };
 // Decode (T == 1): split-K flash decoding (which also stores the token's K/V), then the merge of
-// the splits; `partials` holds heads * max_splits * (head_dim + 2) floats.
-void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream);
+// the splits, for one to kMaxDecodeSequences sequences in one launch pair. Sequence z's query, new
+// K/V, output and position are row z of a's tensors (a.q + z * q_stride, ..., a.positions + z); its
+// caches are caches.k[z] and caches.v[z] (a's own are not read). Each sequence's blocks compute
+// exactly what a launch of that sequence alone computes (docs/DESIGN.md §7, batch invariance).
+// `partials` holds sequences * decode_partial_floats(a, max_splits) floats.
+inline constexpr int kMaxDecodeSequences = 16;
+struct DecodeCaches {
+  int sequences = 1;
+  bf16* k[kMaxDecodeSequences] = {};
+  bf16* v[kMaxDecodeSequences] = {};
+};
+int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits);
+void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
+                             cudaStream_t stream);
 // Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
 

@@ -7,7 +7,9 @@
 // reads that slot: a ring is at least a window long). The merge kernel's block (query head, 128
 // output dims) sums the splits in a fixed order, so the result does not depend on which split
 // finished first; it is spread over many blocks because a global layer's partials (8 heads x 512
-// dims x up to 256 splits per kv head) are too many for one block to read quickly.
+// dims x up to 256 splits per kv head) are too many for one block to read quickly. Both grids have
+// a third dimension, the sequences of a decode batch: block z works on sequence z alone, with
+// sequence_launch's arguments, exactly as a launch of that sequence by itself would.
 #include <algorithm>
 #include <cfloat>
 
@@ -38,6 +40,28 @@ struct SplitPartials {
   int max_splits;
   int64_t split_keys;
 };
+
+// Sequence z's arguments: row z of the batch's query, new K/V, output and positions, and its caches.
+__device__ inline AttentionLaunch sequence_launch(const AttentionLaunch& batch, const DecodeCaches& caches, int z) {
+  AttentionLaunch a = batch;
+  a.q += z * batch.q_stride;
+  a.k_new += z * batch.kv_stride;
+  a.v_new += z * batch.kv_stride;
+  a.out += z * batch.out_stride;
+  a.positions += z;
+  a.k_cache = caches.k[z];
+  a.v_cache = caches.v[z];
+  return a;
+}
+
+// Sequence z's slice of the partials (each sequence's is laid out as one sequence's alone).
+__device__ inline SplitPartials sequence_partials(const SplitPartials& batch, const AttentionLaunch& a, int z) {
+  const int64_t floats = int64_t(a.heads) * batch.max_splits * (a.head_dim + 2);
+  SplitPartials p = batch;
+  p.acc += z * floats;
+  p.ml = reinterpret_cast<float2*>(reinterpret_cast<float*>(batch.ml) + z * floats);
+  return p;
+}
 
 struct DecodeSmem {
   int ld;
@@ -232,9 +256,11 @@ __device__ inline int used_splits(int64_t pos, int window, int64_t split_keys, i
   return int(min(int64_t(max_splits), (pos + split_keys - first_key(pos, window)) / split_keys));
 }
 
-__global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
+__global__ void decode_split_kernel(AttentionLaunch batch, DecodeCaches caches, SplitPartials batch_parts) {
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t decode_smem[];
+  const AttentionLaunch a = sequence_launch(batch, caches, int(blockIdx.z));
+  const SplitPartials parts = sequence_partials(batch_parts, batch, int(blockIdx.z));
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kvh = blockIdx.x, split = blockIdx.y;
   const DecodeSmem lay(D, group);
@@ -263,9 +289,12 @@ __global__ void decode_split_kernel(AttentionLaunch a, SplitPartials parts) {
 // splits' acc columns are all loaded at once, before the position says how many splits are used
 // (the rest are masked by selects, as a stale value may be anything): one memory latency instead
 // of three in a row.
-__global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch a,
-                                                                                  SplitPartials parts) {
+__global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch batch,
+                                                                                  DecodeCaches caches,
+                                                                                  SplitPartials batch_parts) {
   pdl_launch_dependents();
+  const AttentionLaunch a = sequence_launch(batch, caches, int(blockIdx.z));
+  const SplitPartials parts = sequence_partials(batch_parts, batch, int(blockIdx.z));
   __shared__ float weights[kMaxSplits];
   __shared__ float4 sums[kMergeLanes][kMergeColumns];
   const int D = a.head_dim, head = blockIdx.x, column = threadIdx.x % kMergeColumns, lane_group = threadIdx.x / kMergeColumns;
@@ -337,9 +366,16 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
 
 }  // namespace
 
-void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream) {
+int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits) {
+  return int64_t(a.heads) * max_splits * (a.head_dim + 2);
+}
+
+void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
+                             cudaStream_t stream) {
   check_attention_shape(a);
   G4_CHECK(max_splits <= kMaxSplits, "decode attention: at most 256 splits");
+  G4_CHECK(caches.sequences >= 1 && caches.sequences <= kMaxDecodeSequences,
+           "decode attention: 1 to " + std::to_string(kMaxDecodeSequences) + " sequences per launch");
   // Keys a query can see span at most the window (ring) or the capacity (flat cache).
   const int64_t span = a.window ? a.window : a.capacity;
   SplitPartials parts;
@@ -349,11 +385,13 @@ void launch_decode_attention(const AttentionLaunch& a, float* partials, int max_
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
   const int splits = int(ceil_div(span, parts.split_keys)), group = a.heads / a.kv_heads;
   const DecodeSmem lay(a.head_dim, group);
-  launch_kernel("decode_split_kernel", decode_split_kernel, dim3(unsigned(a.kv_heads), unsigned(splits)),
-                32 * std::max(group, kMinWarps), lay.total, stream, Pdl::kOn, a, parts);
+  const unsigned sequences = unsigned(caches.sequences);
+  launch_kernel("decode_split_kernel", decode_split_kernel,
+                dim3(unsigned(a.kv_heads), unsigned(splits), sequences), 32 * std::max(group, kMinWarps), lay.total,
+                stream, Pdl::kOn, a, caches, parts);
   launch_kernel("decode_merge_kernel", decode_merge_kernel,
-                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims)))),
-                kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, parts);
+                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))), sequences),
+                kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, caches, parts);
 }
 
 }  // namespace g4
