@@ -2,7 +2,7 @@
 # The batched-decode checks for the GPU machine (issues 15 and 16): builds, runs the sampler,
 # packed-weight and scheduler tests with G4_REQUIRE_GPU=1, times the sampler (bench_sampling),
 # batch-1 decode of the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16) and continuous batching
-# (q4_0). Logs in one archive, $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh
+# (q4_0 batch invariant and not, bf16 not). Logs in one archive, $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-gpu-batch}
 mkdir -p "$OUT"
@@ -21,8 +21,15 @@ for w in q4_0 q4_k_m q8_0 bf16; do
   timeout 90 ./build-gpu/g4 bench --synthetic 31b --weights $w --prompt_len 512 --gen 64 > "$OUT/bench_$w.json" 2>&1
   grep -E '"(decode_greedy_graph_tok_s|achieved_pct_of_copy|prefill_tok_s|gemv_[a-z_]+_tb_s)"' "$OUT/bench_$w.json" | tr -d '\n'; echo " [$w]"
 done
-timeout $((585 - (SECONDS - started))) ./build-gpu/g4 bench --synthetic 31b --weights q4_0 --concurrency 1,8,64 \
-  --prompt_len 128 --gen 32 > "$OUT/conc.json" 2>&1
-grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc.json" | tr -d '\n'; echo
+# Continuous batching, batch invariant (the default) and not (whole forwards through cuBLAS).
+for run in "q4_0 true 1,8,64" "q4_0 false 8,16,64" "bf16 false 16,64"; do
+  set -- $run
+  left=$((585 - (SECONDS - started)))
+  [ $left -gt 30 ] || { echo "no time left for concurrency $run"; continue; }
+  timeout $left ./build-gpu/g4 bench --synthetic 31b --weights $1 --batch_invariant $2 --concurrency $3 \
+    --prompt_len 128 --gen 32 > "$OUT/conc_$1_$2.json" 2>&1
+  grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc_$1_$2.json" | tr -d '\n'
+  echo " [$1 batch_invariant=$2]"
+done
 echo "done in $((SECONDS - started)) s"
 (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)
