@@ -79,7 +79,8 @@ TEST_P(CpuReference, ChunkedPrefillLeavesTheLastLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CpuReference,
-                         ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout"));
+                         ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout",
+                                           "real-head-dims"));
 
 // Backend::matmuls (the q/k/v projections of one input) equals one matmul per weight, and a
 // missing output is an error, not an out-of-range write.

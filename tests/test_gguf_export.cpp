@@ -33,7 +33,8 @@ namespace fs = std::filesystem;
 
 constexpr double kF32Tolerance = 1e-3;  // docs/DESIGN.md §6, float32 compute
 
-const std::vector<std::string> kFixtures = {"tiny-31b-style", "tiny-31b-style-bf16", "published-layout"};
+const std::vector<std::string> kFixtures = {"tiny-31b-style", "tiny-31b-style-bf16", "published-layout",
+                                           "real-head-dims"};
 
 std::string export_fixture(const std::string& fixture, std::optional<DType> weights, const std::string& tag,
                            bool sample = false) {
