@@ -152,7 +152,7 @@ void EngineWorker::run() {
       scheduler_->cancel(channel->id_);
       if (ranks_) published.cancelled.push_back(channel->id_);
       requests_.erase(it);
-      last_tokens.emplace_back(channel, SequenceEvent{channel->id_, DecodedToken{-1, StopReason::kCancelled}, {}});
+      last_tokens.emplace_back(channel, SequenceEvent{channel->id_, DecodedToken{-1, StopReason::kCancelled}, {}, {}});
       ++ended_now;
       ++cancelled_count_;
     }
