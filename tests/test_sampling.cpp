@@ -226,7 +226,8 @@ TEST(CpuBackendSample, ANanRowDrawsTheNanTokenAndTheOthersTheirs) {
   std::vector<int64_t> tokens(kRows);
   backend.download(device_tokens, tokens.data());
   EXPECT_EQ(tokens[1], kNanLogitsToken);
-  for (int64_t r : {0, 2}) EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * kVocab, kVocab, params[size_t(r)]));
+  for (int64_t r : {0, 2})
+    EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * kVocab, kVocab, params[size_t(r)])) << "row " << r;
 }
 
 TEST(CpuSampler, SameSeedSameTokenAndSeedsMatter) {

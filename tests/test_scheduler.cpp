@@ -219,7 +219,9 @@ void expect_a_nan_fails_only_its_sequence(const std::string& backend, bool graph
   EXPECT_EQ(pool.kept_sequences(), good.size()) << "a failed sequence keeps nothing";
 }
 
-TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequence) { expect_a_nan_fails_only_its_sequence("cpu", /*graphs=*/false); }
+TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequence) {
+  expect_a_nan_fails_only_its_sequence("cpu", /*graphs=*/false);
+}
 
 TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequenceOnCuda) {
   G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
