@@ -1,4 +1,5 @@
-// The host sampler (docs/DESIGN.md §4: validation and semantics): distributions, edge cases, the RNG, the CLI.
+// The host sampler (docs/DESIGN.md §4: validation and semantics): distributions, edge cases, NaN rows
+// (also through the CPU backend's sample), the RNG, the CLI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/philox.h"
 #include "sampling/sampler.h"
@@ -192,16 +194,40 @@ TEST(CpuSampler, SingleTokenVocabulary) {
   }
 }
 
-TEST(CpuSampler, NanLogitsFail) {
+// A row with a NaN logit draws kNanLogitsToken, so that its sequence fails alone; the host
+// sampler's caller API (Sampler::sample_host) throws the error users see.
+TEST(CpuSampler, NanLogitsDrawTheNanToken) {
   const std::vector<float> logits = {0.0f, kNan, 1.0f};
   for (float temperature : {0.0f, 1.0f}) {
-    try {
-      sample_row(logits.data(), 3, make_params(temperature));
-      FAIL() << "expected an error";
-    } catch (const Error& e) {
-      EXPECT_STREQ(e.what(), "model produced NaN logits");
-    }
+    EXPECT_EQ(sample_row(logits.data(), 3, make_params(temperature)), kNanLogitsToken);
+    EXPECT_EQ(test::error_of([&] { Sampler(make_params(temperature)).sample_host(logits.data(), 3, 0); }),
+              "model produced NaN logits");
   }
+}
+
+// Backend::sample on the CPU: a NaN in one row of a batch gives that row kNanLogitsToken and
+// throws nothing; the other rows draw their tokens.
+TEST(CpuBackendSample, ANanRowDrawsTheNanTokenAndTheOthersTheirs) {
+  constexpr int64_t kRows = 3, kVocab = 50;
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(size_t(kRows * kVocab));
+  for (float& z : logits) z = normal(rng);
+  logits[size_t(kVocab + 7)] = kNan;
+  std::vector<SamplingParams> params = {make_params(0.0f), make_params(0.0f), make_params(1.0f, 10, 0.9f)};
+  params[2].seed = 99;
+  CpuBackend backend(1);
+  const Tensor device_logits = backend.alloc(DType::F32, kRows, kVocab);
+  const Tensor device_params = backend.alloc(DType::I32, kRows, sizeof(SamplingParams) / 4);
+  const Tensor device_tokens = backend.alloc(DType::I64, kRows, 1);
+  backend.upload(logits.data(), device_logits);
+  backend.upload(params.data(), device_params);
+  backend.sample(device_logits, device_params, device_tokens);
+  std::vector<int64_t> tokens(kRows);
+  backend.download(device_tokens, tokens.data());
+  EXPECT_EQ(tokens[1], kNanLogitsToken);
+  for (int64_t r : {0, 2})
+    EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * kVocab, kVocab, params[size_t(r)])) << "row " << r;
 }
 
 TEST(CpuSampler, SameSeedSameTokenAndSeedsMatter) {

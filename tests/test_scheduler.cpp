@@ -3,8 +3,8 @@
 // sizes and arrival orders (CPU; on CUDA for decode batches) — every running sequence decodes in
 // one batched forward (batch_invariant = false: whole forwards past the backend's invariant rows),
 // the KV budget bounds admission, cancel frees memory at once, a finished sequence's caches serve
-// the next turn, 10 000 requests cancelled at every stage leave the pool empty, and bad requests
-// are clear errors.
+// the next turn, 10 000 requests cancelled at every stage leave the pool empty, a NaN in one
+// sequence's logits fails that sequence alone, and bad requests are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,6 +50,17 @@ std::vector<SchedulerRequest> requests() {
   return out;
 }
 
+// The request as one session generates it (with graph: through a decode graph).
+GenerationRequest generation_of(const SchedulerRequest& r, bool graph = false) {
+  GenerationRequest g;
+  g.prompt = r.prompt;
+  g.sampler = Sampler(r.sampling);
+  g.max_new_tokens = r.max_new_tokens;
+  g.stop_ids = r.stop_ids;
+  g.graph = graph;
+  return g;
+}
+
 // Each request alone in a session: the reference. With fresh_pool, every run starts from an empty
 // pool (no earlier sequence's prefix is reused).
 std::vector<std::vector<int32_t>> alone(Engine& engine, const std::vector<SchedulerRequest>& rs,
@@ -57,12 +68,7 @@ std::vector<std::vector<int32_t>> alone(Engine& engine, const std::vector<Schedu
   std::vector<std::vector<int32_t>> out;
   for (const SchedulerRequest& r : rs) {
     if (fresh_pool) engine.kv_pool().drop_kept();
-    GenerationRequest g;
-    g.prompt = r.prompt;
-    g.sampler = Sampler(r.sampling);
-    g.max_new_tokens = r.max_new_tokens;
-    g.stop_ids = r.stop_ids;
-    out.push_back(generate(*engine.create_session(), g).tokens);
+    out.push_back(generate(*engine.create_session(), generation_of(r)).tokens);
   }
   return out;
 }
@@ -208,6 +214,88 @@ TEST(Scheduler, DecodeRowsAndArrivingPromptsShareAForward) {
     for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
   EXPECT_EQ(got[a], want[0]);
   EXPECT_EQ(got[b], want[1]);
+}
+
+void expect_nan_failure(const SequenceEvent& e) {
+  EXPECT_EQ(e.drawn.stop, StopReason::kFailed);
+  EXPECT_EQ(e.drawn.token, -1);
+  EXPECT_EQ(e.error, "model produced NaN logits");
+  EXPECT_FALSE(e.logprobs) << "no log-probabilities from NaN logits";
+}
+
+// Issue 16: a NaN in one sequence's logits fails that sequence alone. The fault is real: one
+// token's embedding row is NaN (test::nan_embedding_demo_path), the token that the greedy "drawer"
+// draws first on the clean model, so that it fails at the decode that feeds it, and that the
+// "reader" holds in its prompt, so that it fails at its first draw. Alone, each fails with the
+// session's error (eagerly and, with `graphs`, through a decode graph); in a batch, with an error
+// event and no token, its KV memory back at once and nothing kept, while every other request,
+// greedy and sampled, one with log-probabilities, draws exactly its tokens alone.
+void expect_a_nan_fails_only_its_sequence(const std::string& backend, bool graphs) {
+  const std::vector<SchedulerRequest> all = requests();
+  const SchedulerRequest drawer = all[8];
+  ASSERT_TRUE(is_greedy(drawer.sampling));
+  SchedulerRequest first_token_only = drawer;
+  first_token_only.max_new_tokens = 1;
+  const int32_t poisoned = alone(*test::demo_engine_for(1, kMaxSeqLen, backend), {first_token_only})[0][0];
+  ASSERT_EQ(std::count(drawer.prompt.begin(), drawer.prompt.end(), poisoned), 0);
+  SchedulerRequest reader = all[3];
+  reader.prompt.insert(reader.prompt.begin() + 2, poisoned);
+  reader.top_logprobs = 3;
+  std::vector<SchedulerRequest> good = {all[0], all[1], all[2], all[4]};
+  good[1].top_logprobs = 3;
+
+  auto engine = test::demo_engine_for(int64_t(good.size()) + 2, kMaxSeqLen, backend,
+                                      test::nan_embedding_demo_path(poisoned));
+  const std::vector<bool> decode_graph = graphs ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  for (const SchedulerRequest& r : {drawer, reader})
+    for (bool graph : decode_graph)
+      EXPECT_EQ(test::error_of([&] { generate(*engine->create_session(), generation_of(r, graph)); }),
+                "model produced NaN logits")
+          << "alone, graph " << graph;
+  const std::vector<std::vector<int32_t>> want = alone(*engine, good, /*fresh_pool=*/true);
+
+  KvPool& pool = engine->kv_pool();
+  pool.drop_kept();
+  // Each prompt in one chunk, as alone (on CUDA prefill is not invariant to chunking, §7).
+  Scheduler scheduler(engine->runner(), SchedulerOptions{.prefill_tokens_per_step = 127});
+  const RequestId drawer_id = scheduler.add(drawer);
+  std::vector<RequestId> good_ids = {scheduler.add(good[0]), scheduler.add(good[1])};
+  const RequestId reader_id = scheduler.add(reader);
+  good_ids.push_back(scheduler.add(good[2]));
+  good_ids.push_back(scheduler.add(good[3]));
+  std::map<RequestId, std::vector<SequenceEvent>> events;
+  while (!scheduler.idle()) {
+    for (SequenceEvent& e : scheduler.step()) events[e.id].push_back(std::move(e));
+    EXPECT_EQ(pool.bytes_in_use(), scheduler.running() * pool.sequence_bytes(kMaxSeqLen))
+        << "only running sequences hold KV memory";
+  }
+
+  ASSERT_EQ(events[reader_id].size(), 1u);
+  expect_nan_failure(events[reader_id][0]);
+  ASSERT_EQ(events[drawer_id].size(), 2u);
+  EXPECT_EQ(events[drawer_id][0].drawn.token, poisoned);
+  EXPECT_EQ(events[drawer_id][0].error, "");
+  expect_nan_failure(events[drawer_id][1]);
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::vector<int32_t> tokens;
+    for (const SequenceEvent& e : events[good_ids[i]]) {
+      EXPECT_EQ(e.error, "") << "request " << i;
+      EXPECT_EQ(e.logprobs.has_value(), good[i].top_logprobs >= 0) << "request " << i;
+      tokens.push_back(e.drawn.token);
+    }
+    EXPECT_EQ(tokens, want[i]) << "request " << i;
+  }
+  EXPECT_EQ(pool.bytes_in_use(), 0u);
+  EXPECT_EQ(pool.kept_sequences(), good.size()) << "a failed sequence keeps nothing";
+}
+
+TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequence) {
+  expect_a_nan_fails_only_its_sequence("cpu", /*graphs=*/false);
+}
+
+TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequenceOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  expect_a_nan_fails_only_its_sequence("cuda", /*graphs=*/true);
 }
 
 TEST(Scheduler, TheKvBudgetBoundsAdmissionAndCancelFreesMemory) {

@@ -4,7 +4,8 @@
 // API key, a 400 naming the field for each kind of bad input, 404/413/429, tool messages rendered
 // as the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics,
 // stop() and SIGTERM on the binary; the binary at --tp 2 answering as --tp 1, freeing every rank's
-// session when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9). ReplyText's hold-back rules (whole UTF-8 characters, partial
+// session when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9); a request
+// with NaN logits failing alone (500, or an error event when streamed). ReplyText's hold-back rules (whole UTF-8 characters, partial
 // stop strings) are tested on byte tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -53,6 +54,21 @@ const json kTools = json::array({{{"type", "function"},
 
 EngineOptions demo_options() { return test::demo_serve_options(kContext); }
 
+// The data: payloads of an SSE body, in order ("[DONE]" included).
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at < body.size();) {
+    const size_t end = body.find("\n\n", at);
+    EXPECT_NE(end, std::string::npos) << "an event without its blank line";
+    if (end == std::string::npos) break;
+    const std::string event = body.substr(at, end - at);
+    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+    out.push_back(event.substr(6));
+    at = end + 2;
+  }
+  return out;
+}
+
 // One server for the whole suite (loading is the slow part).
 class Serve : public ::testing::Test {
  protected:
@@ -81,23 +97,13 @@ class Serve : public ::testing::Test {
     EXPECT_EQ(r->status, expected_status) << r->body;
     return json::parse(r->body);
   }
-  // The data: payloads of an SSE body, in order ("[DONE]" included).
+  // The data: payloads of a streamed answer, in order ("[DONE]" included).
   static std::vector<std::string> events(const std::string& path, const json& body) {
     httplib::Result r = client().Post(path, body.dump(), "application/json");
     EXPECT_TRUE(r && r->status == 200);
-    std::vector<std::string> out;
-    if (!r) return out;
+    if (!r) return {};
     EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
-    for (size_t at = 0; at < r->body.size();) {
-      const size_t end = r->body.find("\n\n", at);
-      EXPECT_NE(end, std::string::npos) << "an event without its blank line";
-      if (end == std::string::npos) break;
-      const std::string event = r->body.substr(at, end - at);
-      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
-      out.push_back(event.substr(6));
-      at = end + 2;
-    }
-    return out;
+    return sse_payloads(r->body);
   }
   static json chat(const std::string& prompt, int64_t max_tokens) {
     return {{"model", "g4-demo"},
@@ -696,6 +702,59 @@ TEST(ServeSplit, AFailingRankFailsTheRequestAndStopsRankZero) {
   EXPECT_EQ(request_failure, "the engine failed: tensor parallel: rank 1 failed: simulated failure on rank 1");
   EXPECT_EQ(worker_failure, "tensor parallel: rank 1 failed: simulated failure on rank 1");
   EXPECT_EQ(hooked, "simulated failure on rank 1");
+}
+
+// Issue 16: a request whose logits hold a NaN fails alone — whole, HTTP 500 with the OpenAI error
+// body; streamed (the headers are out), an error event, then [DONE] — while a request running
+// beside it answers as it does alone. The fault is real: the request's prompt holds a token whose
+// embedding row is NaN (test::nan_embedding_demo_path).
+TEST(ServeNan, ANanRequestFailsAloneWholeAndStreamed) {
+  constexpr int32_t kPoisoned = 4095;
+  test::RunningServer running(kContext, {.max_sessions = 2, .max_waiting = 2}, serve::ServerOptions{},
+                              test::nan_embedding_demo_path(kPoisoned));
+  const json poisoned = {{"prompt", "Overfiend>"}, {"max_tokens", 8}, {"temperature", 0}};
+  const std::vector<int32_t> ids = encode_prompt(running.tokenizer(), "Overfiend>", /*raw_prompt=*/true, 2);
+  ASSERT_NE(std::find(ids.begin(), ids.end(), kPoisoned), ids.end()) << "the prompt holds the poisoned token";
+  const json good = {{"prompt", "Once upon a time"}, {"max_tokens", 48}, {"temperature", 0.8}, {"seed", 5}};
+  httplib::Client c("127.0.0.1", running.port());
+  c.set_read_timeout(60, 0);
+  auto post = [&](const json& body) { return c.Post("/v1/completions", body.dump(), "application/json"); };
+  const httplib::Result alone = post(good);
+  ASSERT_TRUE(alone && alone->status == 200);
+  const json nan_error = {{"error",
+                           {{"message", "model produced NaN logits"},
+                            {"type", "server_error"},
+                            {"param", nullptr},
+                            {"code", nullptr}}}};
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    json beside;
+    std::thread good_request([&] {
+      httplib::Client other("127.0.0.1", running.port());
+      other.set_read_timeout(60, 0);
+      const httplib::Result r = other.Post("/v1/completions", good.dump(), "application/json");
+      beside = r && r->status == 200 ? json::parse(r->body) : json();
+    });
+    json body = poisoned;
+    body["stream"] = stream;
+    const httplib::Result failed = post(body);
+    good_request.join();
+    EXPECT_EQ(beside["choices"], json::parse(alone->body)["choices"]) << "the request beside it answers as alone";
+    ASSERT_TRUE(failed);
+    if (!stream) {
+      EXPECT_EQ(failed->status, 500);
+      EXPECT_EQ(json::parse(failed->body), nan_error);
+      continue;
+    }
+    EXPECT_EQ(failed->status, 200) << "the headers went out before the failure";
+    const std::vector<std::string> events = sse_payloads(failed->body);
+    ASSERT_EQ(events.size(), 2u) << failed->body;
+    EXPECT_EQ(json::parse(events[0]), nan_error);
+    EXPECT_EQ(events[1], "[DONE]");
+  }
+  const serve::EngineGauges gauges = running.worker().gauges();
+  EXPECT_EQ(gauges.running, 0u);
+  EXPECT_EQ(gauges.kv_bytes_in_use, 0u) << "the failed requests' KV memory came back";
 }
 
 // ---- ReplyText, on byte-fallback tokens (one byte each) ----

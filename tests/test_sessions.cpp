@@ -1,11 +1,14 @@
 // Many sessions on one engine (docs/DESIGN.md §7): sessions never share state, the KV pool keeps
 // its byte budget and gives memory back, a conversation's next turn prefills only its new tokens
 // (and a partial prefix is reused only when every sliding layer still holds the window before
-// it), generation ends for the documented reasons, cancel works, bad input is a clear error.
+// it), generation ends for the documented reasons, cancel works, NaN logits fail the call with the
+// error users know, bad input is a clear error.
 // On the demo model (CPU always; the no-bleed check also on CUDA when a GPU is present).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -225,6 +228,28 @@ TEST(Sessions, CancelStopsBeforeTheNextToken) {
   session->start(prompt_of(9, 10));
   session->begin_generation(Sampler(sampled(3)), {2, {}});
   EXPECT_EQ(session->next().stop, StopReason::kNone);
+}
+
+// A NaN in a single sequence's logits fails the call with the error users have always seen, through
+// every single-sequence path (Session::next, generate, Engine::forward); the scheduler instead
+// fails that sequence alone (tests/test_scheduler.cpp). The fault is real: the embedding row of a
+// token in the prompt is NaN.
+TEST(Sessions, NanLogitsFailTheCallWithTheSameMessage) {
+  constexpr int32_t kPoisoned = 4095;
+  auto engine = test::demo_engine_for(2, kMaxSeqLen, "cpu", test::nan_embedding_demo_path(kPoisoned));
+  std::vector<int32_t> prompt = prompt_of(3, 10);
+  ASSERT_EQ(std::count(prompt.begin(), prompt.end(), kPoisoned), 0);
+  EXPECT_EQ(alone(*engine, request(prompt, 1, 4)).size(), 4u) << "a prompt without the token runs";
+  prompt.insert(prompt.begin() + 4, kPoisoned);
+  const std::string nan_error = "model produced NaN logits";
+  auto session = engine->create_session();
+  session->start(prompt);
+  session->begin_generation(Sampler(sampled(1)), {4, {}});
+  EXPECT_EQ(test::error_of([&] { session->next(); }), nan_error);
+  EXPECT_EQ(test::error_of([&] { alone(*engine, request(prompt, 1, 4)); }), nan_error);
+  std::vector<int32_t> positions(prompt.size());
+  std::iota(positions.begin(), positions.end(), 0);
+  EXPECT_EQ(test::error_of([&] { engine->forward(*session, prompt, positions, Sampler(sampled(1))); }), nan_error);
 }
 
 TEST(Sessions, BadInputIsAClearError) {

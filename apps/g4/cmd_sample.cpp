@@ -85,7 +85,8 @@ std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const Sample
     const Tensor batch_params = device_params.rows_view(0, rows), batch_tokens = device_tokens.rows_view(0, rows);
     backend->upload(row_params.data(), batch_params);
     backend->sample(device_logits, batch_params, batch_tokens);
-    backend->download(batch_tokens, tokens.data() + done);  // also fails on NaN logits
+    backend->download(batch_tokens, tokens.data() + done);
+    checked_token(tokens[size_t(done)]);  // every row draws from the same logits: NaN in all or none
   }
   return tokens;
 }

@@ -122,7 +122,8 @@ class Backend {
   virtual void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) = 0;
   // Samples I64 tokens [B, 1], row r from row r of F32 logits [B, V] (or from the one row of
   // logits [1, V], shared by every row) with params[r] of per-row params [B] (backend memory).
-  // Each row's seed is read from params (see sampling_params.h).
+  // Each row's seed is read from params (see sampling_params.h). A row whose logits hold a NaN
+  // draws kNanLogitsToken and the others draw as usual: sampling never fails for a row's logits.
   virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
   virtual void synchronize() = 0;
   // The queue this backend's ops run on, for a communicator that enqueues collectives among them
@@ -144,7 +145,8 @@ class Backend {
   virtual void begin_capture() = 0;
   virtual void end_capture() = 0;
   virtual void replay() = 0;
-  // The step advance that ends a captured step: ids[0] = int32(token[0]); positions[0] += 1.
+  // The step advance that ends a captured step: ids[0] = int32(token[0]); positions[0] += 1. After
+  // a kNanLogitsToken the ids are no token: the caller must not replay again (DecodeGraph::next).
   virtual void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) = 0;
 };
 

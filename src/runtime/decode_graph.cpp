@@ -57,8 +57,11 @@ int64_t DecodeGraph::next() {
   be.replay();
   int64_t token = 0;
   be.download(s.decode_step_tensors().token, &token);
-  s.note_fed(input_);
-  input_ = int32_t(token);
+  // The replay made kNanLogitsToken the next input id: only a new start() may replay again.
+  if (token == kNanLogitsToken) started_ = false;
+  const int32_t fed = input_;
+  input_ = int32_t(checked_token(token));
+  s.note_fed(fed);
   return token;
 }
 

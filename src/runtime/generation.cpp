@@ -14,6 +14,7 @@ const char* stop_reason_name(StopReason reason) {
     case StopReason::kMaxTokens: return "max tokens";
     case StopReason::kContextFull: return "context full";
     case StopReason::kCancelled: return "cancelled";
+    case StopReason::kFailed: return "failed";
   }
   return "?";
 }

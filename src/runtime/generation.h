@@ -20,10 +20,11 @@ enum class StopReason {
   kMaxTokens,    // the token drawn is the max_new_tokens-th
   kContextFull,  // the token drawn cannot be fed: the sequence holds max_seq_len positions
   kCancelled,    // cancelled before this draw (no token)
+  kFailed,       // the draw failed for this sequence alone (no token; SequenceEvent::error says why)
 };
 const char* stop_reason_name(StopReason reason);
 
-// A drawn token and whether the generation ends with it. token is -1 when cancelled; a stop
+// A drawn token and whether the generation ends with it. token is -1 when cancelled or failed; a stop
 // token is reported (so the caller knows which) but is not part of the output.
 struct DecodedToken {
   int32_t token = -1;

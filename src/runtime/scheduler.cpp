@@ -93,10 +93,14 @@ void Scheduler::draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>
   const std::vector<int32_t> tokens = runner_.sample(logits, params);
   for (size_t i = 0; i < rows.size(); ++i) {
     Sequence& s = *rows[i];
+    if (tokens[i] == kNanLogitsToken) {
+      events.push_back(fail(s, kNanLogitsError));
+      continue;
+    }
     const StopReason stop = s.generation.record(tokens[i], s.kv.position(), s.kv.max_seq_len());
     s.ended = stop != StopReason::kNone;
     s.pending = s.ended ? -1 : tokens[i];
-    SequenceEvent event{s.id, DecodedToken{tokens[i], stop}, std::nullopt};
+    SequenceEvent event{s.id, DecodedToken{tokens[i], stop}, std::nullopt, {}};
     if (s.top_logprobs >= 0) {
       const std::span<const float> row(host_logits.data() + i * size_t(logits.cols), size_t(logits.cols));
       event.logprobs = token_logprobs(row, tokens[i], s.top_logprobs);
@@ -105,7 +109,15 @@ void Scheduler::draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>
   }
 }
 
-// Sequences that ended leave; their caches stay in the pool, keyed by their tokens.
+SequenceEvent Scheduler::fail(Sequence& s, const std::string& error) {
+  s.ended = true;
+  s.pending = -1;
+  s.kv.forget();  // nothing kept: the memory is freed when the sequence leaves
+  return SequenceEvent{s.id, DecodedToken{-1, StopReason::kFailed}, std::nullopt, error};
+}
+
+// Sequences that ended leave; their caches stay in the pool, keyed by their tokens (a failed one's
+// are freed: it has no tokens).
 void Scheduler::drop_ended() {
   running_.remove_if([](const Sequence& s) { return s.ended; });
 }

@@ -13,6 +13,7 @@
 #include <deque>
 #include <list>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/generation.h"
@@ -36,11 +37,13 @@ struct SchedulerRequest {
 using RequestId = uint64_t;
 
 // One token drawn for one request; drawn.last() says the request ended with it (and left the
-// scheduler; its caches are kept for prefix reuse).
+// scheduler; its caches are kept for prefix reuse). A request that failed ends with no token
+// (StopReason::kFailed) and the reason in `error`; it keeps no caches.
 struct SequenceEvent {
   RequestId id = 0;
   DecodedToken drawn;
   std::optional<TokenLogprobs> logprobs;  // when the request asked for them
+  std::string error;                      // why the request failed; empty when it did not
 };
 
 struct SchedulerOptions {
@@ -70,7 +73,9 @@ class Scheduler {
   // Ends a request now, waiting or running, and frees its KV memory at once. False if unknown
   // (or already ended).
   bool cancel(RequestId id);
-  // One engine step; the tokens drawn in it, decode rows first, in arrival order.
+  // One engine step; the tokens drawn in it, decode rows first, in arrival order. A sequence whose
+  // logits hold a NaN fails alone (its event's error is kNanLogitsError, its KV memory is freed)
+  // while the others go on.
   std::vector<SequenceEvent> step();
 
   bool idle() const { return waiting_.empty() && running_.empty(); }
@@ -102,6 +107,8 @@ class Scheduler {
   void run_forward(std::span<const Work> work, std::vector<SequenceEvent>& events);
   // Draws the token of each row of `rows`, from the logits the last forward left in the workspace.
   void draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events);
+  // Ends `s` with `error`, keeping nothing of its caches (as cancel does).
+  static SequenceEvent fail(Sequence& s, const std::string& error);
   // The logits rows of the rows that asked for log-probabilities, read back from the backend
   // (empty when none asked).
   std::vector<float> logprob_rows(std::span<Sequence* const> rows, const Tensor& logits);

@@ -132,7 +132,7 @@ int64_t Session::sample(const Sampler& sampler, int64_t j) {
   be.sample(logits_, step_.params, step_.token);
   int64_t token = 0;
   be.download(step_.token, &token);
-  return token;
+  return checked_token(token);
 }
 
 void Session::enqueue_decode_step() {
@@ -166,8 +166,9 @@ int32_t Session::feed_and_draw(int32_t token, int64_t j) {
   enqueue_decode_step();
   int64_t drawn = 0;
   be.download(step_.token, &drawn);
+  const int32_t next = int32_t(checked_token(drawn));
   note_fed(token);
-  return int32_t(drawn);
+  return next;
 }
 
 DecodedToken Session::next() {

@@ -74,9 +74,10 @@ const std::vector<uint64_t>& top_k_ranks(const float* logits, int64_t vocab, int
 struct RowMax {
   uint32_t key;
   uint32_t id;
+  bool has_nan;  // then key and id mean nothing
 };
 
-// The largest logit key and its lowest id; throws on NaN. The first loop vectorises.
+// The largest logit key and its lowest id, or that a logit is NaN. The first loop vectorises.
 RowMax find_max(const float* logits, int64_t vocab) {
   uint32_t max_key = 0;
   uint32_t has_nan = 0;
@@ -84,10 +85,10 @@ RowMax find_max(const float* logits, int64_t vocab) {
     has_nan |= uint32_t(logits[i] != logits[i]);
     max_key = std::max(max_key, logit_key(logits[i]));
   }
-  G4_CHECK(!has_nan, "model produced NaN logits");
+  if (has_nan) return {0, 0, true};
   int64_t id = 0;
   while (logit_key(logits[id]) != max_key) ++id;
-  return {max_key, uint32_t(id)};
+  return {max_key, uint32_t(id), false};
 }
 
 }  // namespace
@@ -95,6 +96,7 @@ RowMax find_max(const float* logits, int64_t vocab) {
 int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& params) {
   G4_CHECK(vocab >= 1 && vocab <= kMaxVocab, "sampler: vocab size " + std::to_string(vocab) + " out of range");
   const RowMax max = find_max(logits, vocab);
+  if (max.has_nan) return kNanLogitsToken;
   if (is_greedy(params)) return max.id;
 
   // The tokens that can still be drawn (the top-k set, weight > 0) in id order, with their weights.

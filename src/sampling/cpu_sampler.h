@@ -8,8 +8,8 @@
 namespace g4 {
 
 // Samples one token from `vocab` float32 logits (already soft-capped) with `params` (validated by
-// the caller; params.seed is this token's seed). Throws g4::Error "model produced NaN logits" when
-// a logit is NaN. Greedy (temperature <= 0) returns the argmax, lowest id on ties.
+// the caller; params.seed is this token's seed). Returns kNanLogitsToken when a logit is NaN.
+// Greedy (temperature <= 0) returns the argmax, lowest id on ties.
 int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& params);
 
 }  // namespace g4

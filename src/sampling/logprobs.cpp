@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "sampling/sampling_params.h"
 #include "util/error.h"
 
 namespace g4 {
@@ -15,7 +16,7 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int t
            "token_logprobs: token " + std::to_string(token) + " outside the vocabulary of " + std::to_string(logits.size()));
   float max = logits[0];
   for (float z : logits) {
-    G4_CHECK(!std::isnan(z), "model produced NaN logits");
+    G4_CHECK(!std::isnan(z), kNanLogitsError);
     max = std::max(max, z);
   }
   double sum = 0.0;

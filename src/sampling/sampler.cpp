@@ -44,7 +44,12 @@ SamplingParams Sampler::for_token(int64_t j) const {
 Sampler Sampler::starting_at(int64_t j) const { return Sampler(for_token(j), Validated{}); }
 
 int64_t Sampler::sample_host(const float* logits, int64_t vocab, int64_t j) const {
-  return sample_row(logits, vocab, for_token(j));
+  return checked_token(sample_row(logits, vocab, for_token(j)));
+}
+
+int64_t checked_token(int64_t token) {
+  G4_CHECK(token != kNanLogitsToken, kNanLogitsError);
+  return token;
 }
 
 }  // namespace g4

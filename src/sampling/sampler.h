@@ -18,7 +18,7 @@ class Sampler {
   bool greedy() const { return is_greedy(params_); }
   // The parameters that draw token j of the generation: seed + j (uint64 wrap).
   SamplingParams for_token(int64_t j) const;
-  // Token j drawn on the host from `vocab` float32 logits (throws on NaN logits).
+  // Token j drawn on the host from `vocab` float32 logits (throws kNanLogitsError on NaN logits).
   int64_t sample_host(const float* logits, int64_t vocab, int64_t j) const;
   // The same parameters with token j as token 0: a generation that continues this one's seed
   // schedule (a conversation's next reply).
@@ -29,5 +29,9 @@ class Sampler {
   Sampler(const SamplingParams& params, Validated) : params_(params) {}
   SamplingParams params_;
 };
+
+// A token one sequence drew: `token`, or g4::Error(kNanLogitsError) for kNanLogitsToken. Where one
+// sequence is all there is (a session, a decode graph), its NaN row fails the call.
+int64_t checked_token(int64_t token);
 
 }  // namespace g4

@@ -18,4 +18,10 @@ struct SamplingParams {
 
 G4_HOST_DEVICE bool is_greedy(const SamplingParams& p) { return p.temperature <= 0.0f; }
 
+// What a row whose logits hold a NaN draws, on every backend (docs/DESIGN.md §4): no token, so that
+// one faulty sequence fails alone while the other rows of its batch go on.
+inline constexpr int64_t kNanLogitsToken = -1;
+// The error such a row becomes for its sequence.
+inline constexpr const char* kNanLogitsError = "model produced NaN logits";
+
 }  // namespace g4

@@ -21,8 +21,15 @@ std::string embedded_demo_path();
 // fortune demo was embedded; exported once per test process into its temp_dir.
 const std::string& fortune_demo_path();
 
+// A copy of the fortune demo in which the embedding row of `token` is NaN: a real fault, so that a
+// sequence that reads the token gets NaN logits (issue 16: it fails alone). The demo ties its LM
+// head to the embedding; the copy stores the clean embedding as its own LM head (output.weight), so
+// the token's logit, which every sequence computes, stays finite. Written to a fresh temp_dir.
+std::string nan_embedding_demo_path(int32_t token);
+
 // The fortune demo on an engine whose KV budget holds `sequences` sequences of max_seq_len
 // positions: the engine of the session and scheduler tests.
-std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, const std::string& backend = "cpu");
+std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, const std::string& backend = "cpu",
+                                        const std::string& model_path = fortune_demo_path());
 
 }  // namespace g4::test

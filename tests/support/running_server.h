@@ -1,5 +1,5 @@
-// A g4 serve server over the demo model, running in-process on a free loopback port (the serve
-// tests; header-only because only they link the g4_serve library).
+// A g4 serve server over the demo model (or another), running in-process on a free loopback port
+// (the serve tests; header-only because only they link the g4_serve library).
 #pragma once
 #include <httplib.h>
 #include <signal.h>
@@ -16,13 +16,14 @@
 #include "runtime/engine.h"
 #include "serve/engine_worker.h"
 #include "serve/server.h"
+#include "support/demo_engine.h"
 #include "tokenizer/tokenizer.h"
 
 namespace g4::test {
 
-inline EngineOptions demo_serve_options(int64_t max_seq_len) {
+inline EngineOptions demo_serve_options(int64_t max_seq_len, const std::string& model_path = embedded_demo_path()) {
   EngineOptions o;
-  o.model_path = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  o.model_path = model_path;
   o.max_seq_len = max_seq_len;
   return o;
 }
@@ -30,10 +31,13 @@ inline EngineOptions demo_serve_options(int64_t max_seq_len) {
 class RunningServer {
  public:
   // options.stop_ids etc. as given; the tokenizer is the model's own.
-  RunningServer(int64_t max_seq_len, serve::WorkerOptions worker_options, serve::ServerOptions options) {
-    worker_ = std::make_unique<serve::EngineWorker>(demo_serve_options(max_seq_len), worker_options, [&](Engine& engine) {
+  RunningServer(int64_t max_seq_len, serve::WorkerOptions worker_options, serve::ServerOptions options,
+                const std::string& model_path = embedded_demo_path()) {
+    auto take_tokenizer = [&](Engine& engine) {
       tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_json(*engine.tokenizer_json()));
-    });
+    };
+    worker_ = std::make_unique<serve::EngineWorker>(demo_serve_options(max_seq_len, model_path), worker_options,
+                                                    take_tokenizer);
     server_ = std::make_unique<serve::Server>(*worker_, *tokenizer_, options);
     port_ = server_->bind("127.0.0.1", 0);
     thread_ = std::thread([this] { server_->listen(); });

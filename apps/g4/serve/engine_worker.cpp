@@ -153,7 +153,7 @@ void EngineWorker::run() {
       scheduler_->cancel(channel->id_);
       if (ranks_) published.cancelled.push_back(channel->id_);
       requests_.erase(it);
-      last_tokens.emplace_back(channel, SequenceEvent{channel->id_, DecodedToken{-1, StopReason::kCancelled}, {}});
+      last_tokens.emplace_back(channel, SequenceEvent{channel->id_, DecodedToken{-1, StopReason::kCancelled}, {}, {}});
       ++ended_now;
       ++cancelled_count_;
     }
@@ -180,7 +180,7 @@ void EngineWorker::run() {
     }
     update_gauges();
     ended(ended_now);
-    for (auto& [channel, token] : last_tokens) channel->push(std::move(token));
+    for (auto& [channel, token] : last_tokens) finish(*channel, std::move(token));
     lock.lock();
   }
   lock.unlock();
@@ -188,6 +188,16 @@ void EngineWorker::run() {
   fail_all("the server is stopping");
   for (auto& [request, channel] : submitted_) channel->fail("the server is stopping");
   if (ranks_ && failure().empty()) publish({{}, {}, /*stop=*/true});
+}
+
+// A request that failed alone (SequenceEvent::error, e.g. NaN logits) fails with that message: the
+// handler answers HTTP 500 (docs/DESIGN.md §8).
+void EngineWorker::finish(RequestChannel& channel, SequenceEvent last) {
+  if (last.error.empty()) {
+    channel.push(std::move(last));
+  } else {
+    channel.fail(std::move(last.error));
+  }
 }
 
 void EngineWorker::publish(SchedulerInputs inputs) { ranks_->inputs.publish(std::move(inputs)); }

@@ -24,7 +24,7 @@
 namespace g4::serve {
 
 // One request's side of the engine thread: first admitted or refused, then its tokens, the last
-// of which says why it ended (or a failure message when the engine itself failed).
+// of which says why it ended (or a failure message when the request or the engine failed).
 class RequestChannel {
  public:
   // ---- the handler's side ----
@@ -103,6 +103,8 @@ class EngineWorker {
   void start_submitted(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted);
   void fail_all(const std::string& why);
   void ended(size_t requests);  // that many requests left the engine: room for others
+  // Hands a request's last event to its channel: its last token, or its failure.
+  static void finish(RequestChannel& channel, SequenceEvent last);
   void update_gauges();
 
   std::unique_ptr<Engine> owned_;  // unsplit: the worker's own engine

@@ -122,10 +122,6 @@ class CudaBackend final : public Backend {
   void download(const Tensor& src, void* host) override {
     G4_CUDA(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
     G4_CUDA(cudaStreamSynchronize(stream_));
-    if (sampled_since_check_) {  // a NaN seen by the sampler fails the step that reads its token
-      sampled_since_check_ = false;
-      sampler_->check_status(stream_);
-    }
   }
 
   // Streamed through a device staging buffer in chunks of rows, widened (launch_convert_weight) or
@@ -384,7 +380,6 @@ class CudaBackend final : public Backend {
     batch.tokens = ptr<int64_t>(tokens);
     batch.advance_seed = capturing_;
     sampler_->sample(batch, stream_);
-    sampled_since_check_ = true;
   }
 
   void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
@@ -414,7 +409,6 @@ class CudaBackend final : public Backend {
   void replay() override {
     G4_CHECK(graph_exec_, "replay: no captured graph");
     G4_CUDA(cudaGraphLaunch(graph_exec_, stream_));
-    sampled_since_check_ = sampler_ != nullptr;
   }
 
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override {
@@ -555,7 +549,7 @@ class CudaBackend final : public Backend {
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
-  bool sampled_since_check_ = false, capturing_ = false;
+  bool capturing_ = false;
   cudaGraphExec_t graph_exec_ = nullptr;
 };
 

@@ -10,7 +10,7 @@
 //
 // The cluster kernel, per row (sampling_math.h defines every number):
 //  1. load + row statistics: largest rank (argmax, lowest id), smallest key, NaN flag;
-//  2. greedy rows stop at the argmax; NaN rows stop with token 0 and the status bit;
+//  2. greedy rows stop at the argmax; NaN rows stop with kNanLogitsToken;
 //  3. candidates (sample_from_candidates): one histogram pass over distance bins (how far below
 //     the max a token's weight exponent lies) finds the bin that holds the k-th token (top_k) or,
 //     without a top-k cut, the top-p crossing; the tokens up to that bin, usually a few dozen,
@@ -606,7 +606,6 @@ struct ClusterTask {
   int slice;
   SamplingParams* params;
   int64_t* tokens;
-  int* status;
   bool advance_seed;
 };
 
@@ -655,10 +654,9 @@ __device__ __noinline__ void sample_row_in_cluster(const ClusterTask& task, int6
   for (int b = 0; b < kClusterBlocks; ++b) inverted_min_key = max(inverted_min_key, shared.gathered[b]);
 
   const bool has_nan = (inverted_min_key >> 32) != 0;
-  uint32_t token;
+  int64_t token;
   if (has_nan) {
-    token = 0;
-    if (block == 0 && threadIdx.x == 0) atomicOr(task.status, kSampleStatusNanLogits);
+    token = kNanLogitsToken;
   } else if (is_greedy(p)) {
     token = rank_id(best_rank);
   } else {
@@ -1047,14 +1045,13 @@ __device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p
 struct RowOutput {
   SamplingParams* params;
   int64_t* tokens;
-  int* status;
   bool advance_seed;
 };
 
 __device__ void finish_row(const SegmentRow& row, const SamplingParams& p, int row_index, const RowOutput& out,
                            const SegmentWorkspace& ws, SegmentShared& shared, uint64_t* words) {
-  uint32_t token = kUnproven;
-  if (row.kind == RowKind::kNan) token = 0;
+  int64_t token = kUnproven;
+  if (row.kind == RowKind::kNan) token = kNanLogitsToken;
   if (row.kind == RowKind::kGreedy) token = row.argmax;
   if (row.kind == RowKind::kCandidates) {
     token = sample_listed(row, p, ws.rows[row_index], ws.candidates + int64_t(row_index) * kRowCandidates, shared,
@@ -1065,7 +1062,6 @@ __device__ void finish_row(const SegmentRow& row, const SamplingParams& p, int r
     ws.fallback_rows[atomicAdd(ws.fallback_count, 1)] = row_index;
     return;
   }
-  if (row.kind == RowKind::kNan) atomicOr(out.status, kSampleStatusNanLogits);
   out.tokens[row_index] = token;
   if (out.advance_seed) out.params[row_index].seed = p.seed + 1;
 }
@@ -1117,8 +1113,6 @@ CudaSampler::CudaSampler(int64_t max_vocab) : max_vocab_(max_vocab) {
   G4_CHECK(needed + attributes.sharedSizeBytes <= size_t(optin_bytes),
            "CUDA sampler: a row of " + std::to_string(max_vocab) + " logits does not fit in one cluster's shared memory");
   // launch_kernel raises the kernel's shared memory limit when a launch needs it.
-  status_ = DeviceBuffer(sizeof(int));
-  G4_CUDA(cudaMemset(status_.data(), 0, sizeof(int)));
   // The segment path's workspace, reused by every call (segment_extremes_kernel clears what it must).
   extremes_ = DeviceBuffer(size_t(kChunkRows * max_segments(max_vocab)) * sizeof(SegmentExtremes));
   row_scratch_ = DeviceBuffer(size_t(kChunkRows) * sizeof(RowScratch));
@@ -1150,13 +1144,13 @@ void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream
   const dim3 grid(unsigned(segments), unsigned(batch.rows));
   launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff,
                 SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, false}, ws);
-  const RowOutput out{batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
+  const RowOutput out{batch.params, batch.tokens, batch.advance_seed};
   // PDL on streams g4 creates; the legacy default stream (nullptr) keeps plain stream order.
   const Pdl pdl = stream != nullptr ? Pdl::kOn : Pdl::kOff;
   launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,
                 pdl, SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, true}, out, ws);
   const ClusterTask cluster_task{batch.logits, batch.logits_row_stride, batch.vocab, int(slice_length(batch.vocab)),
-                                 batch.params, batch.tokens, status_.as<int>(), batch.advance_seed};
+                                 batch.params, batch.tokens, batch.advance_seed};
   const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
   launch_kernel("sample_rows_kernel", sample_rows_kernel, clusters, kThreads, dynamic_shared_bytes(batch.vocab), stream,
                 pdl, cluster_task, ws.fallback_rows, ws.fallback_count);
@@ -1167,17 +1161,6 @@ int64_t CudaSampler::cluster_kernel_rows(CUstream_st* stream) const {
   G4_CUDA(cudaMemcpyAsync(&count, fallback_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   G4_CUDA(cudaStreamSynchronize(stream));
   return count;
-}
-
-void CudaSampler::check_status(CUstream_st* stream) {
-  int status = 0;
-  G4_CUDA(cudaMemcpyAsync(&status, status_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream));
-  G4_CUDA(cudaStreamSynchronize(stream));
-  if (status != 0) {
-    G4_CUDA(cudaMemsetAsync(status_.data(), 0, sizeof(int), stream));
-    G4_CUDA(cudaStreamSynchronize(stream));
-  }
-  G4_CHECK((status & kSampleStatusNanLogits) == 0, "model produced NaN logits");
 }
 
 }  // namespace g4

@@ -17,39 +17,30 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace g4 {
 
-// Bits of the device status word.
-inline constexpr int kSampleStatusNanLogits = 1;
-
 struct CudaSampleBatch {
   const float* logits = nullptr;    // device, F32 rows of `vocab` logits (already soft-capped)
   int64_t logits_row_stride = 0;    // elements between rows; 0 = every row samples the same logits
   int64_t rows = 0;                 // batch size, 1..65535
   int64_t vocab = 0;
   SamplingParams* params = nullptr; // device, [rows]; params[r].seed is row r's seed for this draw
-  int64_t* tokens = nullptr;        // device, [rows] sampled ids (0 for a row with NaN logits)
+  int64_t* tokens = nullptr;        // device, [rows] sampled ids (kNanLogitsToken: NaN logits)
   bool advance_seed = false;        // after the draw: params[r].seed += 1 (for graph replays)
 };
 
 class CudaSampler {
  public:
   // Prepares the kernels for rows of up to `max_vocab` logits on the current device and allocates
-  // the status word and the workspace (~8.5 MB at V = 262 144). Throws g4::Error when the device
-  // cannot hold such a row in one cluster.
+  // the workspace (~8.5 MB at V = 262 144). Throws g4::Error when the device cannot hold such a row
+  // in one cluster.
   explicit CudaSampler(int64_t max_vocab);
   ~CudaSampler();
   CudaSampler(const CudaSampler&) = delete;
   CudaSampler& operator=(const CudaSampler&) = delete;
 
   // Enqueues the sampling of every row of `batch` on `stream` (nullptr = the default stream).
-  // Parameters must be valid (a Sampler validated them). A row with NaN logits gets token 0 and
-  // sets kSampleStatusNanLogits in the status word, which stays set until check_status().
+  // Parameters must be valid (a Sampler validated them). A row with NaN logits gets
+  // kNanLogitsToken (its seed advances like any row's).
   void sample(const CudaSampleBatch& batch, CUstream_st* stream) const;
-
-  // Device address of the status word (int, 0 = ok), for callers that copy it asynchronously.
-  const int* status_word() const { return status_.as<int>(); }
-  // Waits for `stream`, reads and clears the status word; throws g4::Error
-  // "model produced NaN logits" when a row had NaN logits since the last check.
-  void check_status(CUstream_st* stream);
 
   int64_t max_vocab() const { return max_vocab_; }
 
@@ -62,7 +53,6 @@ class CudaSampler {
   void sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream) const;
 
   int64_t max_vocab_ = 0;
-  DeviceBuffer status_;       // int
   DeviceBuffer extremes_;     // the segment path's workspace (cuda_sampler.cu)
   DeviceBuffer row_scratch_;
   DeviceBuffer candidates_;

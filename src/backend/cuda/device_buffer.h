@@ -1,6 +1,6 @@
 // An owned block of device memory, freed when the owner goes: the one place outside the backend's
 // tensor allocator (CudaBackend::alloc) where g4 calls cudaMalloc/cudaFree, for the few buffers
-// that live outside any backend (the sampler's status word, the bandwidth probe's copies).
+// that live outside any backend (the sampler's workspace, the bandwidth probe's copies).
 // Includable without the CUDA headers.
 #pragma once
 #include <cstddef>
