@@ -338,7 +338,7 @@ TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
       Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
       Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
       // Positions from 0 to past a ring's wrap (flat caches: below the capacity).
-      std::vector<int32_t> p(size_t(S));
+      std::vector<int32_t> p(static_cast<size_t>(S));
       for (int64_t i = 0; i < S; ++i) p[size_t(i)] = int32_t((7 * i + 3) % (c.window ? 3 * c.capacity : c.capacity));
       Both positions = raw(DType::I32, S, 1, p.data());
       const std::vector<float> qv = random_values(size_t(S * q_cols), 3.0f, seed_++),
