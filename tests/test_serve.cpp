@@ -593,6 +593,20 @@ std::string reply_of(const test::ServeProcess& server, const std::string& path, 
   return text + " [" + finish + "]";
 }
 
+// Four requests sent to `batched` at once answer as each does alone on `alone`.
+void expect_batched_answers_alone(const test::ServeProcess& alone, const test::ServeProcess& batched) {
+  std::vector<std::string> want(4), got(4);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < 4; ++i) {
+    const json body = {{"prompt", "Request " + std::to_string(i)}, {"max_tokens", 16 + 4 * int(i)},
+                       {"temperature", 1.0}, {"seed", int(i)}, {"stream", i % 2 == 1}};
+    want[i] = reply_of(alone, "/v1/completions", body);
+    clients.emplace_back([&, i, body] { got[i] = reply_of(batched, "/v1/completions", body); });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(got, want);
+}
+
 TEST(ServeCli, SplitServerAnswersAsOneRank) {
   test::ServeProcess one({"--max_seq_len", "256"}), two({"--max_seq_len", "256", "--tp", "2"});
   ASSERT_GT(one.port(), 0) << one.log();
@@ -610,17 +624,18 @@ TEST(ServeCli, SplitServerAnswersAsOneRank) {
       EXPECT_EQ(reply_of(two, "/v1/completions", body), reply_of(one, "/v1/completions", body));
     }
   // Requests arriving together are batched by every rank's scheduler alike: each answer is its own.
-  std::vector<std::string> want(4), got(4);
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < 4; ++i) {
-    const json body = {{"prompt", "Request " + std::to_string(i)}, {"max_tokens", 16 + 4 * int(i)},
-                       {"temperature", 1.0}, {"seed", int(i)}, {"stream", i % 2 == 1}};
-    want[i] = reply_of(one, "/v1/completions", body);
-    clients.emplace_back([&, i, body] { got[i] = reply_of(two, "/v1/completions", body); });
-  }
-  for (std::thread& t : clients) t.join();
-  EXPECT_EQ(got, want);
+  expect_batched_answers_alone(one, two);
   EXPECT_EQ(two.stop(), 0) << two.log();
+}
+
+// --batch_invariant false packs requests into whole forwards; the CPU computes every row alone at
+// any row count, so the answers stay those of each request alone.
+TEST(ServeCli, BatchInvariantFalseAnswersAloneOnTheCpu) {
+  test::ServeProcess one({"--max_seq_len", "256"}), packed({"--max_seq_len", "256", "--batch_invariant", "false"});
+  ASSERT_GT(one.port(), 0) << one.log();
+  ASSERT_GT(packed.port(), 0) << packed.log();
+  expect_batched_answers_alone(one, packed);
+  EXPECT_EQ(packed.stop(), 0) << packed.log();
 }
 
 std::string metrics_of(const test::ServeProcess& server) {

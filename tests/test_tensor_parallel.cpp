@@ -568,11 +568,14 @@ TEST(TensorParallelCli, BenchReportsTheCollectivesShare) {
     EXPECT_NE(out.find(key), std::string::npos) << key << " in " << out;
 }
 
-// Every rank runs the same requests through its own scheduler, in step: every sequence ends.
+// Every rank runs the same requests through its own scheduler, in step: every sequence ends (here
+// with whole forwards, --batch_invariant false).
 TEST(TensorParallelCli, BenchConcurrencyRunsSplit) {
-  const nlohmann::json j = nlohmann::json::parse(output_of(
-      "bench --model_path " + demo() + " --backend cpu --tp 2 --concurrency 1,3 --prompt_len 8 --gen 4 2>/dev/null"));
+  const nlohmann::json j = nlohmann::json::parse(
+      output_of("bench --model_path " + demo() +
+                " --backend cpu --tp 2 --concurrency 1,3 --prompt_len 8 --gen 4 --batch_invariant false 2>/dev/null"));
   EXPECT_EQ(j["tp"].get<int>(), 2);
+  EXPECT_FALSE(j["batch_invariant"].get<bool>());
   ASSERT_EQ(j["runs"].size(), 2u);
   for (const auto& run : j["runs"])
     EXPECT_EQ(run["generated_tokens"].get<int64_t>(), 4 * run["concurrency"].get<int64_t>());
