@@ -99,6 +99,9 @@ class Backend {
     head_norms(norms);
     attention(args);
   }
+  // Reserves what attention of up to `sequences` decode rows of `heads` heads of at most `head_dim`
+  // needs, so that no forward allocates (CUDA: the split-K partials); nothing on the CPU.
+  virtual void reserve_decode_attention(int /*heads*/, int /*head_dim*/, int64_t /*sequences*/) {}
   // normed_attention(norms[i], args[i]) for every sequence i of a forward. A backend may run a
   // decode batch (one token per sequence) in one launch (CUDA does), each sequence's result the
   // same as alone.

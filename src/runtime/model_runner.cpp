@@ -68,6 +68,11 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
   logits_ = backend.alloc(DType::F32, outputs, c.vocab_size);
   params_ = backend.alloc(DType::I32, outputs, sizeof(SamplingParams) / 4);
   tokens_ = backend.alloc(DType::I64, outputs, 1);
+  // A decode batch holds at most as many sequences as the pool has room for.
+  const int64_t live =
+      std::max<int64_t>(1, int64_t(pool_.budget_bytes() / std::max<size_t>(1, pool_.sequence_bytes(max_seq_len_))));
+  const ModelConfig& rc = model.rank_config();
+  backend.reserve_decode_attention(int(rc.num_heads), int(rc.max_q_cols() / rc.num_heads), std::min(outputs, live));
 }
 
 void ModelRunner::check_tokens(std::span<const int32_t> tokens, int64_t start, int64_t max_seq_len) const {

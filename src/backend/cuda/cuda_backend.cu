@@ -302,8 +302,7 @@ class CudaBackend final : public Backend {
         caches.k[z] = ptr<bf16>(args[at + size_t(z)].cache->k);
         caches.v[z] = ptr<bf16>(args[at + size_t(z)].cache->v);
       }
-      const int64_t floats = decode_partial_floats(a, kDecodeSplits) * caches.sequences;
-      if (partials_.numel() < floats) partials_ = alloc(DType::F32, 1, floats);
+      reserve_decode_attention(a.heads, a.head_dim, caches.sequences);
       launch_decode_attention(a, caches, ptr<float>(partials_), kDecodeSplits, stream_);
     }
   }
@@ -455,6 +454,15 @@ class CudaBackend final : public Backend {
              "head_norms: q, k and v heads must have one head_dim");
   }
 
+  void reserve_decode_attention(int heads, int head_dim, int64_t sequences) override {
+    AttentionLaunch shape;
+    shape.heads = heads;
+    shape.head_dim = head_dim;
+    const int64_t floats =
+        decode_partial_floats(shape, kDecodeSplits) * std::min<int64_t>(sequences, kMaxDecodeSequences);
+    if (partials_.numel() < floats) partials_ = alloc(DType::F32, 1, floats);
+  }
+
   static bool folds_norms(const HeadNorms& norms, const AttentionArgs& args) {
     return args.positions.rows == 1 && args.q_first == 0 && norms.q_first == 0 && norms.q.data == args.q.data &&
            norms.k.data == args.k_new.data && norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
@@ -536,8 +544,7 @@ class CudaBackend final : public Backend {
     G4_CHECK(a.q_first >= 0 && a.q_first <= a.T && args.q.rows == a.T - a.q_first && args.out.rows == args.q.rows,
              "cuda attention: q and out must hold the chunk's tokens [q_first, T)");
     G4_CHECK(a.T > 1 || a.q_first == 0, "cuda attention: a decode step has its one query");
-    const int64_t partial_floats = decode_partial_floats(a, kDecodeSplits);
-    if (partials_.numel() < partial_floats) partials_ = alloc(DType::F32, 1, partial_floats);
+    reserve_decode_attention(a.heads, a.head_dim, 1);
     return a;
   }
 
