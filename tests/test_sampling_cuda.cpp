@@ -104,8 +104,7 @@ SamplingParams random_params(std::mt19937_64& rng, int64_t vocab) {
   return p;
 }
 
-// The CUDA sampler's tokens for rows of `vocab` logits (one row per parameter set), without
-// reading the status word.
+// The CUDA sampler's tokens for rows of `vocab` logits (one row per parameter set).
 std::vector<int64_t> sample_on_gpu(CudaSampler& sampler, const std::vector<float>& logits,
                                    const std::vector<SamplingParams>& params, int64_t vocab) {
   DeviceArray<float> device_logits(logits.size());
