@@ -148,5 +148,22 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
   EXPECT_NE(bad.output.find("counts must be >= 1"), std::string::npos) << bad.output;
 }
 
+// g4 bench --suite: prompt processing and decode at each length, cut to the model's context
+// (the demo's 2 048 positions), from one load.
+TEST(Cli, BenchSuiteReportsEveryLength) {
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  const test::CommandResult r = test::run_g4("bench --model_path '" + demo +
+                                             "' --backend cpu --suite --suite_prompts 16,48 "
+                                             "--suite_contexts 32,99999 --gen 4 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  for (const char* n : {"16", "48"}) EXPECT_GT(j["prefill_tok_s"].value(n, 0.0), 0) << n << " in " << r.output;
+  for (const char* n : {"32", "2036"}) EXPECT_GT(j["decode_greedy_tok_s"].value(n, 0.0), 0) << n << " in " << r.output;
+  EXPECT_GT(j["achieved_tb_s"].get<double>(), 0);
+  const test::CommandResult bad = test::run_g4("bench --model_path '" + demo + "' --backend cpu --suite --suite_prompts 0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--suite lengths must be >= 1"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace g4

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The batched-decode checks for the GPU machine (issues 15 and 16): builds, runs the sampler,
-# packed-weight and scheduler tests with G4_REQUIRE_GPU=1, times the sampler (bench_sampling),
-# batch-1 decode of the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16) and continuous batching
-# (q4_0 batch invariant and not, bf16 not). Logs in one archive, $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh
+# The batched-decode checks for the GPU machine (issues 15 and 16): builds, then the parts named
+# (default: all; each fits a 10-minute call alone, not all together): `tests` runs the sampler,
+# packed-weight and scheduler tests with G4_REQUIRE_GPU=1 and times the sampler (bench_sampling);
+# `suite` runs `g4 bench --suite` on the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16);
+# `concurrency` runs continuous batching (q4_0 batch invariant and not, bf16 not). Logs in one
+# archive, $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency]
 set -uo pipefail
+parts="$*"
 OUT=${OUT:-/tmp/g4-gpu-batch}
 mkdir -p "$OUT"
 started=$SECONDS
@@ -11,25 +14,36 @@ cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 |
 cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sampling_cuda \
   bench_sampling > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $((SECONDS - started)) s"
-for t in "test_sampling_cuda *" "test_cuda_quant *" "test_cuda_backend CudaOps.*:CudaDemoModel.*" "test_scheduler *Cuda*"; do
-  set -- $t
-  G4_REQUIRE_GPU=1 timeout 150 "./build-gpu/tests/$1" --gtest_filter="$2" > "$OUT/$1.log" 2>&1; echo "$1 rc=$?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|FAILED  \]" "$OUT/$1.log" | head -12
-done
-timeout 60 ./build-gpu/bench/bench_sampling > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
-for w in q4_0 q4_k_m q8_0 bf16; do
-  timeout 90 ./build-gpu/g4 bench --synthetic 31b --weights $w --prompt_len 512 --gen 64 > "$OUT/bench_$w.json" 2>&1
-  grep -E '"(decode_greedy_graph_tok_s|achieved_pct_of_copy|prefill_tok_s|gemv_[a-z_]+_tb_s)"' "$OUT/bench_$w.json" | tr -d '\n'; echo " [$w]"
-done
+want() { [ -z "$parts" ] || [[ " $parts " == *" $1 "* ]]; }
+if want tests; then
+  for t in "test_sampling_cuda *" "test_cuda_quant *" "test_cuda_backend CudaOps.*:CudaDemoModel.*" "test_scheduler *Cuda*"; do
+    set -- $t
+    G4_REQUIRE_GPU=1 timeout 150 "./build-gpu/tests/$1" --gtest_filter="$2" > "$OUT/$1.log" 2>&1; echo "$1 rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|FAILED  \]" "$OUT/$1.log" | head -12
+  done
+  timeout 60 ./build-gpu/bench/bench_sampling > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
+fi
+# Issue 15's table per weight type: pp512, pp2048, decode after 1 k and 32 k tokens, % of copy.
+if want suite; then
+  for w in q4_0 q4_k_m q8_0 bf16; do
+    left=$((585 - (SECONDS - started)))
+    [ $left -gt 30 ] || { echo "no time left for the suite of $w"; continue; }
+    timeout $left ./build-gpu/g4 bench --synthetic 31b --weights $w --suite --gen 64 > "$OUT/suite_$w.json" 2>&1
+    tr -d ' \n' < "$OUT/suite_$w.json" | grep -oE '"(prefill_tok_s|decode_greedy_tok_s)":\{[^}]*\}|"achieved_pct_of_copy":[0-9.]+' | tr '\n' ' '
+    echo " [$w]"
+  done
+fi
 # Continuous batching, batch invariant (the default) and not (whole forwards through cuBLAS).
-for run in "q4_0 true 1,8,64" "q4_0 false 8,16,64" "bf16 false 16,64"; do
-  set -- $run
-  left=$((585 - (SECONDS - started)))
-  [ $left -gt 30 ] || { echo "no time left for concurrency $run"; continue; }
-  timeout $left ./build-gpu/g4 bench --synthetic 31b --weights $1 --batch_invariant $2 --concurrency $3 \
-    --prompt_len 128 --gen 32 > "$OUT/conc_$1_$2.json" 2>&1
-  grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc_$1_$2.json" | tr -d '\n'
-  echo " [$1 batch_invariant=$2]"
-done
+if want concurrency; then
+  for run in "q4_0 true 1,8,64" "q4_0 false 8,16,64" "bf16 false 16,64"; do
+    set -- $run
+    left=$((585 - (SECONDS - started)))
+    [ $left -gt 30 ] || { echo "no time left for concurrency $run"; continue; }
+    timeout $left ./build-gpu/g4 bench --synthetic 31b --weights $1 --batch_invariant $2 --concurrency $3 \
+      --prompt_len 128 --gen 32 > "$OUT/conc_$1_$2.json" 2>&1
+    grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc_$1_$2.json" | tr -d '\n'
+    echo " [$1 batch_invariant=$2]"
+  done
+fi
 echo "done in $((SECONDS - started)) s"
 (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)

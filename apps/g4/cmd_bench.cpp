@@ -35,6 +35,8 @@ struct BenchOptions {
   uint64_t seed = 1;
   std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
   bool batch_invariant = true;        // the continuous-batching bench's SchedulerOptions::batch_invariant
+  bool suite = false;                 // issue 15's table in one load (suite_report)
+  std::vector<int64_t> suite_prompts{512, 2048}, suite_contexts{1024, 32768};
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
 };
 
@@ -181,9 +183,9 @@ int64_t bench_max_seq_len(const ModelConfig& c, const BenchOptions& o) {
   return std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, o.prompt_len + o.gen + 8));
 }
 
-std::vector<int32_t> random_prompt(const ModelConfig& c, const BenchOptions& o) {
-  std::mt19937 rng(unsigned(o.seed));
-  std::vector<int32_t> prompt(size_t(o.prompt_len));
+std::vector<int32_t> random_prompt(const ModelConfig& c, uint64_t seed, int64_t tokens) {
+  std::mt19937 rng{unsigned(seed)};
+  std::vector<int32_t> prompt(static_cast<size_t>(tokens));
   for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
   return prompt;
 }
@@ -262,7 +264,7 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
     SessionOptions so;
     so.max_seq_len = bench_max_seq_len(c, o);
     Session s(*model, be, so);
-    const std::vector<int32_t> prompt = random_prompt(c, o);
+    const std::vector<int32_t> prompt = random_prompt(c, o.seed, o.prompt_len);
     const double prefill_s = prefill_runs(s, be, prompt)[1];  // the median of 3
     SamplingParams greedy;
     greedy.temperature = 0.0f;
@@ -298,6 +300,59 @@ void bench_tensor_parallel(const BenchOptions& o) {
   run_rank_threads(*group, [&](int rank) { bench_rank(o, *group, rank); });
 }
 
+// Bytes of the weights by storage type, as {"Q4_0": bytes, ...}.
+nlohmann::json weight_bytes_json(const ModelWeights& weights) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [type, bytes] : weight_bytes_by_type(weights)) j[dtype_name(type)] = bytes;
+  return j;
+}
+
+// g4 bench --suite: issue 15's table from one load, as llama-bench's pp/tg rows: prompt processing
+// (median of 3 prefills) at each of suite_prompts tokens, and greedy decode (graph replay on CUDA)
+// after each of suite_contexts tokens of context, with the weight bandwidth of the first. Lengths
+// beyond the model's context are cut to it; the report keys are the lengths run.
+nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend& be, double copy_bytes_per_s) {
+  const ModelConfig& c = model.config();
+  G4_CHECK(!o.suite_prompts.empty() && !o.suite_contexts.empty(), "--suite needs prompt and context lengths");
+  const int64_t room = c.max_position_embeddings - o.gen - 8;  // positions left for a prompt
+  G4_CHECK(room >= 1, "--gen " + std::to_string(o.gen) + " leaves no room for a prompt in the model's context");
+  auto cut = [&](int64_t n) {
+    G4_CHECK(n >= 1, "--suite lengths must be >= 1, got " + std::to_string(n));
+    return std::min(n, room);
+  };
+  int64_t longest = 0;
+  for (int64_t n : o.suite_prompts) longest = std::max(longest, cut(n));
+  for (int64_t n : o.suite_contexts) longest = std::max(longest, cut(n));
+  SessionOptions so;
+  so.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, longest + o.gen + 8));
+  Session s(model, be, so);
+  nlohmann::json prefill = nlohmann::json::object(), decode = nlohmann::json::object();
+  for (int64_t n : o.suite_prompts) {
+    const std::vector<double> runs = prefill_runs(s, be, random_prompt(c, o.seed, cut(n)));
+    prefill[std::to_string(cut(n))] = double(cut(n)) / runs[runs.size() / 2];
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  double first_step_ms = 0;
+  for (int64_t n : o.suite_contexts) {
+    const DecodeResult r =
+        time_decode(s, be, random_prompt(c, o.seed, cut(n)), Sampler(greedy), o.gen, be.name() == "cuda");
+    decode[std::to_string(cut(n))] = r.tok_s;
+    if (first_step_ms == 0) first_step_ms = r.step_ms;
+  }
+  const double achieved = weight_bytes_per_step(model) / (first_step_ms * 1e-3);
+  return {{"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
+          {"backend", be.name()},
+          {"weights", o.synthetic.empty() ? "the file's" : o.weights},
+          {"weight_bytes_by_type", weight_bytes_json(model.weights())},
+          {"gen", o.gen},
+          {"prefill_tok_s", prefill},
+          {"decode_greedy_tok_s", decode},
+          {"achieved_tb_s", achieved / 1e12},
+          {"copy_tb_s", copy_bytes_per_s / 1e12},
+          {"achieved_pct_of_copy", copy_bytes_per_s > 0 ? 100.0 * achieved / copy_bytes_per_s : 0.0}};
+}
+
 void run_bench(const BenchOptions& o) {
   G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
@@ -316,11 +371,17 @@ void run_bench(const BenchOptions& o) {
     std::printf("%s\n", concurrency_report(o, *model, be, load_s).dump(1).c_str());
     return;
   }
+  if (o.suite) {
+    nlohmann::json r = suite_report(o, *model, be, copy_bytes_per_s);
+    r["load_s"] = load_s;
+    std::printf("%s\n", r.dump(1).c_str());
+    return;
+  }
 
   SessionOptions so;
   so.max_seq_len = bench_max_seq_len(c, o);
   Session s(*model, be, so);
-  const std::vector<int32_t> prompt = random_prompt(c, o);
+  const std::vector<int32_t> prompt = random_prompt(c, o.seed, o.prompt_len);
   const std::vector<double> prefill_s = prefill_runs(s, be, prompt);
 
   SamplingParams greedy, topk_topp;
@@ -355,14 +416,12 @@ void run_bench(const BenchOptions& o) {
 
   const double bytes = weight_bytes_per_step(*model);
   const double achieved = bytes / (graph_greedy.step_ms * 1e-3);
-  nlohmann::json bytes_by_type = nlohmann::json::object();
-  for (const auto& [type, type_bytes] : weight_bytes_by_type(model->weights())) bytes_by_type[dtype_name(type)] = type_bytes;
   nlohmann::json r = {
       {"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
       {"backend", be.name()},
       {"weights", o.synthetic.empty() ? "the file's" : o.weights},
       {"embedding_type", dtype_name(model->weights().embed.dtype)},  // also the tied LM head
-      {"weight_bytes_by_type", bytes_by_type},
+      {"weight_bytes_by_type", weight_bytes_json(model->weights())},
       {"load_s", load_s},
       {"prompt_len", o.prompt_len},
       {"prefill_s_median", prefill_s[prefill_s.size() / 2]},
@@ -405,6 +464,15 @@ void add_bench_command(CLI::App& app) {
                   "Sequence counts for the continuous-batching bench, e.g. 1,8,32,64 (each sequence: "
                   "--prompt_len prompt tokens, --gen generated)")
       ->delimiter(',');
+  cmd->add_flag("--suite", opts->suite,
+                "One load, llama-bench's table: prompt processing at --suite_prompts tokens and greedy decode "
+                "after --suite_contexts tokens of context (cut to the model's context)");
+  cmd->add_option("--suite_prompts,--suite-prompts", opts->suite_prompts, "Prompt lengths of --suite")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--suite_contexts,--suite-contexts", opts->suite_contexts, "Decode contexts of --suite")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--batch_invariant,--batch-invariant", opts->batch_invariant,
                   "With --concurrency: false lets decode batches fill whole forwards (faster on CUDA; a "
                   "sequence's tokens may then depend on its batch)")
