@@ -115,7 +115,13 @@ class ServeProcess {
 
   int port() const { return port_; }  // 0 when it never listened: log() says why
   const std::string& log() const { return log_; }
-  httplib::Client client() const { return httplib::Client("127.0.0.1", port_); }
+  // A client that waits as long as a whole answer may take under a sanitizer on a loaded machine
+  // (httplib's default, 5 s, is shorter than a non-streamed ASan answer there).
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
 
   // Sends `signal_number` (none: 0, for a process that ends by itself), reads the rest of the log
   // and returns the exit status (-1 when it did not exit normally).
