@@ -85,8 +85,7 @@ class Serve : public ::testing::Test {
   static void TearDownTestSuite() { delete running_; }
 
   static httplib::Client client(bool with_key = true) {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
+    httplib::Client c = test::loopback_client(port_);
     if (with_key) c.set_bearer_token_auth(kKey);
     return c;
   }
@@ -278,8 +277,7 @@ TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {
   const std::shared_ptr<serve::RequestChannel> first = worker.submit(running);
   ASSERT_TRUE(first);
   EXPECT_FALSE(worker.submit(running)) << "a second request with no room must be refused";
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
+  httplib::Client c = test::loopback_client(port);
   // (The socket listens from bind() on: a request before listen() waits in the backlog.)
   const httplib::Result busy = c.Post("/v1/completions", json{{"prompt", "hi"}}.dump(), "application/json");
   ASSERT_TRUE(busy);
@@ -528,8 +526,7 @@ TEST_F(Serve, StopFinishesTheRequestsInFlight) {
   std::atomic<bool> started{false};
   std::string body;
   std::thread streaming([&] {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60, 0);
+    httplib::Client c = test::loopback_client(port);
     httplib::Request request;
     request.method = "POST";
     request.path = "/v1/completions";
@@ -731,8 +728,7 @@ TEST(ServeNan, ANanRequestFailsAloneWholeAndStreamed) {
   const std::vector<int32_t> ids = encode_prompt(running.tokenizer(), "Overfiend>", /*raw_prompt=*/true, 2);
   ASSERT_NE(std::find(ids.begin(), ids.end(), kPoisoned), ids.end()) << "the prompt holds the poisoned token";
   const json good = {{"prompt", "Once upon a time"}, {"max_tokens", 48}, {"temperature", 0.8}, {"seed", 5}};
-  httplib::Client c("127.0.0.1", running.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = test::loopback_client(running.port());
   auto post = [&](const json& body) { return c.Post("/v1/completions", body.dump(), "application/json"); };
   const httplib::Result alone = post(good);
   ASSERT_TRUE(alone && alone->status == 200);
@@ -745,8 +741,7 @@ TEST(ServeNan, ANanRequestFailsAloneWholeAndStreamed) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
     json beside;
     std::thread good_request([&] {
-      httplib::Client other("127.0.0.1", running.port());
-      other.set_read_timeout(60, 0);
+      httplib::Client other = test::loopback_client(running.port());
       const httplib::Result r = other.Post("/v1/completions", good.dump(), "application/json");
       beside = r && r->status == 200 ? json::parse(r->body) : json();
     });

@@ -128,8 +128,7 @@ TEST(ServeFuzz, RequestBodiesGetA4xxOrAWellFormedAnswer) {
   so.stop_ids = {1, 106, 50};
   so.max_body_bytes = 1 << 20;
   test::RunningServer server(256, {.max_sessions = 2, .max_waiting = 16}, so);
-  httplib::Client client("127.0.0.1", server.port());
-  client.set_read_timeout(60, 0);
+  httplib::Client client = test::loopback_client(server.port());
   for (const auto& [path, body] : nasty_requests()) {
     SCOPED_TRACE(body.substr(0, 160));
     parse_and_render(path, body, server.tokenizer());

@@ -21,6 +21,14 @@
 
 namespace g4::test {
 
+// A client of a test server on `port`, waiting as long as a whole answer may take under a sanitizer
+// on a loaded machine (httplib's default, 5 s, is shorter than a non-streamed ASan answer there).
+inline httplib::Client loopback_client(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  return c;
+}
+
 inline EngineOptions demo_serve_options(int64_t max_seq_len, const std::string& model_path = embedded_demo_path()) {
   EngineOptions o;
   o.model_path = model_path;
@@ -115,13 +123,7 @@ class ServeProcess {
 
   int port() const { return port_; }  // 0 when it never listened: log() says why
   const std::string& log() const { return log_; }
-  // A client that waits as long as a whole answer may take under a sanitizer on a loaded machine
-  // (httplib's default, 5 s, is shorter than a non-streamed ASan answer there).
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    return c;
-  }
+  httplib::Client client() const { return loopback_client(port_); }
 
   // Sends `signal_number` (none: 0, for a process that ends by itself), reads the rest of the log
   // and returns the exit status (-1 when it did not exit normally).
