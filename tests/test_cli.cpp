@@ -141,6 +141,10 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
     EXPECT_EQ(run["generated_tokens"].get<int64_t>(), 4 * run["concurrency"].get<int64_t>());
     EXPECT_GT(run["aggregate_tok_s"].get<double>(), 0);
     EXPECT_LE(run["ttft_p50_s"].get<double>(), run["ttft_p99_s"].get<double>());
+    // On the CPU a step is one forward for every sequence: after the first token, every step is a
+    // full decode step (gen 4: three of them).
+    EXPECT_EQ(run["full_decode_steps"].get<int64_t>(), 3) << run.dump();
+    EXPECT_GT(run["full_decode_tok_s"].get<double>(), 0);
   }
   EXPECT_EQ(j["sampler_rows"].get<int64_t>(), 3);
   const test::CommandResult bad = test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 0");

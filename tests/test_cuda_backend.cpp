@@ -602,7 +602,7 @@ std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info)
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
                          ::testing::Values("tiny-31b-style", "tiny-31b-style-bf16", "published-layout",
-                                           "long-31b-heads", "long-published-layout"),
+                                           "long-31b-heads", "long-published-layout", "real-head-dims"),
                          fixture_test_name);
 
 // The bf16 bound itself (relative L2 <= 1e-2) on a trained model: transformers' float64 logits of

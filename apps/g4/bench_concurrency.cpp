@@ -45,12 +45,21 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
     r.stop_ids = {};  // every sequence generates exactly `gen` tokens
     scheduler.add(r);
   }
-  int64_t steps = 0;
+  // Full decode steps: every sequence running and none of them prefilling (each step's event is a
+  // sequence's second or later token): the steady state that gen >> the admission steps approaches.
+  int64_t steps = 0, full_decode_steps = 0;
+  double full_decode_s = 0;
+  Clock::time_point step_start = start;
   while (!scheduler.idle()) {
     const std::vector<SequenceEvent> events = scheduler.step();
     backend.synchronize();
     const Clock::time_point now = Clock::now();
     ++steps;
+    const bool full_decode = int64_t(events.size()) == n && std::all_of(events.begin(), events.end(), [&](const SequenceEvent& e) {
+                               return first.count(e.id) > 0;
+                             });
+    if (full_decode) ++full_decode_steps, full_decode_s += seconds_between(step_start, now);
+    step_start = now;
     for (const SequenceEvent& e : events) {
       if (!first.count(e.id)) first[e.id] = now;
       last[e.id] = now;
@@ -70,14 +79,20 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
                                         std::to_string(n * b.gen));
   double mean_decode = 0;
   for (double v : per_sequence) mean_decode += v / double(per_sequence.size());
-  return {{"concurrency", n},
+  nlohmann::json run = {{"concurrency", n},
           {"generated_tokens", generated},
           {"wall_s", wall},
           {"steps", steps},
           {"aggregate_tok_s", double(generated) / wall},
           {"per_sequence_decode_tok_s", mean_decode},
           {"ttft_p50_s", quantile(ttft, 0.5)},
-          {"ttft_p99_s", quantile(ttft, 0.99)}};
+          {"ttft_p99_s", quantile(ttft, 0.99)},
+          {"full_decode_steps", full_decode_steps}};
+  if (full_decode_steps > 0) {
+    run["full_decode_step_ms"] = 1e3 * full_decode_s / double(full_decode_steps);
+    run["full_decode_tok_s"] = double(n * full_decode_steps) / full_decode_s;
+  }
+  return run;
 }
 
 // The sampler alone on `rows` rows of logits (top-k 64, top-p 0.95), back to back.
