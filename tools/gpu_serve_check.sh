@@ -10,7 +10,7 @@
 # pkgconf-lib/); KIT: the llama.cpp kit's gen_gemma4_gguf.py beside src/gguf-py (../shared/tools/
 # llamacpp). Writes a 31B-shaped Q4_0 file, then for each of CLIENTS (default "64"): g4 bench
 # --concurrency, then g4 serve with tools/serve_load.py; BATCH_INVARIANT (default false), PROMPT
-# (default 128 tokens), GEN (default 64). Logs in $OUT.
+# (default 128 tokens), GEN (default 64). Logs in $OUT/logs.tgz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sysroot=$(cd "$1" && pwd)
@@ -50,7 +50,7 @@ model=/tmp/g4-31b-q4_0.gguf
 [ -f "$model" ] || LD_LIBRARY_PATH= python3 "$kit/gen_gemma4_gguf.py" "$model" --type q4_0 --fill pattern --threads 14 \
   > "$OUT/gen.log" 2>&1 || { tail -5 "$OUT/gen.log"; exit 1; }
 echo "model written at $((SECONDS - started)) s"
-seq_len=$((PROMPT + GEN + 16))
+seq_len=$((PROMPT + GEN + 16 > 1024 ? PROMPT + GEN + 16 : 1024))  # the 31B needs its sliding window (1 024)
 for n in $CLIENTS; do
   "$G4" bench --model_path "$model" --concurrency "$n" --batch_invariant "$BATCH_INVARIANT" --prompt_len "$PROMPT" \
     --gen "$GEN" > "$OUT/bench_$n.json" 2> "$OUT/bench_$n.log"
@@ -68,3 +68,4 @@ for n in $CLIENTS; do
   kill -TERM $server; wait $server; echo "  serve exit $?"
 done
 echo "done in $((SECONDS - started)) s"
+(cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json *.txt 2>/dev/null)
