@@ -13,7 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -260,6 +262,37 @@ TEST_F(Serve, ClientDisconnectCancelsTheStream) {
   for (int i = 0; i < 2; ++i)
     threads.emplace_back([&] { post("/v1/completions", {{"prompt", "The sea"}, {"max_tokens", 4}}); });
   for (std::thread& t : threads) t.join();
+}
+
+// Every session streams at once: no request waits for an HTTP thread while sessions are free. 20
+// greedy streams of 24 tokens ("Once upon a time" does not end sooner) all start before any ends;
+// with httplib's default pool (one thread per core, at least 8) the ninth or the sixteenth would
+// start only when an earlier one ended.
+TEST(ServeThreads, EverySessionStreamsAtOnce) {
+  constexpr int kStreams = 20;
+  test::RunningServer server(kContext, {.max_sessions = kStreams, .max_waiting = 0}, {});
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> first(kStreams), end(kStreams);
+  std::vector<int> chunks(kStreams, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c = test::loopback_client(server.port());
+      httplib::Request request = long_streamed_completion();
+      request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 24}, {"stream", true}}.dump();
+      request.content_receiver = [&, i](const char*, size_t, uint64_t, uint64_t) {
+        if (chunks[size_t(i)]++ == 0) first[size_t(i)] = Clock::now();
+        return true;
+      };
+      c.send(request);
+      end[size_t(i)] = Clock::now();
+    });
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kStreams; ++i) ASSERT_GT(chunks[size_t(i)], 1) << "stream " << i << " got no answer";
+  const Clock::time_point last_start = *std::max_element(first.begin(), first.end());
+  const Clock::time_point first_end = *std::min_element(end.begin(), end.end());
+  EXPECT_LT(last_start, first_end) << "a stream started only after another had ended: "
+                                   << std::chrono::duration<double>(last_start - first_end).count() << " s later";
 }
 
 TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {

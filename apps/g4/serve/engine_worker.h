@@ -82,6 +82,8 @@ class EngineWorker {
 
   // Fixed once loaded, so handler threads may read it without touching the engine.
   int64_t max_seq_len() const { return max_seq_len_; }
+  // Requests it takes at once, running and waiting (max_sessions + max_waiting); submit refuses more.
+  size_t max_in_flight() const { return max_in_flight_; }
   // Requests cancelled while running or waiting so far (a stop string, a client that went away).
   uint64_t cancelled() const { return cancelled_count_.load(); }
   // Queue depth, running sequences and KV bytes, as of the engine thread's last step.

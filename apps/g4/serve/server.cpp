@@ -20,6 +20,8 @@ using nlohmann::json;
 
 namespace {
 
+constexpr size_t kSpareHttpThreads = 8;
+
 // Replies hold only whole characters, but a request's own strings are echoed nowhere unchecked:
 // replace, never throw, on bytes that are not UTF-8.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -132,6 +134,12 @@ std::string response_id(Endpoint endpoint) {
 
 Server::Server(EngineWorker& worker, const Tokenizer& tokenizer, ServerOptions options)
     : worker_(worker), tokenizer_(tokenizer), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  // A streamed answer holds its HTTP thread to the end, so the pool has one thread per request the
+  // worker takes, plus spares that answer /health, /metrics and the 429s while all of those stream
+  // (httplib's default pool, one thread per core, capped the requests running at once at ~15 on
+  // the H200 machine whatever max_sessions said: docs/DESIGN.md §8).
+  const size_t threads = worker_.max_in_flight() + kSpareHttpThreads;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   add_routes();
 }
 
