@@ -1,6 +1,7 @@
 // Block-quantized weights on the CUDA backend (kept packed: docs/DESIGN.md, "Quantized weights on
 // the GPU") against the CPU backend over the same GGUF tensors, which decodes them to float32 (the
-// reference of docs/DESIGN.md §6): matmul by the decode GEMV (1-8 tokens) and by the prefill path, the q/k/v
+// reference of docs/DESIGN.md §6): matmul by the decode GEMV (1-8 tokens), by the tensor-core packed
+// matmul (9-64) and by the prefill path, the q/k/v
 // launch with mixed types, the gated GELU, embedding rows, random blocks for synthetic weights, a
 // corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k by g4
 // and in q4_0 and q4_k_m by llama.cpp's tools.
@@ -83,24 +84,48 @@ class CudaQuant : public test::CudaVsCpu {
 };
 
 // Every type, 1000 rows (not a multiple of a block's rows), every compiled token count of the
-// GEMV (1, 2, 4, 8) and counts that skip tokens of theirs (3, 5), and the prefill path (37).
+// GEMV (1, 2, 4, 8) and counts that skip tokens of theirs (3, 5); the tensor-core packed matmul's
+// 16-, 32- and 64-column tiles, full and not (9, 16, 17, 37, 64; K a multiple of 128, else the
+// dequantized path), with its slices of K added by the second kernel (1000 rows are 4 row tiles);
+// and the dequantized prefill path (65).
 TEST_F(CudaQuant, MatmulOfEveryTypeByGemvAndPrefill) {
   for (DType type : kBlockTypes)
     for (int64_t K : row_lengths(type)) {
       const Both w = weight(1000, K, type);
-      for (int64_t T : {1, 2, 3, 5, 8, 37}) check_matmul(w, T, dtype_name(type) + " K=" + std::to_string(K));
+      for (int64_t T : {1, 2, 3, 5, 8, 9, 16, 17, 37, 64, 65})
+        check_matmul(w, T, dtype_name(type) + " K=" + std::to_string(K));
     }
 }
 
+// The packed matmul gives a token's row of y the same bits whatever the other tokens (9 to 64 of
+// them): its slices of K and their order depend on the matrix alone.
+TEST_F(CudaQuant, PackedMatmulGivesATokenTheSameBitsInAnyBatch) {
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    const Both w = random_weight(type, 1000, 768);
+    const Both x = activation(64, 768);
+    const Tensor all = gpu_->alloc(DType::BF16, 64, 1000);
+    gpu_->matmul(x.gpu, w.gpu, all);
+    const std::vector<float> want = read(*gpu_, all);
+    for (int64_t T : {9, 17, 40}) {
+      const Tensor some = gpu_->alloc(DType::BF16, T, 1000);
+      gpu_->matmul(x.gpu.rows_view(64 - T, T), w.gpu, some);  // the last T tokens
+      const std::vector<float> got = read(*gpu_, some);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.end() - std::ptrdiff_t(got.size())))
+          << dtype_name(type) << ": the last " << T << " tokens alone differ from the same tokens among 64";
+    }
+  }
+}
+
 // The 31B shapes: hidden 5376 (the prefill runs three chunks of rows through the dequantized
-// scratch), the MLP's 21504-wide down projection (two chunks), and an LM head of 262144 rows.
+// scratch; 40 tokens take the packed matmul), the MLP's 21504-wide down projection (two chunks),
+// and an LM head of 262144 rows (20 tokens: one slice of K, written straight to y).
 TEST_F(CudaQuant, MatmulAtTheShapesOf31B) {
   const Both q4_k = random_weight(DType::Q4_K, 4000, 5376);
   for (int64_t T : {1, 40}) check_matmul(q4_k, T, "Q4_K [4000, 5376]");
   const Both q8_0 = random_weight(DType::Q8_0, 600, 21504);
   for (int64_t T : {1, 9}) check_matmul(q8_0, T, "Q8_0 [600, 21504]");
   const Both lm_head = random_weight(DType::Q6_K, 262144, 256);
-  for (int64_t T : {1, 2}) check_matmul(lm_head, T, "Q6_K [262144, 256]");
+  for (int64_t T : {1, 2, 20}) check_matmul(lm_head, T, "Q6_K [262144, 256]");
 }
 
 // q/k/v of one input: a Q4_K_M layer (Q6_K v beside Q4_K q and k), and bf16 beside two packed

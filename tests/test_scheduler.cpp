@@ -175,9 +175,10 @@ TEST(Scheduler, BatchInvariantFalseFillsWholeForwards) {
   }
 }
 
-// On CUDA, past the GEMV's 8 rows: the decode batch in one forward (cuBLAS matmuls, the batched
-// decode attention), each request generating all its tokens. Its tokens are not compared with
-// alone: cuBLAS rounds a row differently from the GEMV, which is what batch_invariant trades.
+// On CUDA, past the GEMV's 8 rows: the decode batch in one forward (the packed tensor-core matmul
+// over the demo's quantized weights, the batched decode attention), each request generating all
+// its tokens. Its tokens are not compared with alone: that matmul rounds a row differently from
+// the GEMV, which is what batch_invariant trades.
 TEST(Scheduler, BatchInvariantFalseRunsTheDecodeBatchInOneForwardOnCuda) {
   G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
   auto engine = demo_engine(13, "cuda");

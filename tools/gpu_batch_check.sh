@@ -3,8 +3,9 @@
 # (default: all; each fits a 10-minute call alone, not all together): `tests` runs the sampler,
 # packed-weight and scheduler tests with G4_REQUIRE_GPU=1 and times the sampler (bench_sampling);
 # `suite` runs `g4 bench --suite` on the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16);
-# `concurrency` runs continuous batching (q4_0 batch invariant and not, bf16 not). Logs in one
-# archive, $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency]
+# `concurrency` runs continuous batching (q4_0 batch invariant and not, bf16 not); `steady` the
+# steady state of 16 and 64 sequences per weight type, not invariant. Logs in one archive,
+# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady]
 set -uo pipefail
 parts="$*"
 OUT=${OUT:-/tmp/g4-gpu-batch}
@@ -43,6 +44,18 @@ if want concurrency; then
       --prompt_len 128 --gen 32 > "$OUT/conc_$1_$2.json" 2>&1
     grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc_$1_$2.json" | tr -d '\n'
     echo " [$1 batch_invariant=$2]"
+  done
+fi
+# The steady state of 16 and 64 sequences without invariance (whole forwards: the packed tensor-core
+# matmul for quantized weights, cuBLAS for bf16): full decode steps, 256 tokens each.
+if want steady; then
+  for w in q4_0 q4_k_m q8_0 bf16; do
+    left=$((585 - (SECONDS - started)))
+    [ $left -gt 30 ] || { echo "no time left for the steady state of $w"; continue; }
+    timeout $left ./build-gpu/g4 bench --synthetic 31b --weights $w --batch_invariant false --concurrency 16,64 \
+      --prompt_len 128 --gen 256 > "$OUT/steady_$w.json" 2>&1
+    tr -d ' \n' < "$OUT/steady_$w.json" | grep -oE '"(concurrency|full_decode_step_ms|full_decode_tok_s|aggregate_tok_s)":[0-9.]+' | tr '\n' ' '
+    echo " [$w]"
   done
 fi
 echo "done in $((SECONDS - started)) s"

@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
     t.owner = memory_.track(p, bytes, [](void* q) { cudaFree(q); });
     t.data = p;
     G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
-    if (is_block_quantized(dtype)) reserve_packed_scratch(cols);
+    if (is_block_quantized(dtype)) reserve_packed_scratch(rows, cols);
     return t;
   }
 
@@ -197,8 +197,13 @@ class CudaBackend final : public Backend {
         launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, stream_);
         return;
       }
+      if (packed_matmul_fits(T, K)) {
+        launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
+                             packed_partials_.bytes(), stream_);
+        return;
+      }
       // Prefill: chunks of rows dequantized into the L2-sized scratch, each chunk's GEMM writing its
-      // columns of y. (A tensor-core kernel reading the packed tiles itself would skip the scratch.)
+      // columns of y.
       const int64_t chunk = dequantized_rows_per_chunk(K);
       for (int64_t r = 0; r < N; r += chunk) {
         const int64_t n = std::min(chunk, N - r);
@@ -423,12 +428,14 @@ class CudaBackend final : public Backend {
                            CUBLAS_GEMM_DEFAULT));
   }
 
-  // What matmuls over a packed weight of row length `cols` need, allocated with the weight, never
-  // during a decode step (which a graph may be capturing): the quantized input of up to
-  // kMaxGemvTokens rows, and the bf16 rows a prefill GEMM reads.
-  void reserve_packed_scratch(int64_t cols) {
+  // What matmuls over a packed [rows, cols] weight need, allocated with the weight, never during a
+  // forward (which a graph may be capturing): the quantized input of up to kMaxGemvTokens rows, the
+  // partial sums of launch_packed_matmul, and the bf16 rows a prefill GEMM reads.
+  void reserve_packed_scratch(int64_t rows, int64_t cols) {
     const size_t input_bytes = size_t(kMaxGemvTokens) * size_t(cols / packed::kBlock) * sizeof(packed::ActivationBlock);
     if (quantized_.bytes() < input_bytes) quantized_ = alloc(DType::I32, 1, int64_t(input_bytes / 4));
+    const size_t partial_bytes = packed_matmul_workspace_bytes(rows, cols);
+    if (packed_partials_.bytes() < partial_bytes) packed_partials_ = alloc(DType::F32, 1, int64_t(partial_bytes / 4));
     if (dequantized_.empty()) dequantized_ = alloc(DType::BF16, 1, int64_t(kDequantizedBytes / 2));
   }
 
@@ -552,8 +559,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
-  // dequantized_: packed weight rows for a prefill GEMM
-  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_;
+  // dequantized_: packed weight rows for a prefill GEMM; packed_partials_: launch_packed_matmul's slices
+  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_, packed_partials_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;

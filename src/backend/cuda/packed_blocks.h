@@ -162,6 +162,32 @@ G4_HOST_DEVICE RawBlock load_block(const RowRegions<const uint8_t>& r, int64_t b
   return raw;
 }
 
+// Words i and 4 + i of a block's quants (weights 4i..4i+3 and 16+4i..16+4i+3, byte j = weight
+// 4i + j), i in 0..3: the part of unpack_block one lane of a tensor-core tile needs.
+template <DType kType>
+G4_HOST_DEVICE void unpack_word_pair(const RawBlock& raw, int i, uint32_t* lo, uint32_t* hi) {
+  constexpr Format f = format_of(kType);
+  // Selected, not indexed: a lane's i is not known at compile time, and an indexed register array
+  // would go to local memory.
+  auto word = [&](int j) { return j == 0 ? raw.qs[0] : j == 1 ? raw.qs[1] : j == 2 ? raw.qs[2] : raw.qs[3]; };
+  if constexpr (kType == DType::Q8_0) {
+    *lo = word(i);
+    *hi = i == 0 ? raw.qs[4] : i == 1 ? raw.qs[5] : i == 2 ? raw.qs[6] : raw.qs[7];
+  } else {
+    const uint32_t qs = word(i);
+    *lo = qs & 0x0F0F0F0Fu;
+    *hi = (qs >> 4) & 0x0F0F0F0Fu;
+    if constexpr (f.qh == 4) {  // bit 8c + i (weight 4i + c) and 8c + 4 + i (16 + 4i + c) to bit 8c + 4
+      *lo |= (raw.qh[0] << (4 - i)) & 0x10101010u;
+      *hi |= (raw.qh[0] >> i) & 0x10101010u;
+    }
+    if constexpr (f.qh == 8) {  // bits 8c + 2i, 8c + 2i + 1 to bits 8c + 4, 8c + 5
+      *lo |= ((raw.qh[0] >> (2 * i)) & 0x03030303u) << 4;
+      *hi |= ((raw.qh[1] >> (2 * i)) & 0x03030303u) << 4;
+    }
+  }
+}
+
 // A block ready for arithmetic: weight i = scale(i) * (q_i - quant_offset) (+ min), where q_i is
 // byte i % 4 of q[i / 4] (unsigned, or int8 for Q8_0) and scale(i) is `scale` for i < 16,
 // `scale_hi` above (they differ only for Q6_K, whose scales cover 16 weights).
@@ -170,27 +196,10 @@ struct BlockWeights {
   float scale, scale_hi, min;
 };
 
-// `sub` = b % kSubBlocks: which of its super-block's scales a K-quant block uses.
+// The scales and minimum of a block (BlockWeights without q); `sub` = b % kSubBlocks: which of its
+// super-block's scales a K-quant block uses.
 template <DType kType>
-G4_HOST_DEVICE BlockWeights unpack_block(const RawBlock& raw, int sub) {
-  constexpr Format f = format_of(kType);
-  BlockWeights w{};
-  if constexpr (kType == DType::Q8_0) {
-    for (int i = 0; i < 8; ++i) w.q[i] = raw.qs[i];
-  } else {
-    for (int i = 0; i < 4; ++i) {
-      w.q[i] = raw.qs[i] & 0x0F0F0F0Fu;
-      w.q[4 + i] = (raw.qs[i] >> 4) & 0x0F0F0F0Fu;
-      if constexpr (f.qh == 4) {  // bit 8c + i (weight 4i + c) and 8c + 4 + i (16 + 4i + c) to bit 8c + 4
-        w.q[i] |= (raw.qh[0] << (4 - i)) & 0x10101010u;
-        w.q[4 + i] |= (raw.qh[0] >> i) & 0x10101010u;
-      }
-      if constexpr (f.qh == 8) {  // bits 8c + 2i, 8c + 2i + 1 to bits 8c + 4, 8c + 5
-        w.q[i] |= ((raw.qh[0] >> (2 * i)) & 0x03030303u) << 4;
-        w.q[4 + i] |= ((raw.qh[1] >> (2 * i)) & 0x03030303u) << 4;
-      }
-    }
-  }
+G4_HOST_DEVICE void unpack_scales(const RawBlock& raw, int sub, BlockWeights& w) {
   if constexpr (kType == DType::Q4_K || kType == DType::Q5_K) {
     int sc, m;
     k_scale_min(sub, raw.super[1], raw.super[2], raw.super[3], &sc, &m);
@@ -205,17 +214,29 @@ G4_HOST_DEVICE BlockWeights unpack_block(const RawBlock& raw, int sub) {
     w.scale = w.scale_hi = f16_bits_to_float(raw.params & 0xFFFFu);
     if constexpr (has_min(kType)) w.min = f16_bits_to_float(raw.params >> 16);
   }
+}
+
+template <DType kType>
+G4_HOST_DEVICE BlockWeights unpack_block(const RawBlock& raw, int sub) {
+  BlockWeights w{};
+  for (int i = 0; i < 4; ++i) unpack_word_pair<kType>(raw, i, &w.q[i], &w.q[4 + i]);
+  unpack_scales<kType>(raw, sub, w);
   return w;
 }
 
-// Weight i of the block, computed as the quant codecs compute it (bit-identical to decode_row).
+// A weight from its stored quant byte, as the quant codecs compute it (bit-identical to decode_row).
+template <DType kType>
+G4_HOST_DEVICE float dequantize_quant(uint32_t byte, float scale, float min) {
+  const int q = kType == DType::Q8_0 ? int(int8_t(byte)) : int(byte);
+  const float v = scale * float(q - quant_offset(kType));
+  if constexpr (has_min(kType)) return v + min;
+  return v;
+}
+
+// Weight i of the block.
 template <DType kType>
 G4_HOST_DEVICE float dequantized(const BlockWeights& w, int i) {
-  const uint32_t byte = (w.q[i / 4] >> (8 * (i % 4))) & 0xFFu;
-  const int q = kType == DType::Q8_0 ? int(int8_t(byte)) : int(byte);
-  const float v = (i < kBlock / 2 ? w.scale : w.scale_hi) * float(q - quant_offset(kType));
-  if constexpr (has_min(kType)) return v + w.min;
-  return v;
+  return dequantize_quant<kType>((w.q[i / 4] >> (8 * (i % 4))) & 0xFFu, i < kBlock / 2 ? w.scale : w.scale_hi, w.min);
 }
 
 // ---- activations ----

@@ -44,6 +44,22 @@ struct PackedGemvTarget {
 };
 void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T, int64_t K,
                         cudaStream_t stream);
+// ---- packed_matmul.cu ----
+
+// Tokens up to which launch_packed_matmul runs (a decode batch, a short prefill chunk); more go
+// through dequantized rows and cuBLAS.
+inline constexpr int kMaxPackedMatmulTokens = 64;
+// Whether launch_packed_matmul takes T tokens of a K-wide weight: kMaxGemvTokens < T <=
+// kMaxPackedMatmulTokens, K a multiple of 128.
+bool packed_matmul_fits(int64_t T, int64_t K);
+// The float workspace launch_packed_matmul needs for an [N, K] weight (its slices of K's partial
+// sums for kMaxPackedMatmulTokens tokens; 0 when one slice covers K).
+size_t packed_matmul_workspace_bytes(int64_t N, int64_t K);
+// y[T, N] = x[T, K] · w^T with tensor cores, the packed weight read once for all tokens; the same
+// bits for a token whatever T (slices of K fixed by the shape).
+void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
+                          float* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
                               int64_t T, int64_t N, int64_t K, cudaStream_t stream);

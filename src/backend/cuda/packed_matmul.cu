@@ -1,0 +1,220 @@
+// y[T, N] = x[T, K] · w[N, K]^T over packed block-quantized weights for a few dozen tokens
+// (kMaxGemvTokens < T <= kMaxPackedMatmulTokens): a decode batch, a short prefill chunk. The weights
+// are read once for all tokens and dequantized in registers straight into tensor-core fragments
+// (mma.sync m16n8k16, bf16 in, float32 sums), instead of dequantizing every matrix to a bf16
+// scratch for cuBLAS (docs/DESIGN.md, "Quantized weights on the GPU").
+//
+// Geometry: a CTA of 8 warps takes 256 weight rows (32 per warp: two 16-row tiles) and one slice of
+// K; every token is an mma column (tiles of 8; 16, 32 or 64 columns compiled). The activations of
+// the slice pass through shared memory 128 values at a time (double-buffered cp.async). Each lane
+// reads its rows' blocks with plain loads (a row's 16 quant bytes serve its four lanes) and unpacks
+// only its own two quant words (packed_blocks.h: unpack_word_pair). K is permuted inside each k16
+// step — lane c's fragment slots 2c, 2c+1, 2c+8, 2c+9 hold weights 4c..4c+3 — so a lane's eight
+// weights of a block are two whole quant words and its activations two 8-byte loads; the sum over
+// k is the same. Slices of K are fixed by the matrix shape (never by T), and slices' partial sums
+// are added in slice order by a second kernel, so a row's result does not depend on the others.
+#include <algorithm>
+
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace g4 {
+
+namespace {
+
+using namespace packed;
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kRowsPerWarp = 32, kRowsPerCta = kWarps * kRowsPerWarp;
+constexpr int kChunk = 128;               // k values per shared-memory stage
+constexpr int kChunkBlocks = kChunk / kBlock;
+constexpr int kXStride = kChunk + 16;     // bf16 per staged row: 288 bytes, so a warp's 8 rows of
+                                          // fragment loads fall in distinct banks per half-warp
+constexpr int kTargetCtas = 256;          // slices of K are added until a matrix has about this many CTAs
+constexpr int kMaxTokens = kMaxPackedMatmulTokens;
+
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// q - quant_offset of byte j of `word`, exactly, as a float (the byte under 2^23's mantissa).
+template <DType kType>
+__device__ inline float centred_quant(uint32_t word, int j) {
+  constexpr float bias = 8388608.0f + float(quant_offset(kType)) + (kType == DType::Q8_0 ? 128.0f : 0.0f);
+  if constexpr (kType == DType::Q8_0) word ^= 0x80808080u;  // int8 -> biased unsigned
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | unsigned(j))) - bias;
+}
+
+// Two bf16 weights (bytes j, j + 1 of `word`), as dequantize_quant computes them, rounded once.
+template <DType kType>
+__device__ inline uint32_t weight_pair(uint32_t word, int j, float scale, float min) {
+  float w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    w[h] = scale * centred_quant<kType>(word, j + h);
+    if constexpr (has_min(kType)) w[h] += min;
+  }
+  return pack_bf16x2(w[0], w[1]);
+}
+
+struct Geometry {
+  int64_t T, N, K;
+  int chunks_per_slice;
+};
+
+// The A fragments of one 16-row tile for block b: frag[step] for k16 steps 0 (weights 0..15) and 1.
+template <DType kType>
+__device__ inline void tile_fragments(const uint8_t* w, const Geometry& g, int64_t first_row, int64_t b, int lane,
+                                      uint32_t (&frag)[2][4]) {
+  const int c = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows lane / 4 and lane / 4 + 8
+    const int64_t row = first_row + lane / 4 + 8 * h;
+    uint32_t lo = 0, hi = 0;
+    BlockWeights bw{};
+    if (row < g.N) {
+      const RawBlock raw = load_block<kType, PlainLoads>(row_regions<kType>(w, g.N, g.K, row), b);
+      unpack_word_pair<kType>(raw, c, &lo, &hi);
+      unpack_scales<kType>(raw, int(b % kSubBlocks), bw);
+    }
+    frag[0][h] = weight_pair<kType>(lo, 0, bw.scale, bw.min);         // slots 2c, 2c+1: weights 4c, 4c+1
+    frag[0][2 + h] = weight_pair<kType>(lo, 2, bw.scale, bw.min);     // slots 2c+8, 2c+9: 4c+2, 4c+3
+    frag[1][h] = weight_pair<kType>(hi, 0, bw.scale_hi, bw.min);      // the same for weights 16..31
+    frag[1][2 + h] = weight_pair<kType>(hi, 2, bw.scale_hi, bw.min);
+  }
+}
+
+// Stages x[:, k0 .. k0 + kChunk) (rows beyond T as zeros) into `stage`.
+template <int kTiles>
+__device__ inline void stage_activations(const bf16* x, const Geometry& g, int64_t k0, bf16* stage) {
+  constexpr int kPieces = kChunk / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < 8 * kTiles * kPieces; i += kThreads) {
+    const int t = i / kPieces, piece = i % kPieces;
+    const bool valid = t < g.T;
+    cp_async16(shared_addr(stage + t * kXStride + piece * 8), x + (valid ? t : 0) * g.K + k0 + piece * 8, valid);
+  }
+  cp_async_commit();
+}
+
+// Grid (row tiles, slices). Slice s sums chunks [s, s + 1) * chunks_per_slice of K; with one slice
+// the CTA writes y, otherwise its float sums go to partial[s][T][N].
+template <DType kType, int kTiles>
+__global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, const uint8_t* w, bf16* y,
+                                                                 float* partial, Geometry g) {
+  __shared__ __align__(16) bf16 stages[2][8 * kTiles * kXStride];
+  pdl_launch_dependents();
+  pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 4, r = lane / 4;
+  const int64_t first_row = int64_t(blockIdx.x) * kRowsPerCta + warp * kRowsPerWarp;
+  const int64_t chunks = g.K / kChunk;
+  const int64_t chunk_begin = int64_t(blockIdx.y) * g.chunks_per_slice;
+  const int64_t chunk_end = chunk_begin + g.chunks_per_slice < chunks ? chunk_begin + g.chunks_per_slice : chunks;
+  float acc[2][kTiles][4] = {};
+  stage_activations<kTiles>(x, g, chunk_begin * kChunk, stages[0]);
+  for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+    const bf16* stage = stages[(chunk - chunk_begin) % 2];
+    if (chunk + 1 < chunk_end) {
+      stage_activations<kTiles>(x, g, (chunk + 1) * kChunk, stages[(chunk + 1 - chunk_begin) % 2]);
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      cp_async_wait_all();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kChunkBlocks; ++j) {
+      const int64_t b = chunk * kChunkBlocks + j;
+      uint32_t frag[2][2][4];  // [tile][k16 step][register]
+#pragma unroll
+      for (int m = 0; m < 2; ++m) tile_fragments<kType>(w, g, first_row + 16 * m, b, lane, frag[m]);
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const bf16* xs = stage + (8 * t + r) * kXStride + j * kBlock + 4 * c;
+        const uint2 step0 = *reinterpret_cast<const uint2*>(xs), step1 = *reinterpret_cast<const uint2*>(xs + 16);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma_bf16(acc[m][t], frag[m][0], step0.x, step0.y);
+          mma_bf16(acc[m][t], frag[m][1], step1.x, step1.y);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's copies overwrite this stage
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = first_row + 16 * m + r + 8 * (e / 2), token = 8 * t + 2 * c + e % 2;
+        if (row >= g.N || token >= g.T) continue;
+        if (gridDim.y == 1)
+          y[token * g.N + row] = __float2bfloat16(acc[m][t][e]);
+        else
+          partial[(int64_t(blockIdx.y) * g.T + token) * g.N + row] = acc[m][t][e];
+      }
+}
+
+// y = the slices' partial sums added in slice order.
+__global__ void add_slices_kernel(const float* partial, int slices, int64_t count, bf16* y) {
+  pdl_launch_dependents();
+  pdl_wait();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < slices; ++s) sum += partial[s * count + i];
+    y[i] = __float2bfloat16(sum);
+  }
+}
+
+// Slices of K for an [N, K] matrix: chunks per slice and slice count.
+std::pair<int, int> slicing(int64_t N, int64_t K) {
+  const int64_t row_tiles = ceil_div(N, kRowsPerCta), chunks = K / kChunk;
+  const int64_t wanted = std::clamp<int64_t>(ceil_div(kTargetCtas, row_tiles), 1, chunks);
+  const int64_t per_slice = ceil_div(chunks, wanted);
+  return {int(per_slice), int(ceil_div(chunks, per_slice))};
+}
+
+}  // namespace
+
+bool packed_matmul_fits(int64_t T, int64_t K) { return T > kMaxGemvTokens && T <= kMaxTokens && K % kChunk == 0; }
+
+size_t packed_matmul_workspace_bytes(int64_t N, int64_t K) {
+  if (K % kChunk != 0) return 0;
+  const int slices = slicing(N, K).second;
+  return slices == 1 ? 0 : size_t(slices) * size_t(kMaxTokens) * size_t(N) * sizeof(float);
+}
+
+void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
+                          float* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  G4_CHECK(packed_matmul_fits(T, K), "packed matmul: " + std::to_string(T) + " tokens of " + std::to_string(K) +
+                                         " values (wants " + std::to_string(kMaxGemvTokens + 1) + ".." +
+                                         std::to_string(kMaxTokens) + " tokens, K a multiple of 128)");
+  const auto [per_slice, slices] = slicing(N, K);
+  G4_CHECK(slices == 1 || size_t(slices) * size_t(T) * size_t(N) * sizeof(float) <= workspace_bytes,
+           "packed matmul: the workspace reserved for this matrix is too small");
+  const Geometry g{T, N, K, per_slice};
+  const dim3 grid(unsigned(ceil_div(N, kRowsPerCta)), unsigned(slices));
+  with_block_type(type, [&](auto t) {
+    constexpr DType kType = decltype(t)::value;
+    auto launch = [&](auto kernel) {
+      launch_kernel("packed_matmul_kernel", kernel, grid, kThreads, 0, stream, Pdl::kOn, x, w, y, workspace, g);
+    };
+    if (T <= 16)
+      launch(packed_matmul_kernel<kType, 2>);
+    else if (T <= 32)
+      launch(packed_matmul_kernel<kType, 4>);
+    else
+      launch(packed_matmul_kernel<kType, 8>);
+  });
+  if (slices == 1) return;
+  const int64_t count = T * N;
+  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(count, 256), 4096)), 256, 0,
+                stream, Pdl::kOn, static_cast<const float*>(workspace), slices, count, y);
+}
+
+}  // namespace g4
