@@ -7,6 +7,7 @@
 # steady state of 16 and 64 sequences per weight type, not invariant. Logs in one archive,
 # $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady]
 set -uo pipefail
+set -f  # the gtest filters below ('*Cuda*') are not file names
 parts="$*"
 OUT=${OUT:-/tmp/g4-gpu-batch}
 mkdir -p "$OUT"
