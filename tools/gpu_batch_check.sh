@@ -21,7 +21,7 @@ if want tests; then
   for t in "test_sampling_cuda *" "test_cuda_quant *" "test_cuda_backend CudaOps.*:CudaDemoModel.*" "test_scheduler *Cuda*"; do
     set -- $t
     G4_REQUIRE_GPU=1 timeout 150 "./build-gpu/tests/$1" --gtest_filter="$2" > "$OUT/$1.log" 2>&1; echo "$1 rc=$?"
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|FAILED  \]" "$OUT/$1.log" | head -12
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|FAILED  \]" "$OUT/$1.log" | head -12
   done
   timeout 60 ./build-gpu/bench/bench_sampling > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
 fi

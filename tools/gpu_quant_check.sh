@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 run_tests() {  # name, gtest filter
   local log="$OUT/$1.log"
   G4_REQUIRE_GPU=1 timeout 240 "./build-gpu/tests/$1" --gtest_filter="$2" > "$log" 2>&1 || fail "$1 (see $log)"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|relative L2" "$log"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|relative L2" "$log"
   ! grep -q "^\[  SKIPPED \]" "$log" || fail "$1: skipped tests"
 }
 run_tests test_packed_blocks "*"
