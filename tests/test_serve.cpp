@@ -295,6 +295,26 @@ TEST(ServeThreads, EverySessionStreamsAtOnce) {
                                    << std::chrono::duration<double>(last_start - first_end).count() << " s later";
 }
 
+// tools/serve_load.py, the load client of the H200 serve check (docs/PERF.md "g4 serve under
+// load"), against the demo: every request answered, the tokens counted from the usage chunks.
+TEST(ServeThreads, TheLoadClientMeasuresEveryRequest) {
+  std::string python;
+  if (test::run_command("command -v python3", &python) != 0) GTEST_SKIP() << "no python3 to run tools/serve_load.py";
+  test::RunningServer server(kContext, {.max_sessions = 4, .max_waiting = 8}, {});
+  std::string output;
+  const int status = test::run_command("python3 '" + std::string(G4_SOURCE_DIR) + "/tools/serve_load.py' --url " +
+                                           server.base_url() + " --clients 4 --requests 6 --prompt_chars 20 --max_tokens 8",
+                                       &output);
+  ASSERT_EQ(status, 0) << output;
+  const json report = json::parse(output);
+  EXPECT_EQ(report["requests"], 6);
+  EXPECT_EQ(report["failed"], 0) << report.dump();
+  EXPECT_GT(report["generated_tokens"].get<int>(), 6);  // at least the first token of each, most run to 8
+  EXPECT_LE(report["generated_tokens"].get<int>(), 6 * 8);
+  EXPECT_LE(report["ttft_p50_s"].get<double>(), report["ttft_p99_s"].get<double>());
+  EXPECT_GT(report["aggregate_tok_s"].get<double>(), 0.0);
+}
+
 TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {
   // One session, no queue: while a request runs, the next is refused at once.
   serve::ServerOptions so;
