@@ -265,7 +265,7 @@ TEST_F(Serve, ClientDisconnectCancelsTheStream) {
 }
 
 // Every session streams at once: no request waits for an HTTP thread while sessions are free. 20
-// greedy streams of 24 tokens ("Once upon a time" does not end sooner) all start before any ends;
+// greedy streams of 64 tokens ("Once upon a time" does not end sooner) all start before any ends;
 // with httplib's default pool (one thread per core, at least 8) the ninth or the sixteenth would
 // start only when an earlier one ended.
 TEST(ServeThreads, EverySessionStreamsAtOnce) {
@@ -279,7 +279,7 @@ TEST(ServeThreads, EverySessionStreamsAtOnce) {
     clients.emplace_back([&, i] {
       httplib::Client c = test::loopback_client(server.port());
       httplib::Request request = long_streamed_completion();
-      request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 24}, {"stream", true}}.dump();
+      request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 64}, {"stream", true}}.dump();
       request.content_receiver = [&, i](const char*, size_t, uint64_t, uint64_t) {
         if (chunks[size_t(i)]++ == 0) first[size_t(i)] = Clock::now();
         return true;
