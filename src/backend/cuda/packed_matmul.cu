@@ -99,7 +99,7 @@ template <int kTiles>
 constexpr int activation_stage_bytes() { return 8 * kTiles * kXStride * int(sizeof(bf16)); }
 
 // Copies a region's bytes of every row of the CTA for one chunk: `bytes` (a multiple of 8) per row
-// starting at region_of(row) + offset, into stage + lr * pitch; rows past N as zeros.
+// starting at region_of(row), into stage + lr * pitch; rows past N as zeros.
 template <class RegionOf>
 __device__ inline void stage_region(uint8_t* stage, int pitch, int bytes, int64_t first_row, int64_t N,
                                     RegionOf region_of) {
