@@ -5,10 +5,8 @@
 #
 #   tools/gpu_serve_check.sh SYSROOT KIT
 #
-# SYSROOT: `dpkg -x` of libcpp-httplib-dev, libcpp-httplib0.11, libssl-dev, libssl3, zlib1g(-dev),
-# libbrotli-dev, libbrotli1 (root/) and of pkgconf, pkgconf-bin (libpkgconf.so.3 moved to
-# pkgconf-lib/); KIT: the llama.cpp kit's gen_gemma4_gguf.py beside src/gguf-py (../shared/tools/
-# llamacpp). Writes a 31B-shaped Q4_0 file, then for each of CLIENTS (default "64"): g4 bench
+# SYSROOT and KIT: the httplib/ and kit/ of tools/make_serve_kit.sh's archive (Debian's cpp-httplib,
+# its libraries and pkgconf unpacked; the llama.cpp kit's GGUF writer with its gguf-py). Writes a 31B-shaped Q4_0 file, then for each of CLIENTS (default "64"): g4 bench
 # --concurrency, then g4 serve with tools/serve_load.py; BATCH_INVARIANT (default false), PROMPT
 # (default 128 tokens), GEN (default 64). Logs in $OUT/logs.tgz.
 set -uo pipefail
