@@ -2,7 +2,7 @@
 # Nsight Compute's reading of the decode matmuls on the GPU machine (issue 15 asks for ncu numbers
 # where a target is missed): the packed GEMV and the bf16 GEMV at batch 1, the packed tensor-core
 # matmul at 64 sequences. Builds g4, then for each case profiles a few launches of the kernels named
-# (speed of light, occupancy, warp stall reasons) inside a short `g4 bench` run. ncu reads hardware
+# (speed of light, occupancy, warp state, memory workload) inside a short `g4 bench` run. ncu reads hardware
 # counters only on some of the workplace's machine runtimes: where it cannot, its error is printed.
 # Usage: tools/gpu_profile.sh; results in $OUT/ncu_*.csv and a summary on stdout.
 set -uo pipefail
@@ -19,7 +19,7 @@ profile() {  # name, kernel regex, launches to skip, g4 arguments...
     --csv --page details "$G4" "$@" > "$OUT/ncu_$name.csv" 2> "$OUT/ncu_$name.log" ||
     { echo "$name: ncu failed: $(tail -3 "$OUT/ncu_$name.log")"; return; }
   echo "== $name"
-  grep -E '"(DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Duration|Stall Long Scoreboard|Stall Wait|Stall Barrier|Stall Math Pipe Throttle|Stall Not Selected|Stall Short Scoreboard|Stall MIO Throttle|Stall LG Throttle)"' \
+  grep -E '"(DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Duration|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth)"' \
     "$OUT/ncu_$name.csv" | awk -F'","' '{print $5 " | " $(NF-2) " " $(NF-1) " " $NF}' | tr -d '"' | sort | uniq | head -40
 }
 profile packed_gemv_q4_0 "packed_gemv|packed_gated" 400 bench --synthetic 31b --weights q4_0 --prompt_len 64 --gen 4
