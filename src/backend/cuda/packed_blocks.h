@@ -167,14 +167,14 @@ G4_HOST_DEVICE RawBlock load_block(const RowRegions<const uint8_t>& r, int64_t b
 template <DType kType>
 G4_HOST_DEVICE void unpack_word_pair(const RawBlock& raw, int i, uint32_t* lo, uint32_t* hi) {
   constexpr Format f = format_of(kType);
-  // Selected, not indexed: a lane's i is not known at compile time, and an indexed register array
-  // would go to local memory.
-  auto word = [&](int j) { return j == 0 ? raw.qs[0] : j == 1 ? raw.qs[1] : j == 2 ? raw.qs[2] : raw.qs[3]; };
+  // Word i of the four at q, selected, not indexed: a lane's i is not known at compile time, and an
+  // indexed register array would go to local memory.
+  auto word = [i](const uint32_t* q) { return i == 0 ? q[0] : i == 1 ? q[1] : i == 2 ? q[2] : q[3]; };
   if constexpr (kType == DType::Q8_0) {
-    *lo = word(i);
-    *hi = i == 0 ? raw.qs[4] : i == 1 ? raw.qs[5] : i == 2 ? raw.qs[6] : raw.qs[7];
+    *lo = word(raw.qs);
+    *hi = word(raw.qs + 4);
   } else {
-    const uint32_t qs = word(i);
+    const uint32_t qs = word(raw.qs);
     *lo = qs & 0x0F0F0F0Fu;
     *hi = (qs >> 4) & 0x0F0F0F0Fu;
     if constexpr (f.qh == 4) {  // bit 8c + i (weight 4i + c) and 8c + 4 + i (16 + 4i + c) to bit 8c + 4
