@@ -235,14 +235,16 @@ TEST_F(Serve, ConcurrentRequestsEqualEachAlone) {
   for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
 }
 
-// A streamed completion, greedy, max_tokens left to the context's room: a long reply that only a
-// cancel ends early (the disconnect tests hang up in its middle).
-httplib::Request long_streamed_completion() {
+// A streamed completion, greedy, max_tokens (by default) left to the context's room: a long reply
+// that only a cancel ends early (the disconnect tests hang up in its middle).
+httplib::Request long_streamed_completion(std::optional<int64_t> max_tokens = std::nullopt) {
   httplib::Request request;
   request.method = "POST";
   request.path = "/v1/completions";
   request.headers = {{"Content-Type", "application/json"}};
-  request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"stream", true}}.dump();
+  json body = {{"prompt", "Once upon a time"}, {"temperature", 0}, {"stream", true}};
+  if (max_tokens) body["max_tokens"] = *max_tokens;
+  request.body = body.dump();
   return request;
 }
 
@@ -278,8 +280,7 @@ TEST(ServeThreads, EverySessionStreamsAtOnce) {
   for (int i = 0; i < kStreams; ++i)
     clients.emplace_back([&, i] {
       httplib::Client c = test::loopback_client(server.port());
-      httplib::Request request = long_streamed_completion();
-      request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 64}, {"stream", true}}.dump();
+      httplib::Request request = long_streamed_completion(64);
       request.content_receiver = [&, i](const char*, size_t, uint64_t, uint64_t) {
         if (chunks[size_t(i)]++ == 0) first[size_t(i)] = Clock::now();
         return true;
