@@ -164,6 +164,37 @@ TEST_F(CudaQuant, GatedGeluOfEveryTypeAndOfMixedTypes) {
   for (int64_t T : {1, 37}) check(DType::Q4_K, DType::Q6_K, 512, T);  // gate and up of different types
 }
 
+// A decode row's residual_norm also quantizes its next input for the packed GEMV that reads it,
+// which then skips its own quantize launch: the products must have the bits of a GEMV over a copy
+// of that input (quantized by the quantize kernel), for a matmul and for the gated GELU. A mark no
+// op used must not outlive an rms_norm that rewrites the buffer.
+TEST_F(CudaQuant, ResidualNormQuantizesTheNextInputBitForBit) {
+  for (int64_t cols : {5376, 768}) {
+    const Both post = weight(0, cols, DType::BF16, 1.0f, 0.2f), next = weight(0, cols, DType::BF16, 1.0f, 0.2f);
+    const Both norm = weight(0, cols, DType::BF16, 1.0f, 0.2f);
+    const Both w = random_weight(DType::Q4_K, 300, cols), gate = random_weight(DType::Q4_0, 300, cols),
+               up = random_weight(DType::Q4_0, 300, cols);
+    const Both x = activation(1, cols, 4.0f), o = activation(1, cols), h = activation(1, cols);
+    const Tensor y = gpu_->alloc(DType::BF16, 1, 300), y_of_copy = gpu_->alloc(DType::BF16, 1, 300);
+    const std::string shape = " [1, " + std::to_string(cols) + "]";
+    auto same_as_over_a_copy = [&](const std::string& what, auto&& op) {
+      const Both copy = activation(1, cols, read(*gpu_, h.gpu));  // bf16 numbers: the same bits
+      op(h.gpu, y);
+      op(copy.gpu, y_of_copy);
+      EXPECT_EQ(read(*gpu_, y), read(*gpu_, y_of_copy)) << what << shape;
+    };
+    gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
+    same_as_over_a_copy("matmul after residual_norm", [&](const Tensor& in, const Tensor& out) { gpu_->matmul(in, w.gpu, out); });
+    gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
+    same_as_over_a_copy("gated_gelu after residual_norm",
+                        [&](const Tensor& in, const Tensor& out) { gpu_->gated_gelu(in, gate.gpu, up.gpu, out); });
+    gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
+    gpu_->rms_norm(o.gpu, norm.gpu, 1e-6f, h.gpu);  // h rewritten before any GEMV read the mark
+    same_as_over_a_copy("matmul after rms_norm rewrote h",
+                        [&](const Tensor& in, const Tensor& out) { gpu_->matmul(in, w.gpu, out); });
+  }
+}
+
 // Embedding rows from a quantized table are the CPU's decoded values times the scale, rounded to
 // bf16 once: with a power-of-two scale, bit for bit.
 TEST_F(CudaQuant, EmbedFromQuantizedTablesBitForBit) {

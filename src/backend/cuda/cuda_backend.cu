@@ -180,6 +180,7 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "rms_norm input");
+    quantized_holds_ = nullptr;  // `out` may be the buffer residual_norm quantized
     launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm weight"), eps, ptr<bf16>(out),
                     stream_);
   }
@@ -346,10 +347,16 @@ class CudaBackend final : public Backend {
                      const Tensor& next_weight, const Tensor& next_out) override {
     expect_dtype(x, DType::BF16, "residual_norm input");
     expect_dtype(o, DType::BF16, "residual_norm block output");
+    // A decode row's next input is quantized here for the packed GEMV that reads it next, which
+    // then skips its own quantize launch (quantized_input).
+    const bool quantize = x.rows == 1 && !next_out.empty() && x.cols % packed::kBlock == 0 &&
+                          quantized_bytes(next_out) <= quantized_.bytes();
+    quantized_holds_ = quantize ? next_out.data : nullptr;
     launch_residual_norm(ptr<bf16>(x), ptr<bf16>(o), x.rows, x.cols, optional_f32(post_weight, "residual_norm weight"),
                          optional_f32(scalar, "residual_norm scalar"), eps,
                          optional_f32(next_weight, "residual_norm next weight"),
-                         next_out.empty() ? nullptr : ptr<bf16>(next_out), stream_);
+                         next_out.empty() ? nullptr : ptr<bf16>(next_out), quantize ? ptr<uint4>(quantized_) : nullptr,
+                         stream_);
   }
 
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
@@ -439,11 +446,19 @@ class CudaBackend final : public Backend {
     if (dequantized_.empty()) dequantized_ = alloc(DType::BF16, 1, int64_t(kDequantizedBytes / 2));
   }
 
-  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32).
+  static size_t quantized_bytes(const Tensor& x) {
+    return size_t(x.rows) * size_t(x.cols / packed::kBlock) * sizeof(packed::ActivationBlock);
+  }
+
+  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32): already
+  // there when the residual_norm just before wrote x, else quantized now. The residual_norm's mark
+  // serves one backend op (one op quantizes its input once for all its matrices): a buffer written
+  // again later is quantized again.
   const uint4* quantized_input(const Tensor& x) {
-    const size_t bytes = size_t(x.rows) * size_t(x.cols / packed::kBlock) * sizeof(packed::ActivationBlock);
-    G4_CHECK(bytes <= quantized_.bytes(), "packed matmul: input wider than any packed weight");
-    launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
+    G4_CHECK(quantized_bytes(x) <= quantized_.bytes(), "packed matmul: input wider than any packed weight");
+    const bool ready = quantized_holds_ == x.data && x.rows == 1;
+    quantized_holds_ = nullptr;
+    if (!ready) launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
     return ptr<uint4>(quantized_);
   }
 
@@ -561,6 +576,9 @@ class CudaBackend final : public Backend {
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
   // dequantized_: packed weight rows for a prefill GEMM; packed_partials_: launch_packed_matmul's slices
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_, packed_partials_;
+  // The one-row activation whose quantized planes quantized_ holds (written by residual_norm and
+  // not yet read), or null.
+  const void* quantized_holds_ = nullptr;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;

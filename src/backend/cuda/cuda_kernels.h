@@ -35,8 +35,10 @@ struct HeadNormLaunch {
 void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream);
 // Per row: x = (x + rms_norm(o)·post_weight) · scalar[0]; then, when next_out is not null,
 // next_out = rms_norm(x)·next_weight. Weights F32 [cols], scalar F32 [1]; each may be nullptr (none).
+// With `planes` (one row, cols a multiple of 32, a next_out): next_out also quantized for the
+// packed GEMV, as launch_quantize_activations would (packed_kernels.h), saving that launch.
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
-                          const float* scalar, float eps, const float* next_weight, bf16* next_out,
+                          const float* scalar, float eps, const float* next_weight, bf16* next_out, uint4* planes,
                           cudaStream_t stream);
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream);
 void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_t stream);

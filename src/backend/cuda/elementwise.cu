@@ -10,6 +10,7 @@
 #include "util/uniform_hash.h"
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/packed_blocks.h"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -158,9 +159,46 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 // slower on prefill rows: 53 against 41 us at 2048 x 5376.)
 constexpr int kResidualVecs = 2;
 
+// Values 8v..8v+7 of a one-row input (as bf16 numbers: the values stored) into the packed GEMV's
+// quantized planes (packed_blocks.h): a block of 32 is the vectors of 4 consecutive lanes, which
+// combine their maxima and sums; lane v % 4 writes plane v % 4 of block v / 4, the first also the
+// scales. Every lane of the warp must call it (rows of whole blocks: cols % 32 == 0), so that the
+// groups of 4 are whole. The same bits as quantize_activation_block over the block.
+__device__ inline void quantize_vector(const float (&values)[8], int64_t v, int64_t blocks, uint4* planes) {
+  using namespace packed;
+  float x[8], amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    x[j] = round_bf16(values[j]);
+    amax = activation_amax(amax, fabsf(x[j]));
+  }
+  amax = activation_amax(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = activation_amax(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float inverse = activation_inverse(amax);
+  const int part = int(v % 4), block = int(v / 4);
+  uint32_t words[4];
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int q0 = quantize_activation(x[2 * i], inverse), q1 = quantize_activation(x[2 * i + 1], inverse);
+    sum += q0 + q1;
+    words[i] = activation_word(q0, q1);
+  }
+  int sum_lo = part < 2 ? sum : 0;  // values 0..15
+  sum = xor_reduce<SumOp, 1, 2>(sum);
+  sum_lo = xor_reduce<SumOp, 1, 2>(sum_lo);
+  if (block >= blocks) return;
+  planes[plane_index(0, part, blocks, block)] = make_uint4(words[0], words[1], words[2], words[3]);
+  if (part != 0) return;
+  const float d = activation_scale(amax);
+  planes[plane_index(0, 4, blocks, block)] =
+      make_uint4(__float_as_uint(d), __float_as_uint(d * float(sum)), uint32_t(sum), uint32_t(sum_lo));
+}
+
 template <bool kWeightsFirst>
 __device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
-                                         const float* scalar, float eps, const float* next_weight, bf16* next_out) {
+                                         const float* scalar, float eps, const float* next_weight, bf16* next_out,
+                                         uint4* planes) {
   pdl_launch_dependents();
   const bool vector_rows = cols % 8 == 0;
   float post_w[kResidualVecs][8], next_w[kResidualVecs][8];
@@ -217,12 +255,15 @@ __device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, c
 #pragma unroll
     for (int j = 0; j < 8; ++j) xv[j] = xv[j] * inv_x * next_w[k][j];
     store8(nr, cols, v, vector_rows, xv);
+    if constexpr (kWeightsFirst)
+      if (planes) quantize_vector(xv, v, cols / packed::kBlock, planes);
   }
 }
 
 __global__ void residual_norm_decode_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
-                                            const float* scalar, float eps, const float* next_weight, bf16* next_out) {
-  residual_norm_row<true>(x, o, cols, post_weight, scalar, eps, next_weight, next_out);
+                                            const float* scalar, float eps, const float* next_weight, bf16* next_out,
+                                            uint4* planes) {
+  residual_norm_row<true>(x, o, cols, post_weight, scalar, eps, next_weight, next_out, planes);
 }
 
 // At most 56 registers: three 352-thread blocks (a 5376-wide row) per SM instead of two, for a
@@ -230,7 +271,7 @@ __global__ void residual_norm_decode_kernel(bf16* x, const bf16* o, int64_t cols
 __global__ __maxnreg__(56) void residual_norm_prefill_kernel(bf16* x, const bf16* o, int64_t cols,
                                                              const float* post_weight, const float* scalar, float eps,
                                                              const float* next_weight, bf16* next_out) {
-  residual_norm_row<false>(x, o, cols, post_weight, scalar, eps, next_weight, next_out);
+  residual_norm_row<false>(x, o, cols, post_weight, scalar, eps, next_weight, next_out, nullptr);
 }
 
 // 8 values per thread with 16-byte accesses (the launcher checks the pointers' alignment); the
@@ -328,13 +369,17 @@ void launch_head_norms(const HeadNormLaunch& a, cudaStream_t stream) {
 }
 
 void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, const float* post_weight,
-                          const float* scalar, float eps, const float* next_weight, bf16* next_out,
+                          const float* scalar, float eps, const float* next_weight, bf16* next_out, uint4* planes,
                           cudaStream_t stream) {
   G4_CHECK(cols <= 1024 * 8 * kResidualVecs, "residual_norm: rows wider than 16384 values are not supported");
+  G4_CHECK(!planes || (rows == 1 && next_out && cols % packed::kBlock == 0),
+           "residual_norm: quantized planes need one row of whole blocks and a next output");
   const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
-  launch_kernel("residual_norm_kernel", rows == 1 ? residual_norm_decode_kernel : residual_norm_prefill_kernel,
-                unsigned(rows), threads, 0, stream, Pdl::kOn, x, o, cols, post_weight, scalar, eps, next_weight,
-                next_out);
+  if (rows == 1)
+    return launch_kernel("residual_norm_kernel", residual_norm_decode_kernel, 1u, threads, 0, stream, Pdl::kOn, x, o,
+                         cols, post_weight, scalar, eps, next_weight, next_out, planes);
+  launch_kernel("residual_norm_kernel", residual_norm_prefill_kernel, unsigned(rows), threads, 0, stream, Pdl::kOn, x,
+                o, cols, post_weight, scalar, eps, next_weight, next_out);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {

@@ -251,30 +251,52 @@ struct alignas(16) ActivationBlock {
 };
 static_assert(sizeof(ActivationBlock) == 80, "five 16-byte loads per block");
 
-// A non-finite input makes d NaN (and every q 0), so the dot products, and the logits, are NaN.
+// The steps of quantizing a block, shared by quantize_activation_block and the kernels that
+// quantize a block spread over several threads (each step's result does not depend on the order
+// in which a block's values or partial maxima are combined).
+// A block's running max |x|; a NaN wins and stays.
+G4_HOST_DEVICE float activation_amax(float amax, float a) { return a > amax || a != a ? a : amax; }
+// 32767 / amax, or 0 (every q 0) when amax is 0 or not finite.
+G4_HOST_DEVICE float activation_inverse(float amax) {
+  return amax <= 3.4028234663852886e38f && amax > 0.0f ? 32767.0f / amax : 0.0f;
+}
+G4_HOST_DEVICE int quantize_activation(float x, float inverse) {
+  const float v = rintf(x * inverse);
+  return v > 32767.0f ? 32767 : v < -32767.0f ? -32767 : int(v);
+}
+// Values 2k and 2k + 1 as word k.
+G4_HOST_DEVICE uint32_t activation_word(int q0, int q1) {
+  return uint32_t(uint16_t(int16_t(q0))) | uint32_t(uint16_t(int16_t(q1))) << 16;
+}
+// d: NaN for a non-finite block, so its dot products (and the logits) are NaN.
+G4_HOST_DEVICE float activation_scale(float amax) { return amax <= 3.4028234663852886e38f ? amax / 32767.0f : NAN; }
+
 G4_HOST_DEVICE void quantize_activation_block(const float* x, ActivationBlock& out) {
   float amax = 0.0f;
-  for (int i = 0; i < kBlock; ++i) {
-    const float a = fabsf(x[i]);
-    amax = a > amax || a != a ? a : amax;  // NaN wins
-  }
-  const bool finite = amax <= 3.4028234663852886e38f;
-  const float inverse = finite && amax > 0.0f ? 32767.0f / amax : 0.0f;
+  for (int i = 0; i < kBlock; ++i) amax = activation_amax(amax, fabsf(x[i]));
+  const float inverse = activation_inverse(amax);
   int sum = 0, sum_lo = 0;
   for (int k = 0; k < kBlock / 2; ++k) {
-    int q[2];
-    for (int h = 0; h < 2; ++h) {
-      const float v = rintf(x[2 * k + h] * inverse);
-      q[h] = v > 32767.0f ? 32767 : v < -32767.0f ? -32767 : int(v);
-    }
-    sum += q[0] + q[1];
-    if (k < kBlock / 4) sum_lo += q[0] + q[1];
-    out.q[k] = uint32_t(uint16_t(int16_t(q[0]))) | uint32_t(uint16_t(int16_t(q[1]))) << 16;
+    const int q0 = quantize_activation(x[2 * k], inverse), q1 = quantize_activation(x[2 * k + 1], inverse);
+    sum += q0 + q1;
+    if (k < kBlock / 4) sum_lo += q0 + q1;
+    out.q[k] = activation_word(q0, q1);
   }
-  out.d = finite ? amax / 32767.0f : NAN;
+  out.d = activation_scale(amax);
   out.dsum = out.d * float(sum);
   out.sum = sum;
   out.sum_lo = sum_lo;
+}
+
+// The quantized input in device memory: per token five planes of 16 bytes per block, planes 0-3
+// holding words 4k..4k+3 of each block's q, plane 4 its d, dsum, sum and sum_lo. Lanes on
+// consecutive blocks then read 512 contiguous bytes per load (80-byte blocks side by side would
+// make each load touch 20 cache lines instead of 4). plane_index(t, k, blocks, b): the 16-byte
+// entry of plane k, block b of token t, for rows of `blocks` blocks.
+inline constexpr int kActivationPlanes = 5;
+static_assert(sizeof(ActivationBlock) == kActivationPlanes * 16, "one 16-byte plane entry per block each");
+G4_HOST_DEVICE int64_t plane_index(int64_t t, int k, int64_t blocks, int64_t b) {
+  return (t * kActivationPlanes + k) * blocks + b;
 }
 
 // ---- the dot product ----

@@ -1,15 +1,20 @@
 // The decode matmuls over packed block-quantized weights (layout and per-block arithmetic:
 // packed_blocks.h). The input rows are first quantized per block of 32 to int16 with a float scale
 // (quantize_activations_kernel, once per input, shared by every matrix that reads it); then each
-// warp streams kRowsPerWarp weight rows, lane l taking blocks l, l + 32, ... with kUnroll blocks
-// per row in flight (16-byte quant loads that bypass L1, their scales beside), and every block of
-// every token costs 16 dp2a and a few float operations. The rows of a warp share each activation
-// load, which comes through L1: five coalesced 16-byte loads per block and token (the planes
-// below). Launched with PDL: a warp asks L2 for its first weight bytes before it waits for the input.
+// warp streams kRowsPerWarp weight rows, lane l taking blocks l, l + 32, ... in that order, U
+// blocks per row in flight (16-byte quant loads that bypass L1, their scales beside; blocks past the
+// row's end are not loaded), and every block of every token costs 16 dp2a and a few float
+// operations. The rows of a warp share each activation load, which comes through L1: five
+// coalesced 16-byte loads per block and token (the planes below). Launched with PDL: a warp asks
+// L2 for its first weight bytes before it waits for the input.
 //
-// Geometry: 8 warps per block; matmuls kRowsPerWarp = 2 consecutive rows per warp (a lone last row
-// is read twice and stored once), the gated GELU one row of gate and the same row of up. Token
-// counts 1, 2, 4 and 8 are compiled; 3 runs the 4-token kernel with the 4th token skipped.
+// Geometry (docs/DESIGN.md §3, measured on the H200): kRowsPerWarp = 2 consecutive rows per warp
+// (a lone last row is read twice and stored once), the gated GELU one row of gate and the same row
+// of up. One token over a 16-byte-quant type with rows of at most kWideRowsMaxK values (q/k/v,
+// gate/up, the LM head of the 31B) keeps 6 blocks per row in flight in 4-warp blocks; everything
+// else 2 blocks in 8-warp blocks. A lane sums its blocks in the same order whatever the geometry,
+// so the results do not depend on it. Token counts 1, 2, 4 and 8 are compiled; 3 runs the 4-token
+// kernel with the 4th token skipped.
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
@@ -21,10 +26,26 @@ namespace {
 
 using namespace packed;
 
-constexpr int kWarpsPerBlock = kGemvWarpsPerBlock;
 constexpr int kRowsPerWarp = 2;  // rows sharing a warp's activation loads
-constexpr int kUnroll = 2;       // blocks per row in flight per lane
 constexpr int kQuantizeThreads = 128;
+
+// Blocks per row in flight per lane (U) and warps per block (W).
+template <int U>
+struct Geometry {
+  static constexpr int kInFlight = U;
+  static constexpr int kWarps = U > 2 ? 4 : kGemvWarpsPerBlock;  // fewer warps when each holds more registers
+};
+using Narrow = Geometry<2>;
+using Wide = Geometry<6>;
+constexpr int64_t kWideRowsMaxK = 6144;
+
+// The wide geometry pays where each warp's rows are short and many warps run: one token, a
+// 16-byte quant block (not Q8_0's 32), rows of at most kWideRowsMaxK values. On the 31B at batch 1
+// it took gate/up from 48 to 37 us and the LM head from 235 to 193 us, and slowed o_proj and
+// down_proj (5 376 rows of 8 192 and 21 504 values), which keep the narrow one.
+bool wide_geometry(DType type, int64_t T, int64_t K) {
+  return T == 1 && format_of(type).qs == 16 && K <= kWideRowsMaxK;
+}
 
 // Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where
 // load_block's instantiations exist too but never run.
@@ -64,17 +85,6 @@ struct StreamingLoads {
   }
 };
 
-// The quantized input in device memory: per token five planes of 16 bytes per block, planes 0-3
-// holding words 4k..4k+3 of each block's q, plane 4 its d, dsum, sum and sum_lo. Lanes on
-// consecutive blocks then read 512 contiguous bytes per load (80-byte blocks side by side would
-// make each load touch 20 cache lines instead of 4).
-constexpr int kActivationPlanes = 5;
-static_assert(sizeof(ActivationBlock) == kActivationPlanes * 16, "one 16-byte plane entry per block each");
-
-__device__ inline int64_t plane_index(int64_t t, int k, int64_t blocks, int64_t b) {
-  return (t * kActivationPlanes + k) * blocks + b;
-}
-
 // Token t's block b through L1 (the warp's rows and the other warps reread it).
 __device__ inline ActivationBlock load_activation(const uint4* x, int64_t blocks, int t, int64_t b) {
   ActivationBlock a;
@@ -108,28 +118,25 @@ __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, con
 }
 
 // acc[r][t] = x[t] · rows[r], summed over the warp (every lane gets the sums).
-template <DType kType, int T, int R>
+template <DType kType, int T, int R, int U>
 __device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
                                        int tokens, int lane, float (&acc)[R][T]) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
-  int64_t b = lane;
-  for (; b + 32 * (kUnroll - 1) < blocks; b += 32 * kUnroll) {
-    RawBlock raw[kUnroll][R];
+  for (int64_t b = lane; b < blocks; b += 32 * U) {
+    RawBlock raw[U][R];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < U; ++u)
+      if (b + 32 * u < blocks)
 #pragma unroll
-      for (int r = 0; r < R; ++r) raw[u][r] = load_block<kType, StreamingLoads>(rows[r], b + 32 * u);
+        for (int r = 0; r < R; ++r) raw[u][r] = load_block<kType, StreamingLoads>(rows[r], b + 32 * u);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) accumulate_block<kType, T, R>(raw[u], b + 32 * u, x, blocks, tokens, acc);
-  }
-  for (; b < blocks; b += 32) {
-    RawBlock raw[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) raw[r] = load_block<kType, StreamingLoads>(rows[r], b);
-    accumulate_block<kType, T, R>(raw, b, x, blocks, tokens, acc);
+    for (int u = 0; u < U; ++u) {
+      if (b + 32 * u >= blocks) break;
+      accumulate_block<kType, T, R>(raw[u], b + 32 * u, x, blocks, tokens, acc);
+    }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -138,9 +145,9 @@ __device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R
 }
 
 // The quant bytes a row's first loads read.
-template <DType kType>
+template <DType kType, int U>
 __device__ inline void prefetch_first_blocks(const RowRegions<const uint8_t>& row, int64_t blocks, int lane) {
-  prefetch_l2(row.qs, min(blocks, int64_t(32 * kUnroll)) * format_of(kType).qs, lane);
+  prefetch_l2(row.qs, min(blocks, int64_t(32 * U)) * format_of(kType).qs, lane);
 }
 
 // Block i of x [T, K] (token i / blocks) into its planes.
@@ -164,26 +171,26 @@ __global__ void quantize_activations_kernel(const bf16* x, int64_t T, int64_t bl
   }
 }
 
-template <DType kType, int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gemv_kernel(const uint4* x,
-                                                                          GemvTargets<PackedGemvTarget> launch,
-                                                                          int64_t K, int tokens) {
+template <DType kType, int T, class G>
+__global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4* x,
+                                                                     GemvTargets<PackedGemvTarget> launch, int64_t K,
+                                                                     int tokens) {
   pdl_launch_dependents();
   unsigned block_in_target;
   const PackedGemvTarget target = gemv_target(launch, &block_in_target);
   const int lane = threadIdx.x & 31;
-  const int64_t first = (int64_t(block_in_target) * kWarpsPerBlock + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const int64_t first = (int64_t(block_in_target) * G::kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
   if (first >= target.rows) return;
   const int64_t blocks = K / kBlock;
   RowRegions<const uint8_t> rows[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     rows[r] = row_regions<kType>(target.w, target.rows, K, min(first + r, target.rows - 1));
-    prefetch_first_blocks<kType>(rows[r], blocks, lane);
+    prefetch_first_blocks<kType, G::kInFlight>(rows[r], blocks, lane);
   }
   pdl_wait();
   float acc[kRowsPerWarp][T];
-  packed_rows_dot<kType, T, kRowsPerWarp>(rows, x, blocks, tokens, lane, acc);
+  packed_rows_dot<kType, T, kRowsPerWarp, G::kInFlight>(rows, x, blocks, tokens, lane, acc);
   if (lane != 0) return;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
@@ -194,22 +201,21 @@ __global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gemv_kernel(const 
 
 // Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as the
 // separate matmuls store them.
-template <DType kType, int T>
-__global__ __launch_bounds__(kWarpsPerBlock * 32) void packed_gated_gelu_kernel(const uint4* x,
-                                                                                const uint8_t* w_gate,
-                                                                                const uint8_t* w_up, bf16* out,
-                                                                                int64_t N, int64_t K, int tokens) {
+template <DType kType, int T, class G>
+__global__ __launch_bounds__(G::kWarps * 32) void packed_gated_gelu_kernel(const uint4* x, const uint8_t* w_gate,
+                                                                           const uint8_t* w_up, bf16* out, int64_t N,
+                                                                           int64_t K, int tokens) {
   pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = int64_t(blockIdx.x) * G::kWarps + (threadIdx.x >> 5);
   if (row >= N) return;
   const int64_t blocks = K / kBlock;
   const RowRegions<const uint8_t> rows[2] = {row_regions<kType>(w_gate, N, K, row), row_regions<kType>(w_up, N, K, row)};
-  prefetch_first_blocks<kType>(rows[0], blocks, lane);
-  prefetch_first_blocks<kType>(rows[1], blocks, lane);
+  prefetch_first_blocks<kType, G::kInFlight>(rows[0], blocks, lane);
+  prefetch_first_blocks<kType, G::kInFlight>(rows[1], blocks, lane);
   pdl_wait();
   float acc[2][T];  // gate, up
-  packed_rows_dot<kType, T, 2>(rows, x, blocks, tokens, lane, acc);
+  packed_rows_dot<kType, T, 2, G::kInFlight>(rows, x, blocks, tokens, lane, acc);
   if (lane != 0) return;
 #pragma unroll
   for (int t = 0; t < T; ++t)
@@ -245,29 +251,39 @@ void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, uint4* out
                 out);
 }
 
+// Calls f(weights, tokens, geometry): the weight type, the compiled token count and the geometry of
+// a T-token launch over a K-wide weight of `type`, as integral constants and a Geometry (the wide
+// one compiled only for the types it serves).
+template <typename F>
+void with_gemv_kernel(DType type, int64_t T, int64_t K, F&& f) {
+  with_block_type(type, [&](auto weights) {
+    if constexpr (format_of(decltype(weights)::value).qs == 16)
+      if (wide_geometry(type, T, K)) return f(weights, std::integral_constant<int, 1>{}, Wide{});
+    with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}); });
+  });
+}
+
 void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T,
                         int64_t K, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
-  const GemvTargets<PackedGemvTarget> plan = plan_gemv_targets(
-      targets, count, [](const PackedGemvTarget& t) { return ceil_div(t.rows, kWarpsPerBlock * kRowsPerWarp); });
-  with_block_type(type, [&](auto weights) {
-    with_token_bucket(T, [&](auto tokens) {
-      launch_kernel("packed_gemv_kernel", packed_gemv_kernel<decltype(weights)::value, decltype(tokens)::value>,
-                    plan.first_block[kMaxGemvTargets], kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, plan, K, int(T));
-    });
+  with_gemv_kernel(type, T, K, [&](auto weights, auto tokens, auto geometry) {
+    using G = decltype(geometry);
+    const GemvTargets<PackedGemvTarget> plan = plan_gemv_targets(
+        targets, count, [](const PackedGemvTarget& t) { return ceil_div(t.rows, G::kWarps * kRowsPerWarp); });
+    launch_kernel("packed_gemv_kernel", packed_gemv_kernel<decltype(weights)::value, decltype(tokens)::value, G>,
+                  plan.first_block[kMaxGemvTargets], G::kWarps * 32, 0, stream, Pdl::kOn, x, plan, K, int(T));
   });
 }
 
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up,
                               bf16* out, int64_t T, int64_t N, int64_t K, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
-  with_block_type(type, [&](auto weights) {
-    with_token_bucket(T, [&](auto tokens) {
-      launch_kernel("packed_gated_gelu_kernel",
-                    packed_gated_gelu_kernel<decltype(weights)::value, decltype(tokens)::value>,
-                    unsigned(ceil_div(N, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, stream, Pdl::kOn, x, w_gate, w_up,
-                    out, N, K, int(T));
-    });
+  with_gemv_kernel(type, T, K, [&](auto weights, auto tokens, auto geometry) {
+    using G = decltype(geometry);
+    launch_kernel("packed_gated_gelu_kernel",
+                  packed_gated_gelu_kernel<decltype(weights)::value, decltype(tokens)::value, G>,
+                  unsigned(ceil_div(N, G::kWarps)), G::kWarps * 32, 0, stream, Pdl::kOn, x, w_gate, w_up, out, N, K,
+                  int(T));
   });
 }
 
