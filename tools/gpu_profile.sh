@@ -38,7 +38,7 @@ step() {  # weights
   "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 64 > "$OUT/bench_step_$w.json" 2>&1
   grep -E '"step_ms_greedy"|"decode_greedy_tok_s"' "$OUT/bench_step_$w.json"
   ncu_csv "step_$w" 400 --launch-skip 2500 --launch-count 1800 --section SpeedOfLight \
-    "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 2 || return
+    "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 8 || return
   echo "== step_$w"
   python3 tools/ncu_step_summary.py "$OUT/ncu_step_$w.csv"
 }

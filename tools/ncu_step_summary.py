@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Sums an ncu --csv --page details speed-of-light capture of whole decode steps (tools/gpu_profile.sh
-step): the launches are cut into steps at each embedding kernel; for the complete steps, per
-kernel name and grid: launches per step, microseconds per step, mean DRAM throughput; then the
-step's kernel time in all. Usage: ncu_step_summary.py CAPTURE.csv"""
+"""Sums an ncu --csv --page details speed-of-light capture of decode steps (tools/gpu_profile.sh
+step): per kernel name and grid, launches, microseconds and mean DRAM throughput per step, a step
+being one LM head (one soft-cap launch) of the capture; then the kernel time of a step in all.
+Usage: ncu_step_summary.py CAPTURE.csv"""
 import collections
 import csv
+import re
 import sys
 
 
@@ -13,7 +14,8 @@ def launches(path):
     with open(path, newline="") as f:
         lines = [line for line in f if line.startswith('"')]
     for r in csv.DictReader(lines):
-        k = rows.setdefault(r["ID"], {"name": r["Kernel Name"].split("(")[0].split("<")[0], "grid": r["Grid Size"]})
+        name = re.sub(r"^void |\(anonymous namespace\)::|unnamed>::", "", r["Kernel Name"]).split("(")[0]
+        k = rows.setdefault(r["ID"], {"name": name, "grid": r["Grid Size"]})
         if r["Metric Name"] == "Duration":
             scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
             k["us"] = float(r["Metric Value"].replace(",", "")) * scale
@@ -24,22 +26,19 @@ def launches(path):
 
 def main():
     ks = launches(sys.argv[1])
-    starts = [i for i, k in enumerate(ks) if k["name"].startswith("embed")]
-    if len(starts) < 2:
-        sys.exit("fewer than one whole step in the capture (no two embedding launches)")
-    steps = [ks[a:b] for a, b in zip(starts, starts[1:])]
+    n = sum(1 for k in ks if k["name"].startswith("softcap"))
+    if n == 0:
+        sys.exit("no decode step in the capture (no soft-cap launch)")
     total = collections.defaultdict(lambda: [0, 0.0, 0.0])
-    for s in steps:
-        for k in s:
-            t = total[(k["name"], k["grid"])]
-            t[0] += 1
-            t[1] += k.get("us", 0.0)
-            t[2] += k.get("dram", 0.0) * k.get("us", 0.0)
-    n = len(steps)
-    print(f"{n} whole steps; per step:")
-    print(f"{'kernel':40} {'grid':>16} {'launches':>8} {'us':>9} {'dram %':>7}")
+    for k in ks:
+        t = total[(k["name"], k["grid"])]
+        t[0] += 1
+        t[1] += k.get("us", 0.0)
+        t[2] += k.get("dram", 0.0) * k.get("us", 0.0)
+    print(f"{len(ks)} launches, {n} steps; per step:")
+    print(f"{'kernel':48} {'grid':>16} {'launches':>8} {'us':>9} {'dram %':>7}")
     for (name, grid), (c, us, dram_us) in sorted(total.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name[:40]:40} {grid:>16} {c / n:8.1f} {us / n:9.1f} {dram_us / us if us else 0:7.1f}")
+        print(f"{name[:48]:48} {grid:>16} {c / n:8.1f} {us / n:9.1f} {dram_us / us if us else 0:7.1f}")
     print(f"kernel time per step: {sum(t[1] for t in total.values()) / n / 1e3:.3f} ms")
 
 
