@@ -10,11 +10,10 @@
 //
 // Geometry (docs/DESIGN.md §3, measured on the H200): kRowsPerWarp = 2 consecutive rows per warp
 // (a lone last row is read twice and stored once), the gated GELU one row of gate and the same row
-// of up. One token over a 16-byte-quant type with rows of at most kWideRowsMaxK values (q/k/v,
-// gate/up, the LM head of the 31B) keeps 6 blocks per row in flight in 4-warp blocks; everything
-// else 2 blocks in 8-warp blocks. A lane sums its blocks in the same order whatever the geometry,
-// so the results do not depend on it. Token counts 1, 2, 4 and 8 are compiled; 3 runs the 4-token
-// kernel with the 4th token skipped.
+// of up; 2 blocks per row in flight in 8-warp blocks, or for one token over the types that gain
+// from it (wide_geometry) 6 in 4-warp blocks. A lane sums its blocks in the same order whatever the
+// geometry, so the results do not depend on it. Token counts 1, 2, 4 and 8 are compiled; 3 runs the
+// 4-token kernel with the 4th token skipped.
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
@@ -39,12 +38,16 @@ using Narrow = Geometry<2>;
 using Wide = Geometry<6>;
 constexpr int64_t kWideRowsMaxK = 6144;
 
-// The wide geometry pays where each warp's rows are short and many warps run: one token, a
-// 16-byte quant block (not Q8_0's 32), rows of at most kWideRowsMaxK values. On the 31B at batch 1
-// it took gate/up from 48 to 37 us and the LM head from 235 to 193 us, and slowed o_proj and
-// down_proj (5 376 rows of 8 192 and 21 504 values), which keep the narrow one.
+// Where 6 blocks in flight beat 2 for one token (the 31B's matrices timed alone on the H200, both
+// geometries without a serial tail): Q6_K at every row length (down_proj 47 -> 31 us, gate/up 56 ->
+// 49, LM head 346 -> 323); the 32-weight 4- and 5-bit types on rows of at most kWideRowsMaxK values
+// (Q4_0 v_proj 8.2 -> 6.7 us, q/k/v 18.3 -> 17.7; its 21 504-wide down_proj is slower: 25.5 -> 27.5).
+// Q4_K is faster with 2 (gate/up 40.8 against 42.0, LM head 230 against 242, down 24 against 28),
+// and so, by its like layout, is taken Q5_K; Q8_0's 32-byte blocks hold 2 x 16 bytes in flight already.
 bool wide_geometry(DType type, int64_t T, int64_t K) {
-  return T == 1 && format_of(type).qs == 16 && K <= kWideRowsMaxK;
+  if (T != 1) return false;
+  if (type == DType::Q6_K) return true;
+  return !is_k_quant(type) && format_of(type).qs == 16 && K <= kWideRowsMaxK;
 }
 
 // Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where
@@ -257,7 +260,8 @@ void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, uint4* out
 template <typename F>
 void with_gemv_kernel(DType type, int64_t T, int64_t K, F&& f) {
   with_block_type(type, [&](auto weights) {
-    if constexpr (format_of(decltype(weights)::value).qs == 16)
+    constexpr DType kType = decltype(weights)::value;
+    if constexpr (kType == DType::Q6_K || (!is_k_quant(kType) && format_of(kType).qs == 16))
       if (wide_geometry(type, T, K)) return f(weights, std::integral_constant<int, 1>{}, Wide{});
     with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}); });
   });
