@@ -1,0 +1,151 @@
+// The batch-1 decode GEMVs over packed weights at the 31B's shapes, alone: for each weight type and
+// matrix (q/k/v as one launch, o_proj, gate/up as the gated GELU, down_proj, the LM head), the
+// launch's time (events over back-to-back launches, rotating through enough copies of the weight
+// that L2 holds none of them) and the bandwidth it reaches. For choosing the packed GEMV's geometry
+// (docs/DESIGN.md §3) and seeing what one matrix costs beside the whole step (docs/PERF.md).
+//   bench_packed_gemv_cuda [types=q4_0,q4_k,q6_k,q8_0]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/packed_kernels.h"
+#include "util/dtype.h"
+
+namespace {
+
+using namespace g4;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+constexpr size_t kRotationBytes = size_t(600) << 20;  // well past the H200's 50 MB L2
+constexpr int kReps = 40;
+
+// `copies` packed [rows, cols] weights of random blocks.
+struct Weights {
+  std::vector<uint8_t*> copies;
+  size_t bytes = 0;
+  Weights(DType type, int64_t rows, int64_t cols) : bytes(row_bytes(type, cols) * size_t(rows)) {
+    const size_t n = std::max<size_t>(2, (kRotationBytes + bytes - 1) / bytes);
+    for (size_t i = 0; i < n; ++i) {
+      uint8_t* p = nullptr;
+      check(cudaMalloc(&p, bytes), "cudaMalloc weights");
+      launch_fill_random_blocks(type, p, rows, cols, 0.05f, 17 + i, nullptr);
+      copies.push_back(p);
+    }
+    check(cudaDeviceSynchronize(), "fill");
+  }
+  ~Weights() {
+    for (uint8_t* p : copies) cudaFree(p);
+  }
+  Weights(const Weights&) = delete;
+  Weights& operator=(const Weights&) = delete;
+};
+
+// Microseconds per launch(copy index), after a warm-up.
+template <typename F>
+double time_us(F&& launch, size_t copies) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (size_t i = 0; i < 3; ++i) launch(i % copies);
+  check(cudaEventRecord(start), "record");
+  for (int i = 0; i < kReps; ++i) launch(size_t(i) % copies);
+  check(cudaEventRecord(stop), "record");
+  check(cudaEventSynchronize(stop), "sync");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms) * 1e3 / kReps;
+}
+
+void report(DType type, const char* name, int64_t rows, int64_t cols, size_t bytes, double us) {
+  std::printf("%-5s %-8s [%6lld, %5lld]  %8.2f us  %5.2f TB/s\n", dtype_name(type).c_str(), name,
+              static_cast<long long>(rows), static_cast<long long>(cols), us, double(bytes) / (us * 1e-6) / 1e12);
+}
+
+void run_type(DType type, uint4* x, bf16* y, const bf16* input) {
+  constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096, V = 262144;
+  struct Gemv {
+    const char* name;
+    int64_t rows, cols;
+  };
+  for (const Gemv& g : {Gemv{"o_proj", H, Q}, Gemv{"down", H, I}, Gemv{"lm_head", V, H}}) {
+    const Weights w(type, g.rows, g.cols);
+    launch_quantize_activations(input, 1, g.cols, x, nullptr);
+    const double us = time_us(
+        [&](size_t c) {
+          const PackedGemvTarget t{w.copies[c], y, g.rows};
+          launch_packed_gemv(type, x, &t, 1, 1, g.cols, nullptr);
+        },
+        w.copies.size());
+    report(type, g.name, g.rows, g.cols, w.bytes, us);
+  }
+  {  // q, k and v of a sliding layer in one launch
+    const Weights q(type, Q, H), k(type, KV, H), v(type, KV, H);
+    launch_quantize_activations(input, 1, H, x, nullptr);
+    const double us = time_us(
+        [&](size_t c) {
+          const PackedGemvTarget t[] = {{q.copies[c % q.copies.size()], y, Q},
+                                        {k.copies[c % k.copies.size()], y + Q, KV},
+                                        {v.copies[c % v.copies.size()], y + Q + KV, KV}};
+          launch_packed_gemv(type, x, t, 3, 1, H, nullptr);
+        },
+        std::max({q.copies.size(), k.copies.size(), v.copies.size()}));
+    report(type, "q/k/v", Q + 2 * KV, H, q.bytes + k.bytes + v.bytes, us);
+  }
+  {
+    const Weights gate(type, I, H), up(type, I, H);
+    launch_quantize_activations(input, 1, H, x, nullptr);
+    const double us = time_us(
+        [&](size_t c) { launch_packed_gated_gelu(type, x, gate.copies[c], up.copies[c], y, 1, I, H, nullptr); },
+        gate.copies.size());
+    report(type, "gate/up", 2 * I, H, 2 * gate.bytes, us);
+  }
+}
+
+DType parse_type(std::string name) {
+  for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K})
+    if (dtype_name(t) == name) return t;
+  throw std::runtime_error("bench_packed_gemv_cuda: unknown block type '" + name + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::vector<DType> types;
+    std::stringstream list(argc > 1 ? argv[1] : "q4_0,q4_k,q6_k,q8_0");
+    for (std::string name; std::getline(list, name, ',');) types.push_back(parse_type(name));
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    std::printf("packed GEMV, one token, 31B shapes, %s; us per launch (%d back-to-back)\n", prop.name, kReps);
+    constexpr int64_t kWidest = 21504;
+    bf16* input = nullptr;
+    bf16* y = nullptr;
+    uint4* x = nullptr;
+    check(cudaMalloc(&input, kWidest * sizeof(bf16)), "cudaMalloc input");
+    check(cudaMemset(input, 0x3c, kWidest * sizeof(bf16)), "cudaMemset input");  // bf16 0x3c3c ~ 0.0115
+    check(cudaMalloc(&y, size_t(262144) * sizeof(bf16)), "cudaMalloc output");
+    check(cudaMalloc(&x, size_t(kWidest / 32) * 80), "cudaMalloc quantized input");
+    for (DType type : types) run_type(type, x, y, input);
+    cudaFree(input);
+    cudaFree(y);
+    cudaFree(x);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
