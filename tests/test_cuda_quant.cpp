@@ -2,7 +2,8 @@
 // the GPU") against the CPU backend over the same GGUF tensors, which decodes them to float32 (the
 // reference of docs/DESIGN.md §6): matmul by the decode GEMV (1-8 tokens), by the tensor-core packed
 // matmul (9-64) and by the prefill path, the q/k/v
-// launch with mixed types, the gated GELU, embedding rows, random blocks for synthetic weights, a
+// launch with mixed types, the gated GELU, the GEMV input quantized by the kernels that write it
+// (residual_norm, the decode attention), embedding rows, random blocks for synthetic weights, a
 // corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k by g4
 // and in q4_0 and q4_k_m by llama.cpp's tools.
 // Skips without a GPU (tests/test_packed_blocks.cpp runs the packed arithmetic on the CPU).
@@ -193,6 +194,49 @@ TEST_F(CudaQuant, ResidualNormQuantizesTheNextInputBitForBit) {
     same_as_over_a_copy("matmul after rms_norm rewrote h",
                         [&](const Tensor& in, const Tensor& out) { gpu_->matmul(in, w.gpu, out); });
   }
+}
+
+// One sequence's decode attention also quantizes its output row for the packed o_proj that reads
+// it: the product must have the bits of a GEMV over a copy of that row (quantized by the quantize
+// kernel), by the single-sequence launch and by a decode batch of one; the 31B's sliding (ring
+// cache) and full (flat cache) head shapes.
+TEST_F(CudaQuant, DecodeAttentionQuantizesItsOutputBitForBit) {
+  struct Case {
+    int heads, kv_heads, head_dim, window;
+    int64_t capacity;
+    int32_t position;
+  };
+  for (const Case& c : {Case{4, 2, 256, 16, 32, 40}, Case{8, 1, 512, 0, 96, 70}})
+    for (bool batch : {false, true}) {
+      const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
+      const Both o_proj = random_weight(DType::Q4_K, 300, q_cols);  // reserves the quantized-input scratch
+      std::vector<float> inv(size_t(hd / 2), 0.0f);
+      for (int64_t i = 0; i < hd / 8; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+      const Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      const Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
+      const Both positions = raw(DType::I32, 1, 1, &c.position);
+      const Both q = activation(1, q_cols, 3.0f), k = activation(1, kv_cols, 2.0f), v = activation(1, kv_cols, 1.5f);
+      const Both out = activation(1, q_cols);
+      KvCache cache{activation(c.capacity, kv_cols, 2.0f).gpu, activation(c.capacity, kv_cols, 1.5f).gpu, c.capacity};
+      const Tensor kh = k.gpu.reshaped(c.kv_heads, hd), vh = v.gpu.reshaped(c.kv_heads, hd);
+      const HeadNorms norms{q.gpu.reshaped(c.heads, hd), q_w.gpu, kh, k_w.gpu, vh, vh, positions.gpu, inv_freq.gpu,
+                            1e-6f};
+      AttentionArgs args;
+      args.q = q.gpu, args.k_new = k.gpu, args.v_new = v.gpu, args.out = out.gpu, args.cache = &cache;
+      args.positions = positions.gpu;
+      args.heads = c.heads, args.kv_heads = c.kv_heads, args.head_dim = c.head_dim, args.window = c.window;
+      args.scale = 1.0f / std::sqrt(float(hd));
+      if (batch)
+        gpu_->normed_attention_batch(std::span(&norms, 1), std::span(&args, 1));
+      else
+        gpu_->normed_attention(norms, args);
+      const Both copy = activation(1, q_cols, read(*gpu_, out.gpu));  // bf16 numbers: the same bits
+      const Tensor y = gpu_->alloc(DType::BF16, 1, 300), y_of_copy = gpu_->alloc(DType::BF16, 1, 300);
+      gpu_->matmul(out.gpu, o_proj.gpu, y);
+      gpu_->matmul(copy.gpu, o_proj.gpu, y_of_copy);
+      EXPECT_EQ(read(*gpu_, y), read(*gpu_, y_of_copy))
+          << "o_proj after decode attention, head dim " << hd << (batch ? ", a batch of one" : ", alone");
+    }
 }
 
 // Embedding rows from a quantized table are the CPU's decoded values times the scale, rounded to

@@ -180,7 +180,7 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "rms_norm input");
-    quantized_holds_ = nullptr;  // `out` may be the buffer residual_norm quantized
+    quantized_holds_ = nullptr;  // `out` may be a buffer quantized alongside
     launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm weight"), eps, ptr<bf16>(out),
                     stream_);
   }
@@ -283,8 +283,9 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionArgs& args) override {
     const AttentionLaunch a = attention_launch(args);
+    quantized_holds_ = nullptr;  // args.out may be a buffer quantized alongside
     if (a.T > 1) return launch_prefill_attention(a, stream_);
-    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, stream_);
+    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, nullptr, stream_);
   }
 
   // One decode token: the head norms are folded into the attention launch, which reads the raw
@@ -292,7 +293,8 @@ class CudaBackend final : public Backend {
   void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
     if (!folds_norms(norms, args)) return Backend::normed_attention(norms, args);
     const AttentionLaunch a = folded_launch(norms, args);
-    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, stream_);
+    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits,
+                            quantize_alongside(args.out, quantizable_attention(a, args.out)), stream_);
   }
 
   // A decode batch (one token per sequence, sequence i in row i of every tensor): one launch pair
@@ -309,7 +311,10 @@ class CudaBackend final : public Backend {
         caches.v[z] = ptr<bf16>(args[at + size_t(z)].cache->v);
       }
       reserve_decode_attention(a.heads, a.head_dim, caches.sequences);
-      launch_decode_attention(a, caches, ptr<float>(partials_), kDecodeSplits, stream_);
+      const bool alone = args.size() == 1;
+      launch_decode_attention(a, caches, ptr<float>(partials_), kDecodeSplits,
+                              quantize_alongside(args[at].out, alone && quantizable_attention(a, args[at].out)),
+                              stream_);
     }
   }
 
@@ -347,16 +352,11 @@ class CudaBackend final : public Backend {
                      const Tensor& next_weight, const Tensor& next_out) override {
     expect_dtype(x, DType::BF16, "residual_norm input");
     expect_dtype(o, DType::BF16, "residual_norm block output");
-    // A decode row's next input is quantized here for the packed GEMV that reads it next, which
-    // then skips its own quantize launch (quantized_input).
-    const bool quantize = x.rows == 1 && !next_out.empty() && x.cols % packed::kBlock == 0 &&
-                          quantized_bytes(next_out) <= quantized_.bytes();
-    quantized_holds_ = quantize ? next_out.data : nullptr;
     launch_residual_norm(ptr<bf16>(x), ptr<bf16>(o), x.rows, x.cols, optional_f32(post_weight, "residual_norm weight"),
                          optional_f32(scalar, "residual_norm scalar"), eps,
                          optional_f32(next_weight, "residual_norm next weight"),
-                         next_out.empty() ? nullptr : ptr<bf16>(next_out), quantize ? ptr<uint4>(quantized_) : nullptr,
-                         stream_);
+                         next_out.empty() ? nullptr : ptr<bf16>(next_out),
+                         quantize_alongside(next_out, x.rows == 1 && !next_out.empty()), stream_);
   }
 
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
@@ -444,6 +444,20 @@ class CudaBackend final : public Backend {
     const size_t partial_bytes = packed_matmul_workspace_bytes(rows, cols);
     if (packed_partials_.bytes() < partial_bytes) packed_partials_ = alloc(DType::F32, 1, int64_t(partial_bytes / 4));
     if (dequantized_.empty()) dequantized_ = alloc(DType::BF16, 1, int64_t(kDequantizedBytes / 2));
+  }
+
+  // The planes for a one-row output that the kernel writing it also quantizes for the packed GEMV
+  // reading it next (which then skips its quantize launch: quantized_input), marking that row; null,
+  // and no mark, when not `eligible` or the scratch cannot hold it.
+  uint4* quantize_alongside(const Tensor& out, bool eligible) {
+    const bool quantize = eligible && out.rows == 1 && out.cols % packed::kBlock == 0 &&
+                          quantized_bytes(out) <= quantized_.bytes();
+    quantized_holds_ = quantize ? out.data : nullptr;
+    return quantize ? ptr<uint4>(quantized_) : nullptr;
+  }
+  // A decode attention whose output row is every head's dims in order, heads of whole blocks.
+  static bool quantizable_attention(const AttentionLaunch& a, const Tensor& out) {
+    return a.head_dim % packed::kBlock == 0 && out.cols == int64_t(a.heads) * a.head_dim;
   }
 
   static size_t quantized_bytes(const Tensor& x) {
@@ -576,8 +590,8 @@ class CudaBackend final : public Backend {
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
   // dequantized_: packed weight rows for a prefill GEMM; packed_partials_: launch_packed_matmul's slices
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_, packed_partials_;
-  // The one-row activation whose quantized planes quantized_ holds (written by residual_norm and
-  // not yet read), or null.
+  // The one-row activation whose quantized planes quantized_ holds (written with it by
+  // residual_norm or the decode attention, and not yet read), or null.
   const void* quantized_holds_ = nullptr;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;

@@ -87,7 +87,9 @@ struct AttentionLaunch {
 // K/V, output and position are row z of a's tensors (a.q + z * q_stride, ..., a.positions + z); its
 // caches are caches.k[z] and caches.v[z] (a's own are not read). Each sequence's blocks compute
 // exactly what a launch of that sequence alone computes (docs/DESIGN.md §7, batch invariance).
-// `partials` holds sequences * decode_partial_floats(a, max_splits) floats.
+// `partials` holds sequences * decode_partial_floats(a, max_splits) floats. With `planes` (one
+// sequence, head_dim a multiple of 32), the output row is also quantized for the packed GEMV, as
+// launch_quantize_activations would (packed_kernels.h), saving that launch.
 inline constexpr int kMaxDecodeSequences = 16;
 struct DecodeCaches {
   int sequences = 1;
@@ -96,7 +98,7 @@ struct DecodeCaches {
 };
 int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits);
 void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
-                             cudaStream_t stream);
+                             uint4* planes, cudaStream_t stream);
 // Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
 

@@ -17,6 +17,7 @@
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/quantized_planes.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -291,7 +292,8 @@ __global__ void decode_split_kernel(AttentionLaunch batch, DecodeCaches caches, 
 // of three in a row.
 __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kernel(AttentionLaunch batch,
                                                                                   DecodeCaches caches,
-                                                                                  SplitPartials batch_parts) {
+                                                                                  SplitPartials batch_parts,
+                                                                                  uint4* planes) {
   pdl_launch_dependents();
   const AttentionLaunch a = sequence_launch(batch, caches, int(blockIdx.z));
   const SplitPartials parts = sequence_partials(batch_parts, batch, int(blockIdx.z));
@@ -353,15 +355,24 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
   }
   sums[lane_group][column] = sum;
   __syncthreads();
-  if (lane_group == 0 && d < D) {
-    for (int g = 1; g < kMergeLanes; ++g) {
-      const float4 o = sums[g][column];
-      sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
-    }
-    bf16* out = a.out + int64_t(head) * D + d;
-    out[0] = __float2bfloat16(sum.x), out[1] = __float2bfloat16(sum.y);
-    out[2] = __float2bfloat16(sum.z), out[3] = __float2bfloat16(sum.w);
+  if (lane_group != 0) return;  // warp 0 writes the block's dims
+  for (int g = 1; g < kMergeLanes; ++g) {
+    const float4 o = sums[g][column];
+    sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
   }
+  const float stored[4] = {round_bf16(sum.x), round_bf16(sum.y), round_bf16(sum.z), round_bf16(sum.w)};
+  const int64_t at = int64_t(head) * D + d;  // in the row of all heads
+  if (d < D) {
+    bf16* out = a.out + at;
+    out[0] = __float2bfloat16(stored[0]), out[1] = __float2bfloat16(stored[1]);
+    out[2] = __float2bfloat16(stored[2]), out[3] = __float2bfloat16(stored[3]);
+  }
+  // One sequence's row quantized for o_proj (launch_decode_attention allows it when D % 32 == 0, so
+  // a column's 8-lane group is inside or past the head as a whole): column c holds values
+  // 4 (c % 8).. of block at / 32.
+  if (planes)
+    quantize_block_part<4>(stored, column % 8, at / packed::kBlock, int64_t(a.heads) * D / packed::kBlock, d < D,
+                           planes);
 }
 
 }  // namespace
@@ -371,8 +382,10 @@ int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits) {
 }
 
 void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
-                             cudaStream_t stream) {
+                             uint4* planes, cudaStream_t stream) {
   check_attention_shape(a);
+  G4_CHECK(!planes || (caches.sequences == 1 && a.head_dim % packed::kBlock == 0),
+           "decode attention: quantized planes need one sequence and heads of whole blocks");
   G4_CHECK(max_splits <= kMaxSplits, "decode attention: at most 256 splits");
   G4_CHECK(caches.sequences >= 1 && caches.sequences <= kMaxDecodeSequences,
            "decode attention: 1 to " + std::to_string(kMaxDecodeSequences) + " sequences per launch");
@@ -391,7 +404,7 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
                 stream, Pdl::kOn, a, caches, parts);
   launch_kernel("decode_merge_kernel", decode_merge_kernel,
                 dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))), sequences),
-                kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, caches, parts);
+                kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, caches, parts, planes);
 }
 
 }  // namespace g4

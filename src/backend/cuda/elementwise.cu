@@ -11,6 +11,7 @@
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_blocks.h"
+#include "backend/cuda/quantized_planes.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -159,42 +160,6 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 // slower on prefill rows: 53 against 41 us at 2048 x 5376.)
 constexpr int kResidualVecs = 2;
 
-// Values 8v..8v+7 of a one-row input (as bf16 numbers: the values stored) into the packed GEMV's
-// quantized planes (packed_blocks.h): a block of 32 is the vectors of 4 consecutive lanes, which
-// combine their maxima and sums; lane v % 4 writes plane v % 4 of block v / 4, the first also the
-// scales. Every lane of the warp must call it (rows of whole blocks: cols % 32 == 0), so that the
-// groups of 4 are whole. The same bits as quantize_activation_block over the block.
-__device__ inline void quantize_vector(const float (&values)[8], int64_t v, int64_t blocks, uint4* planes) {
-  using namespace packed;
-  float x[8], amax = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    x[j] = round_bf16(values[j]);
-    amax = activation_amax(amax, fabsf(x[j]));
-  }
-  amax = activation_amax(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = activation_amax(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  const float inverse = activation_inverse(amax);
-  const int part = int(v % 4), block = int(v / 4);
-  uint32_t words[4];
-  int sum = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int q0 = quantize_activation(x[2 * i], inverse), q1 = quantize_activation(x[2 * i + 1], inverse);
-    sum += q0 + q1;
-    words[i] = activation_word(q0, q1);
-  }
-  int sum_lo = part < 2 ? sum : 0;  // values 0..15
-  sum = xor_reduce<SumOp, 1, 2>(sum);
-  sum_lo = xor_reduce<SumOp, 1, 2>(sum_lo);
-  if (block >= blocks) return;
-  planes[plane_index(0, part, blocks, block)] = make_uint4(words[0], words[1], words[2], words[3]);
-  if (part != 0) return;
-  const float d = activation_scale(amax);
-  planes[plane_index(0, 4, blocks, block)] =
-      make_uint4(__float_as_uint(d), __float_as_uint(d * float(sum)), uint32_t(sum), uint32_t(sum_lo));
-}
-
 template <bool kWeightsFirst>
 __device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                          const float* scalar, float eps, const float* next_weight, bf16* next_out,
@@ -256,7 +221,13 @@ __device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, c
     for (int j = 0; j < 8; ++j) xv[j] = xv[j] * inv_x * next_w[k][j];
     store8(nr, cols, v, vector_rows, xv);
     if constexpr (kWeightsFirst)
-      if (planes) quantize_vector(xv, v, cols / packed::kBlock, planes);
+      if (planes) {  // vector v is part v % 4 of block v / 4 (cols % 32 == 0: whole blocks per 4 lanes)
+        float stored[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) stored[j] = round_bf16(xv[j]);
+        const int64_t blocks = cols / packed::kBlock;
+        quantize_block_part<8>(stored, int(v % 4), v / 4, blocks, v / 4 < blocks, planes);
+      }
   }
 }
 
