@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Nsight Compute's reading of decode on the GPU machine (issue 15 asks for ncu numbers where a
 # target is missed). Builds g4, then:
-#   step     every kernel of about two batch-1 decode steps of the synthetic 31B (q4_0, then bf16),
-#            speed of light only: time and DRAM throughput per kernel, summed by kernel and shape
-#            (tools/ncu_step_summary.py), against the step time `g4 bench` measures;
+#   step     every kernel of about two batch-1 decode steps of the synthetic 31B in q4_0 (step_bf16:
+#            in bf16), speed of light only: time and DRAM throughput per kernel, summed by kernel
+#            and shape (tools/ncu_step_summary.py), against the step time `g4 bench` measures (a
+#            capture took 7 minutes on the H200: ncu replays each of ~1 000 launches);
 #   kernels  the packed GEMV and the bf16 GEMV at batch 1 and the packed tensor-core matmul at 64
 #            sequences in detail (speed of light, occupancy, warp state, memory workload).
 # ncu reads hardware counters only on some of the workplace's machine runtimes: where it cannot, its
-# error is printed. Usage: tools/gpu_profile.sh [step] [kernels] (both when none is named); results
+# error is printed. Usage: tools/gpu_profile.sh [step] [step_bf16] [kernels] (step when none is
+# named; each part fits one 10-minute call, two do not); results
 # in $OUT/logs.tgz and a summary on stdout.
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-profile}
 mkdir -p "$OUT"
-modes=${*:-step kernels}
+modes=${*:-step}
 cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -20; exit 1; }
 G4=./build-gpu/g4
@@ -37,20 +39,21 @@ step() {  # weights
   local w=$1
   "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 64 > "$OUT/bench_step_$w.json" 2>&1
   grep -E '"step_ms_greedy"|"decode_greedy_tok_s"' "$OUT/bench_step_$w.json"
-  ncu_csv "step_$w" 400 --launch-skip 2500 --launch-count 1800 --section SpeedOfLight \
-    "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 8 || return
+  ncu_csv "step_$w" 400 --launch-skip 2500 --launch-count 1000 --section SpeedOfLight \
+    "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 2 || return
   echo "== step_$w"
   python3 tools/ncu_step_summary.py "$OUT/ncu_step_$w.csv"
 }
 for mode in $modes; do
   case $mode in
-    step) step q4_0; step bf16 ;;
+    step) step q4_0 ;;
+    step_bf16) step bf16 ;;
     kernels)
       profile packed_gemv_q4_0 "packed_gemv|packed_gated" 400 bench --synthetic 31b --weights q4_0 --prompt_len 64 --gen 4
       profile gemv_bf16 "gemv_kernel|gated_gelu_kernel" 400 bench --synthetic 31b --weights bf16 --prompt_len 64 --gen 4
       profile packed_matmul_q4_0_64 "packed_matmul_kernel" 200 bench --synthetic 31b --weights q4_0 --batch_invariant false \
         --concurrency 64 --prompt_len 32 --gen 4 ;;
-    *) echo "unknown mode $mode (step, kernels)"; exit 2 ;;
+    *) echo "unknown mode $mode (step, step_bf16, kernels)"; exit 2 ;;
   esac
 done
 (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.csv *.json 2>/dev/null)
