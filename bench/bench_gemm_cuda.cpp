@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "cuda_timing.h"
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+using g4::bench::check;
+
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + cublasGetStatusString(s));
 }
@@ -38,19 +38,7 @@ struct Gemm {
 
 template <typename F>
 float time_ms(F&& launch, int reps) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (int i = 0; i < 3; ++i) launch();
-  check(cudaEventRecord(start), "record");
-  for (int i = 0; i < reps; ++i) launch();
-  check(cudaEventRecord(stop), "record");
-  check(cudaEventSynchronize(stop), "sync");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / reps;
+  return float(g4::bench::ms_per_launch([&](int) { launch(); }, 3, reps));
 }
 
 int config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda_timing.h"
+
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+using g4::bench::check;
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
@@ -104,21 +104,8 @@ double chain_us(const Variant& v, const std::vector<Stream>& a, const std::vecto
       stream_kernel<false, false><<<blocks, kThreads>>>(b[c], none, sink);
     }
   };
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
   for (int c = 0; c < kChains; ++c) launch_chain(c);
-  constexpr int kReps = 40;
-  check(cudaEventRecord(start), "record");
-  for (int r = 0; r < kReps; ++r) launch_chain(r % kChains);
-  check(cudaEventRecord(stop), "record");
-  check(cudaEventSynchronize(stop), "sync");
-  check(cudaGetLastError(), "launch");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return double(ms) * 1e3 / kReps;
+  return 1e3 * g4::bench::ms_per_launch([&](int r) { launch_chain(r % kChains); }, 0, 40);
 }
 
 std::vector<Stream> streams(double mb, std::vector<void*>& owned) {

@@ -11,20 +11,18 @@
 #include <cstdio>
 #include <cstdint>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/packed_kernels.h"
+#include "cuda_timing.h"
 #include "util/dtype.h"
 
 namespace {
 
 using namespace g4;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+using g4::bench::check;
 
 constexpr size_t kRotationBytes = size_t(600) << 20;  // well past the H200's 50 MB L2
 constexpr int kReps = 40;
@@ -50,22 +48,10 @@ struct Weights {
   Weights& operator=(const Weights&) = delete;
 };
 
-// Microseconds per launch(copy index), after a warm-up.
+// Microseconds per launch(copy index), the copies in turn.
 template <typename F>
 double time_us(F&& launch, size_t copies) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (size_t i = 0; i < 3; ++i) launch(i % copies);
-  check(cudaEventRecord(start), "record");
-  for (int i = 0; i < kReps; ++i) launch(size_t(i) % copies);
-  check(cudaEventRecord(stop), "record");
-  check(cudaEventSynchronize(stop), "sync");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return double(ms) * 1e3 / kReps;
+  return 1e3 * g4::bench::ms_per_launch([&](int i) { launch(size_t(i) % copies); }, 3, kReps);
 }
 
 void report(DType type, const char* name, int64_t rows, int64_t cols, size_t bytes, double us) {

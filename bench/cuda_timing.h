@@ -1,0 +1,34 @@
+// What the CUDA benches share: CUDA errors as exceptions, and the time of back-to-back launches
+// measured by events on the default stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace g4::bench {
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Milliseconds per call of launch(i), i = 0 .. reps - 1, after `warmup` calls launch(0 .. warmup - 1).
+template <typename F>
+double ms_per_launch(F&& launch, int warmup, int reps) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (int i = 0; i < warmup; ++i) launch(i);
+  check(cudaEventRecord(start), "record");
+  for (int i = 0; i < reps; ++i) launch(i);
+  check(cudaEventRecord(stop), "record");
+  check(cudaEventSynchronize(stop), "sync");
+  check(cudaGetLastError(), "launch");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms) / reps;
+}
+
+}  // namespace g4::bench
