@@ -5,8 +5,8 @@
 // blocks per row in flight (16-byte quant loads that bypass L1, their scales beside; blocks past the
 // row's end are not loaded), and every block of every token costs 16 dp2a and a few float
 // operations. The rows of a warp share each activation load, which comes through L1: five
-// coalesced 16-byte loads per block and token (the planes below). Launched with PDL: a warp asks
-// L2 for its first weight bytes before it waits for the input.
+// coalesced 16-byte loads per block and token (the planes of packed_blocks.h). Launched with PDL:
+// a warp asks L2 for its first weight bytes before it waits for the input.
 //
 // Geometry (docs/DESIGN.md §3, measured on the H200): kRowsPerWarp = 2 consecutive rows per warp
 // (a lone last row is read twice and stored once), the gated GELU one row of gate and the same row
