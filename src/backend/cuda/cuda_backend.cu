@@ -180,7 +180,7 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "rms_norm input");
-    quantized_holds_ = nullptr;  // `out` may be a buffer quantized alongside
+    quantized_holds_ = {};  // `out` may be a buffer quantized alongside
     launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm weight"), eps, ptr<bf16>(out),
                     stream_);
   }
@@ -283,7 +283,7 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionArgs& args) override {
     const AttentionLaunch a = attention_launch(args);
-    quantized_holds_ = nullptr;  // args.out may be a buffer quantized alongside
+    quantized_holds_ = {};  // args.out may be a buffer quantized alongside
     if (a.T > 1) return launch_prefill_attention(a, stream_);
     launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, nullptr, stream_);
   }
@@ -452,7 +452,7 @@ class CudaBackend final : public Backend {
   uint4* quantize_alongside(const Tensor& out, bool eligible) {
     const bool quantize = eligible && out.rows == 1 && out.cols % packed::kBlock == 0 &&
                           quantized_bytes(out) <= quantized_.bytes();
-    quantized_holds_ = quantize ? out.data : nullptr;
+    quantized_holds_ = quantize ? QuantizedRow{out.data, out.cols} : QuantizedRow{};
     return quantize ? ptr<uint4>(quantized_) : nullptr;
   }
   // A decode attention whose output row is every head's dims in order, heads of whole blocks.
@@ -465,13 +465,13 @@ class CudaBackend final : public Backend {
   }
 
   // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32): already
-  // there when the residual_norm just before wrote x, else quantized now. The residual_norm's mark
-  // serves one backend op (one op quantizes its input once for all its matrices): a buffer written
-  // again later is quantized again.
+  // there when the kernel that wrote x just before quantized it alongside, else quantized now. The
+  // mark serves one backend op (one op quantizes its input once for all its matrices): a buffer
+  // written again later is quantized again.
   const uint4* quantized_input(const Tensor& x) {
     G4_CHECK(quantized_bytes(x) <= quantized_.bytes(), "packed matmul: input wider than any packed weight");
-    const bool ready = quantized_holds_ == x.data && x.rows == 1;
-    quantized_holds_ = nullptr;
+    const bool ready = quantized_holds_.data == x.data && quantized_holds_.cols == x.cols && x.rows == 1;
+    quantized_holds_ = {};
     if (!ready) launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
     return ptr<uint4>(quantized_);
   }
@@ -591,8 +591,12 @@ class CudaBackend final : public Backend {
   // dequantized_: packed weight rows for a prefill GEMM; packed_partials_: launch_packed_matmul's slices
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_, packed_partials_;
   // The one-row activation whose quantized planes quantized_ holds (written with it by
-  // residual_norm or the decode attention, and not yet read), or null.
-  const void* quantized_holds_ = nullptr;
+  // residual_norm or the decode attention, and not yet read), or none (null data).
+  struct QuantizedRow {
+    const void* data = nullptr;
+    int64_t cols = 0;
+  };
+  QuantizedRow quantized_holds_;
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;
