@@ -129,6 +129,17 @@ TEST_F(CudaQuant, MatmulAtTheShapesOf31B) {
   for (int64_t T : {1, 2, 20}) check_matmul(lm_head, T, "Q6_K [262144, 256]");
 }
 
+// Prefill (more than 64 tokens) dequantizes chunks of rows on a second stream into two scratches in
+// turn, each chunk's GEMM on the main one: a matrix of three chunks (276 MB as bf16, at most 128 MiB
+// a chunk: the third reuses the first one's scratch once its GEMM has read it), then a weight filled
+// on the main stream right before its prefill (the second stream must wait for the fill).
+TEST_F(CudaQuant, PrefillChunksOnTheSecondStreamAreOrdered) {
+  const Both big = random_weight(DType::Q4_0, 540000, 256);
+  check_matmul(big, 65, "Q4_0 [540000, 256], three chunks");
+  const Both fresh = random_weight(DType::Q4_K, 3000, 512);
+  check_matmul(fresh, 80, "Q4_K [3000, 512] filled just before");
+}
+
 // q/k/v of one input: a Q4_K_M layer (Q6_K v beside Q4_K q and k), and bf16 beside two packed
 // types; one launch per type for a few tokens, matmuls for 9.
 TEST_F(CudaQuant, MatmulsOfOneInputWithMixedTypes) {

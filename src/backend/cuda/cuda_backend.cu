@@ -30,9 +30,11 @@ void cublas_check(cublasStatus_t status, const char* call) {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kStagingBytes = size_t(64) << 20;  // host weights pass through here to be widened or packed
-// Prefill over packed weights dequantizes chunks of rows into a bf16 scratch of this size, small
-// enough to stay in L2 (50 MB on an H200) while the chunk's GEMM reads it.
-constexpr size_t kDequantizedBytes = size_t(16) << 20;
+// Prefill over packed weights dequantizes chunks of rows into two bf16 scratches, each at most this
+// size (and no larger than the largest packed matrix needs): a chunk's GEMM then has rows enough to
+// fill the GPU at a few hundred tokens, and the next chunk is dequantized on a second stream while
+// it runs (docs/DESIGN.md §3, "Prefill").
+constexpr size_t kDequantizedBytes = size_t(128) << 20;
 constexpr int kDecodeSplits = 256;                     // most split-K partitions of decode attention
 
 template <typename T>
@@ -69,6 +71,9 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() {
     G4_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    G4_CUDA(cudaStreamCreateWithFlags(&dequantize_stream_, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&weights_written_event_, &chunk_ready_[0], &chunk_ready_[1], &chunk_read_[0], &chunk_read_[1]})
+      G4_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     G4_CUBLAS(cublasCreate(&cublas_));
     G4_CUBLAS(cublasSetStream(cublas_, stream_));
     cublas_workspace_ = alloc(DType::I32, 1, int64_t(kCublasWorkspaceBytes / 4));
@@ -77,9 +82,13 @@ class CudaBackend final : public Backend {
   // Unchecked: a destructor must not throw, and teardown has nothing to recover.
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(dequantize_stream_);
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     sampler_.reset();
     cublasDestroy(cublas_);
+    for (cudaEvent_t e : {weights_written_event_, chunk_ready_[0], chunk_ready_[1], chunk_read_[0], chunk_read_[1]})
+      cudaEventDestroy(e);
+    cudaStreamDestroy(dequantize_stream_);
     cudaStreamDestroy(stream_);
   }
 
@@ -116,6 +125,7 @@ class CudaBackend final : public Backend {
   }
 
   void upload(const void* host, const Tensor& dst) override {
+    weights_written_ = true;  // dst may be a weight
     G4_CUDA(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
   }
 
@@ -132,6 +142,7 @@ class CudaBackend final : public Backend {
              "tensor '" + w.name + "': byte size does not match its shape and dtype");
     const DType storage = storage_dtype(w);
     Tensor t = alloc(storage, rows, cols);
+    weights_written_ = true;
     if (w.dtype == storage && !is_block_quantized(storage)) {
       upload(w.data, t);
       return t;
@@ -203,13 +214,11 @@ class CudaBackend final : public Backend {
                              packed_partials_.bytes(), stream_);
         return;
       }
-      // Prefill: chunks of rows dequantized into the L2-sized scratch, each chunk's GEMM writing its
-      // columns of y.
+      // Prefill: chunks of rows dequantized into the two scratches in turn, each chunk's GEMM
+      // writing its columns of y.
       const int64_t chunk = dequantized_rows_per_chunk(K);
       for (int64_t r = 0; r < N; r += chunk) {
-        const int64_t n = std::min(chunk, N - r);
-        launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), N, K, r, n, ptr<bf16>(dequantized_), stream_);
-        gemm(dequantized_.data, x.data, ptr<bf16>(y) + r, n, T, K, N);
+        multiply_dequantized_chunk(x, w, y, r, std::min(chunk, N - r));
       }
       return;
     }
@@ -365,6 +374,7 @@ class CudaBackend final : public Backend {
   }
 
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override {
+    weights_written_ = true;  // t may be a weight
     if (is_block_quantized(t.dtype)) {
       G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
       return launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
@@ -443,7 +453,34 @@ class CudaBackend final : public Backend {
     if (quantized_.bytes() < input_bytes) quantized_ = alloc(DType::I32, 1, int64_t(input_bytes / 4));
     const size_t partial_bytes = packed_matmul_workspace_bytes(rows, cols);
     if (packed_partials_.bytes() < partial_bytes) packed_partials_ = alloc(DType::F32, 1, int64_t(partial_bytes / 4));
-    if (dequantized_.empty()) dequantized_ = alloc(DType::BF16, 1, int64_t(kDequantizedBytes / 2));
+    const size_t dequantized_bytes = std::min(kDequantizedBytes, size_t(rows) * size_t(cols) * 2);
+    for (Tensor& scratch : dequantized_)
+      if (scratch.bytes() < dequantized_bytes) scratch = alloc(DType::BF16, 1, int64_t(dequantized_bytes / 2));
+  }
+
+  // y's columns [first, first + n) = x · rows [first, first + n) of the packed weight w^T: the rows
+  // dequantized to bf16 into the next of the two scratches, then cuBLAS on stream_. The
+  // dequantization runs on dequantize_stream_, after the GEMM that last read that scratch and after
+  // every op that may have written a weight, so it overlaps the previous chunk's GEMM. A forward
+  // being captured keeps to one stream.
+  void multiply_dequantized_chunk(const Tensor& x, const Tensor& w, const Tensor& y, int64_t first, int64_t n) {
+    const int b = int(dequantized_chunks_++ % 2);
+    bf16* scratch = ptr<bf16>(dequantized_[b]);
+    const bool overlap = !capturing_;
+    if (overlap && weights_written_) {
+      G4_CUDA(cudaEventRecord(weights_written_event_, stream_));
+      G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, weights_written_event_));
+      weights_written_ = false;
+    }
+    if (overlap) G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, chunk_read_[b]));
+    launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
+                           overlap ? dequantize_stream_ : stream_);
+    if (overlap) {
+      G4_CUDA(cudaEventRecord(chunk_ready_[b], dequantize_stream_));
+      G4_CUDA(cudaStreamWaitEvent(stream_, chunk_ready_[b]));
+    }
+    gemm(scratch, x.data, ptr<bf16>(y) + first, n, x.rows, w.cols, w.rows);
+    if (overlap) G4_CUDA(cudaEventRecord(chunk_read_[b], stream_));
   }
 
   // The planes for a one-row output that the kernel writing it also quantizes for the packed GEMV
@@ -476,9 +513,9 @@ class CudaBackend final : public Backend {
     return ptr<uint4>(quantized_);
   }
 
-  // Rows of a K-wide weight that fit the dequantized scratch, a multiple of 64 when more than 64 fit.
-  static int64_t dequantized_rows_per_chunk(int64_t K) {
-    const int64_t rows = int64_t(kDequantizedBytes / (2 * size_t(K)));
+  // Rows of a K-wide weight that fit a dequantized scratch, a multiple of 64 when more than 64 fit.
+  int64_t dequantized_rows_per_chunk(int64_t K) const {
+    const int64_t rows = int64_t(dequantized_[0].bytes() / (2 * size_t(K)));
     G4_CHECK(rows >= 1, "packed matmul: rows of " + std::to_string(K) + " values do not fit the prefill scratch");
     return rows > 64 ? rows / 64 * 64 : rows;
   }
@@ -588,8 +625,16 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
-  // dequantized_: packed weight rows for a prefill GEMM; packed_partials_: launch_packed_matmul's slices
-  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, dequantized_, packed_partials_;
+  // packed_partials_: launch_packed_matmul's slices
+  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, packed_partials_;
+  // Prefill over packed weights: the two bf16 scratches of dequantized rows (multiply_dequantized_chunk), the
+  // stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
+  // by its GEMM, and the point after the last op that may have written a weight.
+  Tensor dequantized_[2];
+  int64_t dequantized_chunks_ = 0;
+  cudaStream_t dequantize_stream_ = nullptr;
+  cudaEvent_t chunk_ready_[2] = {}, chunk_read_[2] = {}, weights_written_event_ = nullptr;
+  bool weights_written_ = false;
   // The one-row activation whose quantized planes quantized_ holds (written with it by
   // residual_norm or the decode attention, and not yet read), or none (null data).
   struct QuantizedRow {
