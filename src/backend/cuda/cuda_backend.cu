@@ -72,7 +72,7 @@ class CudaBackend final : public Backend {
   CudaBackend() {
     G4_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     G4_CUDA(cudaStreamCreateWithFlags(&dequantize_stream_, cudaStreamNonBlocking));
-    for (cudaEvent_t* e : {&weights_written_event_, &chunk_ready_[0], &chunk_ready_[1], &chunk_read_[0], &chunk_read_[1]})
+    for (cudaEvent_t* e : {&stream_point_, &chunk_ready_[0], &chunk_ready_[1], &chunk_read_[0], &chunk_read_[1]})
       G4_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     G4_CUBLAS(cublasCreate(&cublas_));
     G4_CUBLAS(cublasSetStream(cublas_, stream_));
@@ -86,7 +86,7 @@ class CudaBackend final : public Backend {
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     sampler_.reset();
     cublasDestroy(cublas_);
-    for (cudaEvent_t e : {weights_written_event_, chunk_ready_[0], chunk_ready_[1], chunk_read_[0], chunk_read_[1]})
+    for (cudaEvent_t e : {stream_point_, chunk_ready_[0], chunk_ready_[1], chunk_read_[0], chunk_read_[1]})
       cudaEventDestroy(e);
     cudaStreamDestroy(dequantize_stream_);
     cudaStreamDestroy(stream_);
@@ -125,7 +125,7 @@ class CudaBackend final : public Backend {
   }
 
   void upload(const void* host, const Tensor& dst) override {
-    weights_written_ = true;  // dst may be a weight
+    dequantize_must_wait_ = true;  // dst may be a weight
     G4_CUDA(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
   }
 
@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
              "tensor '" + w.name + "': byte size does not match its shape and dtype");
     const DType storage = storage_dtype(w);
     Tensor t = alloc(storage, rows, cols);
-    weights_written_ = true;
+    dequantize_must_wait_ = true;
     if (w.dtype == storage && !is_block_quantized(storage)) {
       upload(w.data, t);
       return t;
@@ -374,7 +374,7 @@ class CudaBackend final : public Backend {
   }
 
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override {
-    weights_written_ = true;  // t may be a weight
+    dequantize_must_wait_ = true;  // t may be a weight
     if (is_block_quantized(t.dtype)) {
       G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
       return launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
@@ -430,6 +430,7 @@ class CudaBackend final : public Backend {
   void replay() override {
     G4_CHECK(graph_exec_, "replay: no captured graph");
     G4_CUDA(cudaGraphLaunch(graph_exec_, stream_));
+    dequantize_must_wait_ = true;  // a captured forward may use the dequantized scratches
   }
 
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override {
@@ -461,16 +462,16 @@ class CudaBackend final : public Backend {
   // y's columns [first, first + n) = x · rows [first, first + n) of the packed weight w^T: the rows
   // dequantized to bf16 into the next of the two scratches, then cuBLAS on stream_. The
   // dequantization runs on dequantize_stream_, after the GEMM that last read that scratch and after
-  // every op that may have written a weight, so it overlaps the previous chunk's GEMM. A forward
-  // being captured keeps to one stream.
+  // every op that may have written a weight or used the scratches unseen (a graph replay), so it
+  // overlaps the previous chunk's GEMM. A forward being captured keeps to one stream.
   void multiply_dequantized_chunk(const Tensor& x, const Tensor& w, const Tensor& y, int64_t first, int64_t n) {
     const int b = int(dequantized_chunks_++ % 2);
     bf16* scratch = ptr<bf16>(dequantized_[b]);
     const bool overlap = !capturing_;
-    if (overlap && weights_written_) {
-      G4_CUDA(cudaEventRecord(weights_written_event_, stream_));
-      G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, weights_written_event_));
-      weights_written_ = false;
+    if (overlap && dequantize_must_wait_) {
+      G4_CUDA(cudaEventRecord(stream_point_, stream_));
+      G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, stream_point_));
+      dequantize_must_wait_ = false;
     }
     if (overlap) G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, chunk_read_[b]));
     launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
@@ -629,12 +630,13 @@ class CudaBackend final : public Backend {
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, packed_partials_;
   // Prefill over packed weights: the two bf16 scratches of dequantized rows (multiply_dequantized_chunk), the
   // stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
-  // by its GEMM, and the point after the last op that may have written a weight.
+  // by its GEMM, and a point of stream_ the dequantize stream must not overtake (set after an op
+  // that may have written a weight or replayed a graph: dequantize_must_wait_).
   Tensor dequantized_[2];
   int64_t dequantized_chunks_ = 0;
   cudaStream_t dequantize_stream_ = nullptr;
-  cudaEvent_t chunk_ready_[2] = {}, chunk_read_[2] = {}, weights_written_event_ = nullptr;
-  bool weights_written_ = false;
+  cudaEvent_t chunk_ready_[2] = {}, chunk_read_[2] = {}, stream_point_ = nullptr;
+  bool dequantize_must_wait_ = false;
   // The one-row activation whose quantized planes quantized_ holds (written with it by
   // residual_norm or the decode attention, and not yet read), or none (null data).
   struct QuantizedRow {
