@@ -126,9 +126,7 @@ TEST_F(CudaOps, HeadNormsWithSeparateVAndKEqualsV) {
     for (int64_t rotating : {hd / 2, hd / 8})
       for (bool k_eq_v : {false, true})
         for (int64_t q_first : {0, 2, 3}) {  // q of the chunk's last tokens only (a prompt's last layer)
-        std::vector<float> inv(size_t(hd / 2), 0.0f);
-        for (int64_t i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-        Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+        Both inv_freq = rope_inv_freq(hd, rotating);
         Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
         Both q = activation((T - q_first) * heads, hd, 3.0f), k = activation(T * kv_heads, hd, 2.0f);
         Both v = activation(T * kv_heads, hd, 1.5f);
@@ -266,9 +264,7 @@ TEST_F(CudaOps, NormedAttentionFoldsTheHeadNormsIntoDecode) {
   for (const auto& c : cases)
     for (bool k_eq_v : {false, true}) {
       const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
-      std::vector<float> inv(size_t(hd / 2), 0.0f);  // partial RoPE: a quarter of the pairs rotate
-      for (int64_t i = 0; i < hd / 8; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-      Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      Both inv_freq = rope_inv_freq(hd, hd / 8);  // partial RoPE: a quarter of the pairs rotate
       Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
       auto cache_of = [&](Backend& be, DType dtype) {
         return KvCache{be.alloc(dtype, c.capacity, kv_cols), be.alloc(dtype, c.capacity, kv_cols), c.capacity};
@@ -333,9 +329,7 @@ TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
   for (const Case& c : {Case{4, 2, 256, 16, 32}, Case{8, 1, 512, 0, 96}})
     for (bool k_eq_v : {false, true}) {
       const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
-      std::vector<float> inv(size_t(hd / 2), 0.0f);
-      for (int64_t i = 0; i < hd / 8; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-      Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      Both inv_freq = rope_inv_freq(hd, hd / 8);
       Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
       // Positions from 0 to past a ring's wrap (flat caches: below the capacity).
       std::vector<int32_t> p(static_cast<size_t>(S));

@@ -76,6 +76,17 @@ class CudaQuant : public test::CudaVsCpu {
     gpu_->fill_uniform(w.gpu, 0.0f, 0.05f, seed_++);
     return w;
   }
+  // op(in, out) over a one-row activation the kernel that wrote it may have quantized alongside,
+  // and over a copy of it (the same bf16 bits in another buffer, which the GEMV quantizes itself):
+  // the two outputs, out_cols wide, must have the same bits.
+  template <typename Op>
+  void expect_same_bits_as_over_a_copy(const Tensor& row, int64_t out_cols, Op&& op, const std::string& what) {
+    const Both copy = activation(1, row.cols, read(*gpu_, row));
+    const Tensor y = gpu_->alloc(DType::BF16, 1, out_cols), y_of_copy = gpu_->alloc(DType::BF16, 1, out_cols);
+    op(row, y);
+    op(copy.gpu, y_of_copy);
+    EXPECT_EQ(read(*gpu_, y), read(*gpu_, y_of_copy)) << what;
+  }
   void check_matmul(const Both& w, int64_t T, const std::string& what) {
     Both x = activation(T, w.cpu.cols), y = activation(T, w.cpu.rows);
     cpu_.matmul(x.cpu, w.cpu, y.cpu);
@@ -187,23 +198,17 @@ TEST_F(CudaQuant, ResidualNormQuantizesTheNextInputBitForBit) {
     const Both w = random_weight(DType::Q4_K, 300, cols), gate = random_weight(DType::Q4_0, 300, cols),
                up = random_weight(DType::Q4_0, 300, cols);
     const Both x = activation(1, cols, 4.0f), o = activation(1, cols), h = activation(1, cols);
-    const Tensor y = gpu_->alloc(DType::BF16, 1, 300), y_of_copy = gpu_->alloc(DType::BF16, 1, 300);
     const std::string shape = " [1, " + std::to_string(cols) + "]";
-    auto same_as_over_a_copy = [&](const std::string& what, auto&& op) {
-      const Both copy = activation(1, cols, read(*gpu_, h.gpu));  // bf16 numbers: the same bits
-      op(h.gpu, y);
-      op(copy.gpu, y_of_copy);
-      EXPECT_EQ(read(*gpu_, y), read(*gpu_, y_of_copy)) << what << shape;
-    };
+    const auto matmul = [&](const Tensor& in, const Tensor& out) { gpu_->matmul(in, w.gpu, out); };
     gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
-    same_as_over_a_copy("matmul after residual_norm", [&](const Tensor& in, const Tensor& out) { gpu_->matmul(in, w.gpu, out); });
+    expect_same_bits_as_over_a_copy(h.gpu, 300, matmul, "matmul after residual_norm" + shape);
     gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
-    same_as_over_a_copy("gated_gelu after residual_norm",
-                        [&](const Tensor& in, const Tensor& out) { gpu_->gated_gelu(in, gate.gpu, up.gpu, out); });
+    expect_same_bits_as_over_a_copy(
+        h.gpu, 300, [&](const Tensor& in, const Tensor& out) { gpu_->gated_gelu(in, gate.gpu, up.gpu, out); },
+        "gated_gelu after residual_norm" + shape);
     gpu_->residual_norm(x.gpu, o.gpu, post.gpu, Tensor{}, 1e-6f, next.gpu, h.gpu);
     gpu_->rms_norm(o.gpu, norm.gpu, 1e-6f, h.gpu);  // h rewritten before any GEMV read the mark
-    same_as_over_a_copy("matmul after rms_norm rewrote h",
-                        [&](const Tensor& in, const Tensor& out) { gpu_->matmul(in, w.gpu, out); });
+    expect_same_bits_as_over_a_copy(h.gpu, 300, matmul, "matmul after rms_norm rewrote h" + shape);
   }
 }
 
@@ -221,9 +226,7 @@ TEST_F(CudaQuant, DecodeAttentionQuantizesItsOutputBitForBit) {
     for (bool batch : {false, true}) {
       const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
       const Both o_proj = random_weight(DType::Q4_K, 300, q_cols);  // reserves the quantized-input scratch
-      std::vector<float> inv(size_t(hd / 2), 0.0f);
-      for (int64_t i = 0; i < hd / 8; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-      const Both inv_freq = raw(DType::F32, hd / 2, 1, inv.data());
+      const Both inv_freq = rope_inv_freq(hd, hd / 8);
       const Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
       const Both positions = raw(DType::I32, 1, 1, &c.position);
       const Both q = activation(1, q_cols, 3.0f), k = activation(1, kv_cols, 2.0f), v = activation(1, kv_cols, 1.5f);
@@ -241,12 +244,9 @@ TEST_F(CudaQuant, DecodeAttentionQuantizesItsOutputBitForBit) {
         gpu_->normed_attention_batch(std::span(&norms, 1), std::span(&args, 1));
       else
         gpu_->normed_attention(norms, args);
-      const Both copy = activation(1, q_cols, read(*gpu_, out.gpu));  // bf16 numbers: the same bits
-      const Tensor y = gpu_->alloc(DType::BF16, 1, 300), y_of_copy = gpu_->alloc(DType::BF16, 1, 300);
-      gpu_->matmul(out.gpu, o_proj.gpu, y);
-      gpu_->matmul(copy.gpu, o_proj.gpu, y_of_copy);
-      EXPECT_EQ(read(*gpu_, y), read(*gpu_, y_of_copy))
-          << "o_proj after decode attention, head dim " << hd << (batch ? ", a batch of one" : ", alone");
+      expect_same_bits_as_over_a_copy(
+          out.gpu, 300, [&](const Tensor& in, const Tensor& y) { gpu_->matmul(in, o_proj.gpu, y); },
+          "o_proj after decode attention, head dim " + std::to_string(hd) + (batch ? ", a batch of one" : ", alone"));
     }
 }
 

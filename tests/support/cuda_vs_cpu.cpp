@@ -1,3 +1,4 @@
+#include <cmath>
 #include "support/cuda_vs_cpu.h"
 
 #include <algorithm>
@@ -60,6 +61,12 @@ Both CudaVsCpu::raw(DType dtype, int64_t rows, int64_t cols, const void* data) {
   cpu_.upload(data, b.cpu);
   gpu_->upload(data, b.gpu);
   return b;
+}
+
+Both CudaVsCpu::rope_inv_freq(int64_t head_dim, int64_t rotating) {
+  std::vector<float> inv(size_t(head_dim / 2), 0.0f);
+  for (int64_t i = 0; i < rotating; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(head_dim));
+  return raw(DType::F32, head_dim / 2, 1, inv.data());
 }
 
 Both CudaVsCpu::weight(int64_t rows, int64_t cols, DType dtype, float center, float spread) {

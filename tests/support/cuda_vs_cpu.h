@@ -42,6 +42,9 @@ class CudaVsCpu : public ::testing::Test {
   Both activation(int64_t rows, int64_t cols, float spread = 1.0f);
   // Same raw bytes on both backends (ids, positions, F32 tables).
   Both raw(DType dtype, int64_t rows, int64_t cols, const void* data);
+  // RoPE inverse frequencies [head_dim / 2] (F32) where only the first `rotating` pairs rotate
+  // (θ 10 000), the rest 0: the partial rotation of Gemma 4's full layers.
+  Both rope_inv_freq(int64_t head_dim, int64_t rotating);
   // A random weight stored as `dtype` (1-D when rows == 0), uploaded to both.
   Both weight(int64_t rows, int64_t cols, DType dtype, float center = 0.0f, float spread = 0.5f);
   Both upload_weight(const HostTensor& h) { return {cpu_.upload_weight(h), gpu_->upload_weight(h)}; }
