@@ -1,15 +1,20 @@
 // Decode attention (one query token), split-K "flash decoding" in two launches. The split
-// kernel's block (kv head, split) scores the split's keys for every query head of the GQA group
-// (one warp each, one key per lane) from K/V tiles staged with cp.async by all of its threads, and
-// writes each head's softmax state (m, l) and unnormalised output. It can fold in the head norms
-// (AttentionLaunch::norm_inputs): each block norms its group's queries itself, and the block whose
-// split holds the new token norms that token's K/V, which it also stores in the cache (no split
-// reads that slot: a ring is at least a window long). The merge kernel's block (query head, 128
-// output dims) sums the splits in a fixed order, so the result does not depend on which split
-// finished first; it is spread over many blocks because a global layer's partials (8 heads x 512
-// dims x up to 256 splits per kv head) are too many for one block to read quickly. Both grids have
-// a third dimension, the sequences of a decode batch: block z works on sequence z alone, with
-// sequence_launch's arguments, exactly as a launch of that sequence by itself would.
+// kernel's block (kv head, split) scores the split's keys for every query head of the GQA group at
+// once on the tensor cores, from K/V tiles staged with cp.async by all of its threads, and writes
+// each head's softmax state (m, l) and unnormalised output. Until 2026-12-01 a warp per head
+// scored one key per lane on the CUDA cores: with the 31B's full layers (8 heads of 512 dims per
+// K/V head) that is 4 FMAs per byte of K/V, which held 32 k-token decode attention to ~1.3 TB/s
+// (docs/DESIGN.md §3). The visible keys are spread over all splits whatever the context length
+// (split_keys_at), so a short context is many short splits rather than a few long ones. It can
+// fold in the head norms (AttentionLaunch::norm_inputs): each block norms its group's queries
+// itself, and the block whose split holds the new token norms that token's K/V, which it also
+// stores in the cache (no split reads that slot: a ring is at least a window long). The merge
+// kernel's block (query head, 128 output dims) sums the splits in a fixed order, so the result
+// does not depend on which split finished first; it is spread over many blocks because a global
+// layer's partials (8 heads x 512 dims x up to 256 splits per kv head) are too many for one block
+// to read quickly. Both grids have a third dimension, the sequences of a decode batch: block z
+// works on sequence z alone, with sequence_launch's arguments, exactly as a launch of that
+// sequence by itself would.
 #include <algorithm>
 #include <cfloat>
 
@@ -24,11 +29,11 @@ namespace g4 {
 
 namespace {
 
-constexpr int kTileKeys = 32;  // keys staged per step, one per lane
-constexpr int kDimChunks = kMaxAttentionHeadDim / 256;  // 8 output dims per lane per 256-dim chunk
-constexpr int kMinWarps = 4;    // staging wants more threads than a small GQA group has warps
-constexpr int kMaxSplits = 256;  // the merge holds every split's (m, l) in a warp's registers
-constexpr int kDotAccumulators = 4;  // independent partial sums of a q·k dot product
+constexpr int kTileKeys = 32;     // keys staged per step: two 16-key tiles of the mma
+constexpr int kSplitWarps = 4;    // QK: (key tile, half of the head dims) per warp; PV: every 4th 16-dim tile
+constexpr int kSplitThreads = 32 * kSplitWarps;
+constexpr int kMaxDimTiles = kMaxAttentionHeadDim / 16 / kSplitWarps;  // 16-dim tiles of O a warp owns
+constexpr int kMaxSplits = 256;   // the merge holds every split's (m, l) in a warp's registers
 // Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
 // each summing every kMergeLanes-th split with kMergeLoads loads in flight.
 constexpr int kMergeColumns = 32, kMergeLanes = 8, kMergeLoads = 8;
@@ -37,9 +42,8 @@ constexpr int kMergeDims = 4 * kMergeColumns;
 // Where the split kernel leaves each (query head, split)'s softmax state for the merge.
 struct SplitPartials {
   float* acc;  // [heads][max_splits][head_dim] unnormalised outputs
-  float2* ml;  // [heads][max_splits] running max m and sum l
+  float2* ml;  // [heads][max_splits] running max m (scaled scores) and sum l
   int max_splits;
-  int64_t split_keys;
 };
 
 // Sequence z's arguments: row z of the batch's query, new K/V, output and positions, and its caches.
@@ -64,37 +68,59 @@ __device__ inline SplitPartials sequence_partials(const SplitPartials& batch, co
   return p;
 }
 
+// Keys per split for the query at `pos`: its visible keys spread over all max_splits (whole tiles),
+// so a short context is not one block's long walk. The position alone decides it, so a captured
+// graph replays at any position and a sequence's result does not depend on its batch.
+__device__ inline int64_t split_keys_at(int64_t pos, int window, int max_splits) {
+  const int64_t visible = pos + 1 - first_key(pos, window);
+  return max(int64_t(kTileKeys), (visible + int64_t(max_splits) * kTileKeys - 1) / (int64_t(max_splits) * kTileKeys) *
+                                     kTileKeys);
+}
+
+// Splits holding keys of the query at `pos` (the rest are empty).
+__device__ inline int used_splits(int64_t pos, int window, int max_splits) {
+  const int64_t split_keys = split_keys_at(pos, window, max_splits);
+  return int((pos + 1 - first_key(pos, window) + split_keys - 1) / split_keys);
+}
+
+// The split kernel's shared memory for head dim D and a GQA group padded to 8 * kHeadTiles heads
+// (the mma's 8 columns per tile). K, V and Q rows are D + 8 elements long, so the 8 rows of an
+// ldmatrix fall in distinct banks.
+template <int kHeadTiles>
 struct DecodeSmem {
+  static constexpr int kHeads = 8 * kHeadTiles;
+  static constexpr int kPLd = kTileKeys + 8;  // P rows (bf16): B fragment loads in distinct banks
   int ld;
-  size_t k, v, q, fresh_k, fresh_v, total;
-  __host__ __device__ DecodeSmem(int D, int group) : ld(D + 8) {
+  size_t k, v, q, scores, p, alpha, fresh_k, fresh_v, total;
+  __host__ __device__ explicit DecodeSmem(int D) : ld(D + 8) {
     k = 0;
     v = k + size_t(kTileKeys) * ld * 2;
     q = v + size_t(kTileKeys) * ld * 2;
-    fresh_k = q + size_t(group) * D * 4;
+    scores = q + size_t(kHeads) * ld * 2;          // float [2 dim halves][kTileKeys][kHeads]
+    p = scores + size_t(2) * kTileKeys * kHeads * 4;  // bf16 [kHeads][kPLd]
+    alpha = p + size_t(kHeads) * kPLd * 2;          // float [kHeads]
+    fresh_k = alpha + size_t(kHeads) * 4;
     fresh_v = fresh_k + size_t(D) * 2;
     total = fresh_v + size_t(D) * 2;
   }
 };
 
-// Starts copying the K and V rows of keys [kb, min(kb + kTileKeys, last + 1)) into shared rows of
-// `ld` elements (cp_async_wait_all completes it), all but the new token's (key pos), which
-// place_fresh_row copies in. Key kp < pos is cache slot kp % capacity; a tile's keys lie within
-// one window (or the flat cache), so its slots wrap at most once and one 64-bit modulo serves the
-// whole tile.
-__device__ void stage_tile(const AttentionLaunch& a, int64_t kb, int64_t last, int64_t pos, int kvh, bf16* ks,
-                           bf16* vs, int ld) {
+// Starts copying the K or V rows (`cache`) of keys [kb, kb + kTileKeys) into shared rows of `ld`
+// elements (cp_async_wait_all completes it): keys past `last` become zeros (P is 0 there, and 0
+// times a stale NaN would not be), the new token's (key pos) is left to place_fresh_row. Key
+// kp < pos is cache slot kp % capacity; a tile's keys lie within one window (or the flat cache),
+// so its slots wrap at most once and one 64-bit modulo serves the whole tile.
+__device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int64_t kb, int64_t last, int64_t pos,
+                           int kvh, bf16* rows, int ld) {
   const int vecs = a.head_dim / 8;
-  const int keys = int(min(int64_t(kTileKeys), last + 1 - kb));
   const int64_t first_slot = kb % a.capacity, head_offset = int64_t(kvh) * a.head_dim;
-  for (int i = threadIdx.x; i < keys * vecs; i += blockDim.x) {
+  for (int i = threadIdx.x; i < kTileKeys * vecs; i += blockDim.x) {
     const int j = i / vecs, c = (i - j * vecs) * 8;
-    if (kb + j >= pos) continue;
+    if (kb + j == pos) continue;
     int64_t slot = first_slot + j;
     if (slot >= a.capacity) slot -= a.capacity;
-    const int64_t offset = slot * a.kv_stride + head_offset + c;
-    cp_async16(shared_addr(ks + j * ld + c), a.k_cache + offset, true);
-    cp_async16(shared_addr(vs + j * ld + c), a.v_cache + offset, true);
+    const bool valid = kb + j <= last;
+    cp_async16(shared_addr(rows + j * ld + c), cache + (valid ? slot * a.kv_stride + head_offset + c : 0), valid);
   }
 }
 
@@ -107,8 +133,8 @@ struct SharedAndGlobalSink {
   }
 };
 
-// The new token's K and V rows of kv head kvh (normed first when a.norm_inputs) into fresh_k /
-// fresh_v and into cache slot pos % capacity.
+// The new token's K and V rows of kv head kvh (normed first when a.norm_inputs, by the block's
+// last two warps) into fresh_k / fresh_v and into cache slot pos % capacity.
 __device__ void make_fresh_row(const AttentionLaunch& a, int64_t pos, int kvh, bf16* fresh_k, bf16* fresh_v) {
   const int D = a.head_dim, warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
   const int64_t head_offset = int64_t(kvh) * D, cache_row = (pos % a.capacity) * a.kv_stride + head_offset;
@@ -149,139 +175,197 @@ __device__ void place_fresh_row(int64_t kb, int64_t pos, int D, int ld, const bf
   }
 }
 
-// The group's queries, scaled, into qs (normed and rotated first when a.norm_inputs).
-__device__ void load_queries(const AttentionLaunch& a, int64_t pos, int kvh, float* qs) {
-  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5;
+// The group's queries as bf16 rows of qs (normed and rotated first when a.norm_inputs, with the
+// rounding the separate head-norm op stores), the padding heads' rows zero.
+template <int kHeadTiles>
+__device__ void load_queries(const AttentionLaunch& a, int64_t pos, int kvh, bf16* qs, int ld) {
+  const int D = a.head_dim, group = a.heads / a.kv_heads, vecs = D / 8;
   const bf16* q = a.q + int64_t(kvh) * group * D;
-  if (!a.norm_inputs) {
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) qs[i] = __bfloat162float(q[i]) * a.scale;
-    return;
+  for (int i = threadIdx.x; i < 8 * kHeadTiles * vecs; i += blockDim.x) {
+    const int h = i / vecs, c = (i - h * vecs) * 8;
+    if (h >= group) *reinterpret_cast<uint4*>(qs + h * ld + c) = make_uint4(0, 0, 0, 0);
+    else if (!a.norm_inputs) *reinterpret_cast<uint4*>(qs + h * ld + c) = *reinterpret_cast<const uint4*>(q + h * D + c);
   }
-  if (warp >= group) return;
-  float* row = qs + warp * D;
-  const float scale = a.scale;
-  HeadRow<kHeadNormMaxAccesses> raw;
-  load_head_row(q + warp * D, D / 2, raw);
+  if (!a.norm_inputs) return;
   RopeLane<kHeadNormMaxAccesses> rope;
   rope_lane(a.inv_freq, D / 2, float(pos), rope);
-  norm_head_row(
-      raw, D / 2, a.q_norm_weight, a.norm_eps, &rope,
-      [row, scale](int64_t i, const float(&v)[4]) {
-#pragma unroll
-        for (int p = 0; p < 4; ++p) row[i + p] = v[p] * scale;
-      },
-      NoSink{});
-}
-
-// q · krow over D dims (a multiple of 16), with kDotAccumulators independent sums.
-__device__ inline float dot_q_k(const float* q, const bf16* krow, int D) {
-  float part[kDotAccumulators] = {};
-  int c = 0;
-  for (; c + 8 * kDotAccumulators <= D; c += 8 * kDotAccumulators)
-#pragma unroll
-    for (int u = 0; u < kDotAccumulators; ++u) {
-      float kf[8];
-      unpack8(*reinterpret_cast<const uint4*>(krow + c + 8 * u), kf);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) part[u] = fmaf(q[c + 8 * u + j], kf[j], part[u]);
-    }
-  for (; c < D; c += 8) {  // head dims that are not a multiple of 32
-    float kf[8];
-    unpack8(*reinterpret_cast<const uint4*>(krow + c), kf);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) part[0] = fmaf(q[c + j], kf[j], part[0]);
+  for (int h = threadIdx.x >> 5; h < group; h += blockDim.x >> 5) {
+    HeadRow<kHeadNormMaxAccesses> raw;
+    load_head_row(q + h * D, D / 2, raw);
+    norm_head_row(raw, D / 2, a.q_norm_weight, a.norm_eps, &rope, Bf16RowSink{qs + h * ld}, NoSink{});
   }
-  return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-// One warp's pass over a staged tile of keys [kb, min(kb + kTileKeys, end)): lane j scores key j
-// against q, then the online softmax update of m, l and acc (8 output dims per 256-dim chunk).
-__device__ void score_tile(int64_t kb, int64_t end, const DecodeSmem& lay, const bf16* ks, const bf16* vs,
-                           const float* q, float& m, float& l, float (&acc)[kDimChunks][8], int D) {
-  const int lane = threadIdx.x & 31;
-  const bool valid = kb + lane < end;
-  const float s = valid ? dot_q_k(q, ks + lane * lay.ld, D) : -FLT_MAX;
-  const float m_new = fmaxf(m, warp_reduce<MaxOp>(s));
-  const float p = valid ? __expf(s - m_new) : 0.0f;
-  const float alpha = __expf(m - m_new);
-  l = l * alpha + warp_reduce<SumOp>(p);
-  m = m_new;
-#pragma unroll
-  for (int c = 0; c < kDimChunks; ++c)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[c][j] *= alpha;
-  const int keys = int(min(int64_t(kTileKeys), end - kb));
+// Raw scores S^T = K·Q^T of a staged tile (keys x heads) on the tensor cores: warp w takes key
+// tile w % 2 over half w / 2 of the head dims; the halves land in scores[half][key][head].
+template <int kHeadTiles>
+__device__ void tile_scores(const DecodeSmem<kHeadTiles>& lay, const bf16* ks, const bf16* qs, float* scores, int D) {
+  constexpr int kHeads = 8 * kHeadTiles;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, key_tile = warp & 1, half = warp >> 1;
+  const int steps = D / 16, mid = (steps + 1) / 2, step_end = half ? steps : mid;
+  const bf16* a_row = ks + (key_tile * 16 + (lane & 15)) * lay.ld + (lane >> 4) * 8;
+  const bf16* b_row = qs + (lane & 7) * lay.ld + ((lane >> 3) & 1) * 8;
+  float s[kHeadTiles][4] = {};
 #pragma unroll 4
-  for (int j = 0; j < keys; ++j) {
-    const float pj = __shfl_sync(0xffffffffu, p, j);
+  for (int step = half ? mid : 0; step < step_end; ++step) {
+    uint32_t k_frag[4];
+    ldmatrix_x4(k_frag, shared_addr(a_row + step * 16));
 #pragma unroll
-    for (int c = 0; c < kDimChunks; ++c) {
-      const int d = c * 256 + lane * 8;
-      if (d < D) {
-        float vf[8];
-        unpack8(*reinterpret_cast<const uint4*>(vs + j * lay.ld + d), vf);
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+      uint32_t q0, q1;
+      ldmatrix_x2(q0, q1, shared_addr(b_row + nt * 8 * lay.ld + step * 16));
+      mma_bf16(s[nt], k_frag, q0, q1);
+    }
+  }
+  const int key = key_tile * 16 + (lane >> 2);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[c][i] = fmaf(pj, vf[i], acc[c][i]);
-      }
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+    const int h = nt * 8 + 2 * (lane & 3);
+    *reinterpret_cast<float2*>(scores + (half * kTileKeys + key) * kHeads + h) = make_float2(s[nt][0], s[nt][1]);
+    *reinterpret_cast<float2*>(scores + (half * kTileKeys + key + 8) * kHeads + h) = make_float2(s[nt][2], s[nt][3]);
+  }
+}
+
+// The online softmax over one tile for the heads warp w owns (2 kHeadTiles of them, lane = key):
+// m and l advance, P = exp(scale (s - m)) goes to shared memory in bf16, and each head's rescale
+// factor of O to alphas. In base 2, as prefill: exp2(s * scale_log2 - m * scale_log2).
+template <int kHeadTiles>
+__device__ void tile_softmax(int64_t kb, int64_t end, int group, float scale_log2, const float* scores, bf16* p,
+                             float* alphas, float (&m)[2 * kHeadTiles], float (&l)[2 * kHeadTiles]) {
+  constexpr int kHeads = 8 * kHeadTiles, kPLd = DecodeSmem<kHeadTiles>::kPLd;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool valid = kb + lane < end;
+#pragma unroll
+  for (int i = 0; i < 2 * kHeadTiles; ++i) {
+    const int h = warp * 2 * kHeadTiles + i;
+    if (h >= group) {  // a padding column of the mma (its O is discarded): P zero, alpha one
+      p[h * kPLd + lane] = __float2bfloat16(0.0f);
+      if (lane == 0) alphas[h] = 1.0f;
+      continue;
+    }
+    const float s = valid ? scores[lane * kHeads + h] + scores[(kTileKeys + lane) * kHeads + h] : -INFINITY;
+    const float mx = fmaxf(m[i], warp_reduce<MaxOp>(s));  // finite: a tile holds at least one key
+    const float ref = mx * scale_log2;
+    const float pj = exp2_approx(fmaf(s, scale_log2, -ref));
+    const float alpha = exp2_approx(fmaf(m[i], scale_log2, -ref));  // 0 before the first tile
+    l[i] = l[i] * alpha + warp_reduce<SumOp>(pj);
+    m[i] = mx;
+    p[h * kPLd + lane] = __float2bfloat16(pj);
+    if (lane == 0) alphas[h] = alpha;
+  }
+}
+
+// O^T += V^T·P^T for the tile (dims x heads) on the tensor cores, after O is rescaled by alpha:
+// warp w owns the 16-dim tiles w, w + 4, ...
+template <int kHeadTiles>
+__device__ void tile_values(const DecodeSmem<kHeadTiles>& lay, const bf16* vs, const bf16* p, const float* alphas,
+                            int D, float (&o)[kMaxDimTiles][kHeadTiles][4]) {
+  constexpr int kPLd = DecodeSmem<kHeadTiles>::kPLd;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float alpha[kHeadTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+    const float2 a2 = *reinterpret_cast<const float2*>(alphas + nt * 8 + 2 * (lane & 3));
+    alpha[nt][0] = a2.x, alpha[nt][1] = a2.y;
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxDimTiles; ++t)
+#pragma unroll
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+      o[t][nt][0] *= alpha[nt][0], o[t][nt][1] *= alpha[nt][1];
+      o[t][nt][2] *= alpha[nt][0], o[t][nt][3] *= alpha[nt][1];
+    }
+  const bf16* v_row = vs + ((lane & 7) + (lane >> 4) * 8) * lay.ld + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+    uint32_t p0[kHeadTiles], p1[kHeadTiles];
+#pragma unroll
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+      const bf16* row = p + (nt * 8 + (lane >> 2)) * kPLd + kk * 16 + 2 * (lane & 3);
+      p0[nt] = *reinterpret_cast<const uint32_t*>(row);
+      p1[nt] = *reinterpret_cast<const uint32_t*>(row + 8);
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxDimTiles; ++t) {
+      const int dim_tile = warp + kSplitWarps * t;
+      if (dim_tile * 16 >= D) break;
+      uint32_t v_frag[4];
+      ldmatrix_x4_trans(v_frag, shared_addr(v_row + kk * 16 * lay.ld + dim_tile * 16));
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) mma_bf16(o[t][nt], v_frag, p0[nt], p1[nt]);
     }
   }
 }
 
-// Warp `warp` (< group) scores keys [begin, end) for query head kvh * group + warp; leaves its
-// running max, sum and unnormalised output (lane's 8 dims per 256-dim chunk) in m, l, acc.
-__device__ void attend_split(const AttentionLaunch& a, int64_t begin, int64_t end, int64_t pos, int kvh,
-                             const DecodeSmem& lay, uint8_t* smem, float& m, float& l, float (&acc)[kDimChunks][8]) {
-  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5;
-  bf16* ks = reinterpret_cast<bf16*>(smem + lay.k);
-  bf16* vs = reinterpret_cast<bf16*>(smem + lay.v);
-  float* qs = reinterpret_cast<float*>(smem + lay.q);
-  bf16* fresh_k = reinterpret_cast<bf16*>(smem + lay.fresh_k);
-  bf16* fresh_v = reinterpret_cast<bf16*>(smem + lay.fresh_v);
-  stage_tile(a, begin, end - 1, pos, kvh, ks, vs, lay.ld);  // in flight while q (and the new K/V) are read
-  load_queries(a, pos, kvh, qs);
-  if (end == pos + 1) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);
-  __syncthreads();  // qs and the new K/V rows visible to every warp
-  const float* q = qs + warp * D;
-  for (int64_t kb = begin; kb < end; kb += kTileKeys) {
-    cp_async_wait_all();
-    place_fresh_row(kb, pos, D, lay.ld, fresh_k, fresh_v, ks, vs);
-    __syncthreads();  // the tile visible to every warp
-    if (warp < group) score_tile(kb, end, lay, ks, vs, q, m, l, acc, D);
-    __syncthreads();  // the tile consumed
-    if (kb + kTileKeys < end) stage_tile(a, kb + kTileKeys, end - 1, pos, kvh, ks, vs, lay.ld);
-  }
-}
-
-// Splits visible to the query at `pos` (the rest are empty).
-__device__ inline int used_splits(int64_t pos, int window, int64_t split_keys, int max_splits) {
-  return int(min(int64_t(max_splits), (pos + split_keys - first_key(pos, window)) / split_keys));
-}
-
-__global__ void decode_split_kernel(AttentionLaunch batch, DecodeCaches caches, SplitPartials batch_parts) {
+// Block (kv head, split, sequence): keys [begin, end) of the split, scored for every query head
+// of the GQA group at once on the tensor cores (mma.sync: S^T = K·Q^T with the heads as the mma's
+// 8 columns, then O^T += V^T·P^T), tile by tile through shared memory; leaves each head's
+// softmax state (m, l) and unnormalised output for the merge. K and V are bf16, Q is rounded to
+// bf16 (as the separate head-norm op stores it) and P to bf16, as in prefill; sums are float32.
+template <int kHeadTiles>
+__global__ void __launch_bounds__(kSplitThreads) decode_split_kernel(AttentionLaunch batch, DecodeCaches caches,
+                                                                     SplitPartials batch_parts) {
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t decode_smem[];
   const AttentionLaunch a = sequence_launch(batch, caches, int(blockIdx.z));
   const SplitPartials parts = sequence_partials(batch_parts, batch, int(blockIdx.z));
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kvh = blockIdx.x, split = blockIdx.y;
-  const DecodeSmem lay(D, group);
+  const DecodeSmem<kHeadTiles> lay(D);
+  bf16* ks = reinterpret_cast<bf16*>(decode_smem + lay.k);
+  bf16* vs = reinterpret_cast<bf16*>(decode_smem + lay.v);
+  bf16* qs = reinterpret_cast<bf16*>(decode_smem + lay.q);
+  float* scores = reinterpret_cast<float*>(decode_smem + lay.scores);
+  bf16* p = reinterpret_cast<bf16*>(decode_smem + lay.p);
+  float* alphas = reinterpret_cast<float*>(decode_smem + lay.alpha);
+  bf16* fresh_k = reinterpret_cast<bf16*>(decode_smem + lay.fresh_k);
+  bf16* fresh_v = reinterpret_cast<bf16*>(decode_smem + lay.fresh_v);
   pdl_wait();
   const int64_t pos = a.positions[0], first = first_key(pos, a.window);
-  const int64_t begin = first + split * parts.split_keys, end = min(begin + parts.split_keys, pos + 1);
+  const int64_t split_keys = split_keys_at(pos, a.window, parts.max_splits);
+  const int64_t begin = first + split * split_keys, end = min(begin + split_keys, pos + 1);
   if (begin >= end) return;  // an empty split: the merge does not read it
-  float m = -FLT_MAX, l = 0.0f, acc[kDimChunks][8] = {};
-  attend_split(a, begin, end, pos, kvh, lay, decode_smem, m, l, acc);
-  if (warp >= group) return;
-  const int64_t row = int64_t(kvh * group + warp) * parts.max_splits + split;
-  if (lane == 0) parts.ml[row] = make_float2(m, l);
-  float* out = parts.acc + row * D;
+  // In flight while the queries (and the new K/V) are read.
+  stage_tile(a, a.k_cache, begin, end - 1, pos, kvh, ks, lay.ld);
+  stage_tile(a, a.v_cache, begin, end - 1, pos, kvh, vs, lay.ld);
+  load_queries<kHeadTiles>(a, pos, kvh, qs, lay.ld);
+  if (end == pos + 1) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);
+  __syncthreads();  // the new K/V rows (normed by two warps) visible to place_fresh_row's threads
+  const float scale_log2 = a.scale * 1.4426950408889634f;
+  float m[2 * kHeadTiles], l[2 * kHeadTiles], o[kMaxDimTiles][kHeadTiles][4] = {};
 #pragma unroll
-  for (int c = 0; c < kDimChunks; ++c) {
-    const int d = c * 256 + lane * 8;
-    if (d < D) {
-      reinterpret_cast<float4*>(out + d)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
-      reinterpret_cast<float4*>(out + d)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
-    }
+  for (int i = 0; i < 2 * kHeadTiles; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+  for (int64_t kb = begin; kb < end; kb += kTileKeys) {
+    cp_async_wait_all();
+    place_fresh_row(kb, pos, D, lay.ld, fresh_k, fresh_v, ks, vs);
+    __syncthreads();  // the tile (and the queries) visible to every warp
+    tile_scores(lay, ks, qs, scores, D);
+    __syncthreads();  // K consumed, the scores complete
+    if (kb + kTileKeys < end) stage_tile(a, a.k_cache, kb + kTileKeys, end - 1, pos, kvh, ks, lay.ld);
+    tile_softmax<kHeadTiles>(kb, end, group, scale_log2, scores, p, alphas, m, l);
+    __syncthreads();  // P and alpha complete
+    tile_values(lay, vs, p, alphas, D, o);
+    __syncthreads();  // V consumed
+    if (kb + kTileKeys < end) stage_tile(a, a.v_cache, kb + kTileKeys, end - 1, pos, kvh, vs, lay.ld);
+  }
+  // The state of the heads this warp's softmax owns, then the outputs of its dim tiles.
+#pragma unroll
+  for (int i = 0; i < 2 * kHeadTiles; ++i) {
+    const int h = warp * 2 * kHeadTiles + i;
+    if (h < group && lane == 0)
+      parts.ml[int64_t(kvh * group + h) * parts.max_splits + split] = make_float2(m[i] * a.scale, l[i]);
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxDimTiles; ++t) {
+    const int d = (warp + kSplitWarps * t) * 16 + (lane >> 2);
+    if (d >= D) break;
+#pragma unroll
+    for (int nt = 0; nt < kHeadTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = nt * 8 + 2 * (lane & 3) + (e & 1);
+        if (h < group) parts.acc[(int64_t(kvh * group + h) * parts.max_splits + split) * D + d + 8 * (e >> 1)] = o[t][nt][e];
+      }
   }
 }
 
@@ -319,7 +403,7 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
   float4 v[kMergeLoads];
 #pragma unroll
   for (int u = 0; u < kMergeLoads; ++u) v[u] = load_acc(lane_group + u * kMergeLanes);
-  const int used = used_splits(pos, a.window, parts.split_keys, parts.max_splits);
+  const int used = used_splits(pos, a.window, parts.max_splits);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float ms[kMaxSplits / 32], ls[kMaxSplits / 32], m = -FLT_MAX;
@@ -389,21 +473,25 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   G4_CHECK(max_splits <= kMaxSplits, "decode attention: at most 256 splits");
   G4_CHECK(caches.sequences >= 1 && caches.sequences <= kMaxDecodeSequences,
            "decode attention: 1 to " + std::to_string(kMaxDecodeSequences) + " sequences per launch");
-  // Keys a query can see span at most the window (ring) or the capacity (flat cache).
-  const int64_t span = a.window ? a.window : a.capacity;
+  G4_CHECK(a.scale > 0.0f, "decode attention: the softmax scale must be positive");
   SplitPartials parts;
-  parts.split_keys = std::max<int64_t>(kTileKeys, ceil_div(ceil_div(span, max_splits), kTileKeys) * kTileKeys);
   parts.max_splits = max_splits;
   parts.acc = partials;
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
-  const int splits = int(ceil_div(span, parts.split_keys)), group = a.heads / a.kv_heads;
-  const DecodeSmem lay(a.head_dim, group);
-  const unsigned sequences = unsigned(caches.sequences);
-  launch_kernel("decode_split_kernel", decode_split_kernel,
-                dim3(unsigned(a.kv_heads), unsigned(splits), sequences), 32 * std::max(group, kMinWarps), lay.total,
-                stream, Pdl::kOn, a, caches, parts);
+  // Keys a query can see span at most the window (ring) or the capacity (flat cache); a split
+  // holds at least one tile of them (split_keys_at).
+  const int64_t span = a.window ? a.window : a.capacity;
+  const int splits = int(std::min<int64_t>(max_splits, ceil_div(span, int64_t(kTileKeys))));
+  const dim3 grid(unsigned(a.kv_heads), unsigned(splits), unsigned(caches.sequences));
+  const int group = a.heads / a.kv_heads;
+  auto launch_split = [&](auto kernel, size_t smem) {
+    launch_kernel("decode_split_kernel", kernel, grid, kSplitThreads, smem, stream, Pdl::kOn, a, caches, parts);
+  };
+  if (group <= 8) launch_split(decode_split_kernel<1>, DecodeSmem<1>(a.head_dim).total);
+  else if (group <= 16) launch_split(decode_split_kernel<2>, DecodeSmem<2>(a.head_dim).total);
+  else launch_split(decode_split_kernel<4>, DecodeSmem<4>(a.head_dim).total);
   launch_kernel("decode_merge_kernel", decode_merge_kernel,
-                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))), sequences),
+                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))), grid.z),
                 kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, caches, parts, planes);
 }
 

@@ -1,4 +1,5 @@
-// Hopper (sm_90a) warpgroup tensor-core and asynchronous-copy primitives.
+// Tensor-core and asynchronous-copy primitives: Hopper's (sm_90a) warpgroup wgmma, and the warp's
+// mma.sync m16n8k16 with ldmatrix (for tiles too small for a warpgroup).
 //
 // wgmma.m64nNk16 runs on a warpgroup (4 warps, 128 threads); warp w of it owns rows 16w..16w+15.
 // With g = lane / 4, c = lane % 4, each register holding two bf16 (low first):
@@ -95,6 +96,31 @@ __device__ inline void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], ui
 }
 
 #undef G4_WGMMA_D4
+
+// d += A·B for one warp's 16x8 tile over k = 16 (bf16 in, float32 sums), fragments in the layout above.
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four (two) 8x8 bf16 matrices from shared memory, lanes 8j..8j+7 giving the 16-byte rows of
+// matrix j: register j holds (row g, cols 2c, 2c+1) of it, or with .trans (rows 2c, 2c+1, col g).
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ inline void ldmatrix_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
 
 __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
