@@ -213,6 +213,8 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
       {8, 1, 512, 0, 450, {200, 1, 200, 1}, 1},
       {4, 2, 256, 128, 256, {200, 1, 200, 1}, 0},
       {8, 1, 512, 0, 450, {200, 1, 200, 1}, 0},
+      // More keys than the backend's one-tile splits hold: decode splits of several 32-key tiles.
+      {8, 1, 512, 0, 17000, {16900, 1, 1}, 0},
   };
   for (const auto& c : cases) {
     const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;

@@ -106,7 +106,7 @@ struct DecodeSmem {
 };
 
 // Starts copying the K or V rows (`cache`) of keys [kb, kb + kTileKeys) into shared rows of `ld`
-// elements (cp_async_wait_all completes it): keys past `last` become zeros (P is 0 there, and 0
+// elements (a cp.async wait completes it): keys past `last` become zeros (P is 0 there, and 0
 // times a stale NaN would not be), the new token's (key pos) is left to place_fresh_row. Key
 // kp < pos is cache slot kp % capacity; a tile's keys lie within one window (or the flat cache),
 // so its slots wrap at most once and one 64-bit modulo serves the whole tile.
@@ -164,15 +164,12 @@ __device__ void make_fresh_row(const AttentionLaunch& a, int64_t pos, int kvh, b
                 NoSink{});
 }
 
-// Copies the new token's rows into the staged tile when the tile [kb, kb + kTileKeys) holds pos.
-__device__ void place_fresh_row(int64_t kb, int64_t pos, int D, int ld, const bf16* fresh_k, const bf16* fresh_v,
-                                bf16* ks, bf16* vs) {
+// Copies the new token's K or V row into the staged tile when the tile [kb, kb + kTileKeys) holds pos.
+__device__ void place_fresh_row(int64_t kb, int64_t pos, int D, int ld, const bf16* fresh, bf16* rows) {
   if (pos < kb || pos >= kb + kTileKeys) return;
   const int j = int(pos - kb);
-  for (int c = 8 * threadIdx.x; c < D; c += 8 * blockDim.x) {
-    *reinterpret_cast<uint4*>(ks + j * ld + c) = *reinterpret_cast<const uint4*>(fresh_k + c);
-    *reinterpret_cast<uint4*>(vs + j * ld + c) = *reinterpret_cast<const uint4*>(fresh_v + c);
-  }
+  for (int c = 8 * threadIdx.x; c < D; c += 8 * blockDim.x)
+    *reinterpret_cast<uint4*>(rows + j * ld + c) = *reinterpret_cast<const uint4*>(fresh + c);
 }
 
 // The group's queries as bf16 rows of qs (normed and rotated first when a.norm_inputs, with the
@@ -205,18 +202,29 @@ __device__ void tile_scores(const DecodeSmem<kHeadTiles>& lay, const bf16* ks, c
   const int steps = D / 16, mid = (steps + 1) / 2, step_end = half ? steps : mid;
   const bf16* a_row = ks + (key_tile * 16 + (lane & 15)) * lay.ld + (lane >> 4) * 8;
   const bf16* b_row = qs + (lane & 7) * lay.ld + ((lane >> 3) & 1) * 8;
-  float s[kHeadTiles][4] = {};
-#pragma unroll 4
-  for (int step = half ? mid : 0; step < step_end; ++step) {
+  // Two independent sums (even and odd steps), so that consecutive mmas do not wait on each other.
+  float s[kHeadTiles][4] = {}, s_odd[kHeadTiles][4] = {};
+  auto step_into = [&](int step, float(&acc)[kHeadTiles][4]) {
     uint32_t k_frag[4];
     ldmatrix_x4(k_frag, shared_addr(a_row + step * 16));
 #pragma unroll
     for (int nt = 0; nt < kHeadTiles; ++nt) {
       uint32_t q0, q1;
       ldmatrix_x2(q0, q1, shared_addr(b_row + nt * 8 * lay.ld + step * 16));
-      mma_bf16(s[nt], k_frag, q0, q1);
+      mma_bf16(acc[nt], k_frag, q0, q1);
     }
+  };
+  int step = half ? mid : 0;
+#pragma unroll 2
+  for (; step + 1 < step_end; step += 2) {
+    step_into(step, s);
+    step_into(step + 1, s_odd);
   }
+  if (step < step_end) step_into(step, s);
+#pragma unroll
+  for (int nt = 0; nt < kHeadTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] += s_odd[nt][e];
   const int key = key_tile * 16 + (lane >> 2);
 #pragma unroll
   for (int nt = 0; nt < kHeadTiles; ++nt) {
@@ -325,9 +333,14 @@ __global__ void __launch_bounds__(kSplitThreads) decode_split_kernel(AttentionLa
   const int64_t split_keys = split_keys_at(pos, a.window, parts.max_splits);
   const int64_t begin = first + split * split_keys, end = min(begin + split_keys, pos + 1);
   if (begin >= end) return;  // an empty split: the merge does not read it
-  // In flight while the queries (and the new K/V) are read.
-  stage_tile(a, a.k_cache, begin, end - 1, pos, kvh, ks, lay.ld);
-  stage_tile(a, a.v_cache, begin, end - 1, pos, kvh, vs, lay.ld);
+  // K and V of a tile are separate copy groups, so that each is waited for only where it is used:
+  // V's copies run under the scores and the softmax, the next K's under the softmax and P·V.
+  auto stage = [&](const bf16* cache, int64_t kb, bf16* rows) {
+    if (kb < end) stage_tile(a, cache, kb, end - 1, pos, kvh, rows, lay.ld);
+    cp_async_commit();  // empty past the last tile, so that the counts below hold
+  };
+  stage(a.k_cache, begin, ks);  // in flight while the queries (and the new K/V) are read
+  stage(a.v_cache, begin, vs);
   load_queries<kHeadTiles>(a, pos, kvh, qs, lay.ld);
   if (end == pos + 1) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);
   __syncthreads();  // the new K/V rows (normed by two warps) visible to place_fresh_row's threads
@@ -336,17 +349,19 @@ __global__ void __launch_bounds__(kSplitThreads) decode_split_kernel(AttentionLa
 #pragma unroll
   for (int i = 0; i < 2 * kHeadTiles; ++i) m[i] = -INFINITY, l[i] = 0.0f;
   for (int64_t kb = begin; kb < end; kb += kTileKeys) {
-    cp_async_wait_all();
-    place_fresh_row(kb, pos, D, lay.ld, fresh_k, fresh_v, ks, vs);
-    __syncthreads();  // the tile (and the queries) visible to every warp
+    cp_async_wait_group<1>();  // this tile's K (its V may still be in flight)
+    place_fresh_row(kb, pos, D, lay.ld, fresh_k, ks);
+    __syncthreads();  // K (and the queries) visible to every warp
     tile_scores(lay, ks, qs, scores, D);
     __syncthreads();  // K consumed, the scores complete
-    if (kb + kTileKeys < end) stage_tile(a, a.k_cache, kb + kTileKeys, end - 1, pos, kvh, ks, lay.ld);
+    stage(a.k_cache, kb + kTileKeys, ks);
     tile_softmax<kHeadTiles>(kb, end, group, scale_log2, scores, p, alphas, m, l);
-    __syncthreads();  // P and alpha complete
+    cp_async_wait_group<1>();  // this tile's V (the next K may still be in flight)
+    place_fresh_row(kb, pos, D, lay.ld, fresh_v, vs);
+    __syncthreads();  // V, P and alpha visible to every warp
     tile_values(lay, vs, p, alphas, D, o);
     __syncthreads();  // V consumed
-    if (kb + kTileKeys < end) stage_tile(a, a.v_cache, kb + kTileKeys, end - 1, pos, kvh, vs, lay.ld);
+    stage(a.v_cache, kb + kTileKeys, vs);
   }
   // The state of the heads this warp's softmax owns, then the outputs of its dim tiles.
 #pragma unroll

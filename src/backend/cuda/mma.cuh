@@ -23,6 +23,11 @@ __device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most `Pending` of this thread's most recently committed copy groups are in flight.
+template <int Pending>
+__device__ inline void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
 // Waits for all of this thread's copies (committed or not).
 __device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Waits for this thread's copies, then orders them before later tensor-core (async proxy) reads.
