@@ -1,5 +1,5 @@
 // What the CUDA benches share: CUDA errors as exceptions, and the time of back-to-back launches
-// measured by events on the default stream.
+// measured by events on their stream.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,16 +12,17 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Milliseconds per call of launch(i), i = 0 .. reps - 1, after `warmup` calls launch(0 .. warmup - 1).
+// Milliseconds per call of launch(i), i = 0 .. reps - 1, after `warmup` calls launch(0 .. warmup - 1),
+// the calls launching on `stream`.
 template <typename F>
-double ms_per_launch(F&& launch, int warmup, int reps) {
+double ms_per_launch(F&& launch, int warmup, int reps, cudaStream_t stream = nullptr) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
   for (int i = 0; i < warmup; ++i) launch(i);
-  check(cudaEventRecord(start), "record");
+  check(cudaEventRecord(start, stream), "record");
   for (int i = 0; i < reps; ++i) launch(i);
-  check(cudaEventRecord(stop), "record");
+  check(cudaEventRecord(stop, stream), "record");
   check(cudaEventSynchronize(stop), "sync");
   check(cudaGetLastError(), "launch");
   float ms = 0;

@@ -4,7 +4,8 @@
 # packed-weight and scheduler tests with G4_REQUIRE_GPU=1 and times the sampler (bench_sampling)
 # and the packed GEMV's 31B matrices alone (bench_packed_gemv_cuda), and whether prefetching the
 # next matrix into L2 across a kernel boundary pays (bench_l2_prefetch_cuda: q/k/v, attention's
-# gap, o_proj; gate/up, a quantize launch, down_proj; Q4_0 sizes);
+# gap, o_proj; gate/up, a quantize launch, down_proj; Q4_0 sizes), and whether a persistent
+# cooperative kernel keeps the weight stream going across a layer's matrices (bench_layer_chain_cuda);
 # `suite` runs `g4 bench --suite` on the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16);
 # `concurrency` runs continuous batching (q4_0 batch invariant and not, bf16 not); `steady` the
 # steady state of 16 and 64 sequences per weight type, not invariant. Logs in one archive,
@@ -17,7 +18,7 @@ mkdir -p "$OUT"
 started=$SECONDS
 cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sampling_cuda \
-  bench_sampling bench_packed_gemv_cuda bench_l2_prefetch_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+  bench_sampling bench_packed_gemv_cuda bench_l2_prefetch_cuda bench_layer_chain_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $((SECONDS - started)) s"
 want() { [ -z "$parts" ] || [[ " $parts " == *" $1 "* ]]; }
 if want tests; then
@@ -29,6 +30,7 @@ if want tests; then
   timeout 60 ./build-gpu/bench/bench_sampling > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
   timeout 90 ./build-gpu/bench/bench_packed_gemv_cuda > "$OUT/bench_packed_gemv.log" 2>&1; cat "$OUT/bench_packed_gemv.log"
   for shape in "50 25 24 24" "130 65 3 40"; do timeout 30 ./build-gpu/bench/bench_l2_prefetch_cuda $shape; done
+  timeout 60 ./build-gpu/bench/bench_layer_chain_cuda 8
 fi
 # Issue 15's table per weight type: pp512, pp2048, decode after 1 k and 32 k tokens, % of copy.
 if want suite; then
