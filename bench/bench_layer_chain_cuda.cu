@@ -24,12 +24,14 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "cuda_timing.h"
 
 namespace {
 
 namespace cg = cooperative_groups;
+using g4::load_streaming;
 using g4::bench::check;
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
@@ -57,14 +59,6 @@ struct QuantizedInput {
   float scale[kMaxK / 32];
   int sum[kMaxK / 32];
 };
-
-__device__ inline uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // The input, K floats written by the previous matrix, into the block's shared memory.
 __device__ void quantize_input(const float* in, int K, QuantizedInput& x) {
