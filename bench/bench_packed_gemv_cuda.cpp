@@ -3,7 +3,8 @@
 // launch's time (events over back-to-back launches, rotating through enough copies of the weight
 // that L2 holds none of them) and the bandwidth it reaches. For choosing the packed GEMV's geometry
 // (docs/DESIGN.md §3) and seeing what one matrix costs beside the whole step (docs/PERF.md).
-//   bench_packed_gemv_cuda [types=q4_0,q4_k,q6_k,q8_0]
+// With a token count of 9..64, the batch GEMV against the packed tensor-core matmul at that count.
+//   bench_packed_gemv_cuda [types=q4_0,q4_k,q6_k,q8_0] [tokens=1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -99,6 +100,43 @@ void run_type(DType type, uint4* x, bf16* y, const bf16* input) {
   }
 }
 
+// T tokens (9..64) of each matrix: the batch GEMV (its quantize launch included, as the backend
+// runs it) against the packed tensor-core matmul (bf16 input, not batch invariant).
+void run_batch_type(DType type, int64_t T, const bf16* input, bf16* y) {
+  constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096, V = 262144;
+  struct Matrix {
+    const char* name;
+    int64_t rows, cols;
+  };
+  for (const Matrix& m : {Matrix{"q_proj", Q, H}, Matrix{"k_proj", KV, H}, Matrix{"o_proj", H, Q}, Matrix{"gate", I, H},
+                          Matrix{"down", H, I}, Matrix{"lm_head", V, H}}) {
+    const Weights w(type, m.rows, m.cols);
+    const size_t workspace_bytes =
+        std::max(packed_batch_gemv_workspace_bytes(m.rows), packed_matmul_workspace_bytes(m.rows, m.cols));
+    float* workspace = nullptr;
+    uint8_t* x = nullptr;
+    check(cudaMalloc(&workspace, std::max<size_t>(workspace_bytes, 4)), "cudaMalloc workspace");
+    check(cudaMalloc(&x, batch_activation_bytes(m.cols)), "cudaMalloc batch input");
+    const double batch_us = time_us(
+        [&](size_t c) {
+          launch_quantize_batch_activations(input, T, m.cols, x, nullptr);
+          launch_packed_batch_gemv(type, x, w.copies[c], y, T, m.rows, m.cols, workspace, workspace_bytes, nullptr);
+        },
+        w.copies.size());
+    const double matmul_us = time_us(
+        [&](size_t c) {
+          launch_packed_matmul(type, input, w.copies[c], y, T, m.rows, m.cols, workspace, workspace_bytes, nullptr);
+        },
+        w.copies.size());
+    std::printf("%-5s %-8s [%6lld, %5lld] T=%lld  batch GEMV %8.2f us (%5.2f TB/s, %d runs)  packed matmul %8.2f us\n",
+                dtype_name(type).c_str(), m.name, static_cast<long long>(m.rows), static_cast<long long>(m.cols),
+                static_cast<long long>(T), batch_us, double(w.bytes) / (batch_us * 1e-6) / 1e12,
+                packed::fold_groups(m.rows), matmul_us);
+    cudaFree(workspace);
+    cudaFree(x);
+  }
+}
+
 DType parse_type(std::string name) {
   for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
@@ -114,18 +152,28 @@ int main(int argc, char** argv) {
     std::vector<DType> types;
     std::stringstream list(argc > 1 ? argv[1] : "q4_0,q4_k,q6_k,q8_0");
     for (std::string name; std::getline(list, name, ',');) types.push_back(parse_type(name));
+    const int64_t tokens = argc > 2 ? std::stoll(argv[2]) : 1;
+    if (tokens < 1 || tokens > kMaxPackedMatmulTokens || (tokens > 1 && tokens <= kMaxGemvTokens))
+      throw std::runtime_error("bench_packed_gemv_cuda: tokens is 1 or 9..64");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    std::printf("packed GEMV, one token, 31B shapes, %s; us per launch (%d back-to-back)\n", prop.name, kReps);
+    std::printf("packed GEMV, %lld token(s), 31B shapes, %s; us per launch (%d back-to-back)\n",
+                static_cast<long long>(tokens), prop.name, kReps);
     constexpr int64_t kWidest = 21504;
     bf16* input = nullptr;
     bf16* y = nullptr;
     uint4* x = nullptr;
-    check(cudaMalloc(&input, kWidest * sizeof(bf16)), "cudaMalloc input");
-    check(cudaMemset(input, 0x3c, kWidest * sizeof(bf16)), "cudaMemset input");  // bf16 0x3c3c ~ 0.0115
-    check(cudaMalloc(&y, size_t(262144) * sizeof(bf16)), "cudaMalloc output");
+    const size_t input_bytes = size_t(tokens) * kWidest * sizeof(bf16);
+    check(cudaMalloc(&input, input_bytes), "cudaMalloc input");
+    check(cudaMemset(input, 0x3c, input_bytes), "cudaMemset input");  // bf16 0x3c3c ~ 0.0115
+    check(cudaMalloc(&y, size_t(tokens) * 262144 * sizeof(bf16)), "cudaMalloc output");
     check(cudaMalloc(&x, size_t(kWidest / 32) * 80), "cudaMalloc quantized input");
-    for (DType type : types) run_type(type, x, y, input);
+    for (DType type : types) {
+      if (tokens == 1)
+        run_type(type, x, y, input);
+      else if (type != DType::Q6_K)
+        run_batch_type(type, tokens, input, y);
+    }
     cudaFree(input);
     cudaFree(y);
     cudaFree(x);

@@ -128,6 +128,50 @@ TEST_F(CudaQuant, PackedMatmulGivesATokenTheSameBitsInAnyBatch) {
   }
 }
 
+// With batch invariance asked for, a token's row of a matmul or gated GELU over 9 to 64 tokens
+// has the bits it has alone (the GEMV's): the batch GEMV for every type but Q6_K, whose batches run
+// the GEMV 8 rows at a time as bf16 weights' do (docs/DESIGN.md §7). The shapes give the batch GEMV 32, 8 and 1 runs of
+// classes (1 000, 5 000 and 40 000 rows), classes without blocks (24 or 11 blocks a row), and for
+// the 32-weight types rows whose params are only 2-byte aligned.
+TEST_F(CudaQuant, BatchesGiveEachTokenItsBitsAlone) {
+  gpu_->set_batch_invariant(true);
+  ASSERT_EQ(gpu_->batch_invariant_rows(), 64);
+  std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
+  types.push_back(DType::BF16);  // the bf16 GEMV 8 rows at a time
+  for (DType type : types) {
+    std::vector<std::pair<int64_t, int64_t>> shapes = {{1000, 768}, {5000, 2048}, {40000, 256}};
+    if (type != DType::BF16 && block_size(type) != kQkBlockSize) shapes.push_back({300, 352});
+    for (const auto& [rows, K] : shapes) {
+      const std::string what = dtype_name(type) + " [" + std::to_string(rows) + ", " + std::to_string(K) + "]";
+      const Both w = type == DType::BF16 ? weight(rows, K, type) : random_weight(type, rows, K);
+      const Both up = type == DType::BF16 ? weight(rows, K, type) : random_weight(type, rows, K);
+      const Both x = activation(64, K, 2.0f);
+      const Tensor all = gpu_->alloc(DType::BF16, 64, rows), gated_all = gpu_->alloc(DType::BF16, 64, rows);
+      gpu_->matmul(x.gpu, w.gpu, all);
+      gpu_->gated_gelu(x.gpu, w.gpu, up.gpu, gated_all);
+      const std::vector<float> want = read(*gpu_, all), gated_want = read(*gpu_, gated_all);
+      const Tensor one = gpu_->alloc(DType::BF16, 1, rows);
+      for (int64_t t : {0, 13, 63}) {
+        const auto row = [&](const std::vector<float>& v) {
+          return std::vector<float>(v.begin() + t * rows, v.begin() + (t + 1) * rows);
+        };
+        gpu_->matmul(x.gpu.rows_view(t, 1), w.gpu, one);
+        EXPECT_EQ(read(*gpu_, one), row(want)) << what << ": token " << t << " alone differs from among 64";
+        gpu_->gated_gelu(x.gpu.rows_view(t, 1), w.gpu, up.gpu, one);
+        EXPECT_EQ(read(*gpu_, one), row(gated_want)) << what << ": gated GELU, token " << t;
+      }
+      for (int64_t T : {9, 17, 40}) {
+        const Tensor some = gpu_->alloc(DType::BF16, T, rows);
+        gpu_->matmul(x.gpu.rows_view(64 - T, T), w.gpu, some);
+        const std::vector<float> got = read(*gpu_, some);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), want.end() - std::ptrdiff_t(got.size())))
+            << what << ": the last " << T << " tokens alone differ from the same tokens among 64";
+      }
+    }
+  }
+  gpu_->set_batch_invariant(false);
+}
+
 // The 31B shapes: hidden 5376 (the prefill runs three chunks of rows through the dequantized
 // scratch; 40 tokens take the packed matmul), the MLP's 21504-wide down projection (two chunks),
 // and an LM head of 262144 rows (20 tokens: one slice of K, written straight to y).

@@ -139,6 +139,10 @@ class Backend {
   // alone (docs/DESIGN.md §7, batch invariance): the scheduler runs decode rows in groups of at most
   // this many. 1 (assume nothing) unless a backend knows better.
   virtual int64_t batch_invariant_rows() const { return 1; }
+  // Asks for batch invariance over as many rows as the backend can give it at any cost (on for a
+  // batch-invariant scheduler): batch_invariant_rows() then says how many. Off (the default), ops
+  // take the fastest kernels. Backends whose every op is row by row ignore it.
+  virtual void set_batch_invariant(bool) {}
 
   // ---- graphs: one decode step captured once, replayed with token and position on the device ----
   // Ops issued between begin_capture() and end_capture() are recorded instead of run; replay() runs

@@ -11,10 +11,10 @@ Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
     : runner_(runner),
       prefill_per_step_(options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step
                                                             : runner.max_prefill_chunk()),
-      forward_rows_(options.batch_invariant
-                        ? std::min(runner.backend().batch_invariant_rows(), runner.max_prefill_chunk())
-                        : runner.max_prefill_chunk()),
       max_waiting_(options.max_waiting) {
+  runner.backend().set_batch_invariant(options.batch_invariant);
+  forward_rows_ = options.batch_invariant ? std::min(runner.backend().batch_invariant_rows(), runner.max_prefill_chunk())
+                                          : runner.max_prefill_chunk();
   G4_CHECK(prefill_per_step_ <= runner.max_prefill_chunk(),
            "prefill_tokens_per_step " + std::to_string(prefill_per_step_) + " exceeds the forward workspace (" +
                std::to_string(runner.max_prefill_chunk()) + " rows, max_prefill_chunk)");

@@ -116,7 +116,7 @@ class Scheduler {
 
   ModelRunner& runner_;
   int64_t prefill_per_step_;
-  int64_t forward_rows_;  // the most rows one forward runs (batch_invariant's bound or the workspace)
+  int64_t forward_rows_ = 0;  // the most rows one forward runs (batch_invariant's bound or the workspace)
   size_t max_waiting_;
   RequestId next_id_ = 1;
   std::deque<Sequence> waiting_;

@@ -98,8 +98,12 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::BF16; }
   // Up to kMaxGemvTokens rows the matmuls run the GEMV, whose per-row sums do not depend on the row
-  // count; cuBLAS beyond that picks its reduction by shape (docs/DESIGN.md §7).
-  int64_t batch_invariant_rows() const override { return kMaxGemvTokens; }
+  // count, and up to kMaxPackedMatmulTokens the batch GEMV over packed weights gives each row the
+  // GEMV's bits; beyond that, and for bf16 and Q6_K weights beyond 8 rows, cuBLAS and the packed
+  // tensor-core matmul pick their reductions by shape — unless batch invariance was asked for, which
+  // runs those as GEMVs of 8 rows at a time (docs/DESIGN.md §7).
+  int64_t batch_invariant_rows() const override { return batch_invariant_ ? kMaxPackedMatmulTokens : kMaxGemvTokens; }
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
     G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");
@@ -212,6 +216,19 @@ class CudaBackend final : public Backend {
         launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, stream_);
         return;
       }
+      if (packed_batch_gemv_fits(w.dtype, T, K)) {
+        quantized_holds_ = {};
+        launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(batch_quantized_), stream_);
+        launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(batch_quantized_), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,
+                                 ptr<float>(packed_partials_), packed_partials_.bytes(), stream_);
+        return;
+      }
+      if (batch_invariant_ && T <= kMaxPackedMatmulTokens) {
+        for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
+          matmul(x.rows_view(first, n), w, y.rows_view(first, n));
+        });
+        return;
+      }
       if (packed_matmul_fits(T, K)) {
         launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
                              packed_partials_.bytes(), stream_);
@@ -228,6 +245,10 @@ class CudaBackend final : public Backend {
     if (T <= kMaxGemvTokens && K % 8 == 0) {
       const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y), N};
       launch_gemv(ptr<bf16>(x), &target, 1, T, K, stream_);
+      return;
+    }
+    if (batch_invariant_ && T <= kMaxPackedMatmulTokens && K % 8 == 0) {
+      for_gemv_row_groups(T, [&](int64_t first, int64_t n) { matmul(x.rows_view(first, n), w, y.rows_view(first, n)); });
       return;
     }
     gemm(w.data, x.data, ptr<bf16>(y), N, T, K, N);
@@ -350,6 +371,16 @@ class CudaBackend final : public Backend {
         return;
       }
     }
+    // Asked for batch invariance where no batch kernel gives the GEMV's bits: the fused GEMV 8 rows
+    // at a time.
+    const bool batch_kernel = packed_batch_gemv_fits(w_gate.dtype, T, K) && packed_batch_gemv_fits(w_up.dtype, T, K);
+    if (batch_invariant_ && T <= kMaxPackedMatmulTokens && w_gate.dtype == w_up.dtype && !batch_kernel &&
+        (is_block_quantized(w_gate.dtype) || K % 8 == 0)) {
+      for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
+        gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
+      });
+      return;
+    }
     // Larger chunks (or gate and up of different types): two matmuls, the up projection into a
     // backend-owned buffer, then the GELU-mul. A prompt's prefill sizes that buffer before any
     // decode step could be captured.
@@ -450,12 +481,16 @@ class CudaBackend final : public Backend {
   }
 
   // What matmuls over a packed [rows, cols] weight need, allocated with the weight, never during a
-  // forward (which a graph may be capturing): the quantized input of up to kMaxGemvTokens rows, the
-  // partial sums of launch_packed_matmul, and the bf16 rows a prefill GEMM reads.
+  // forward (which a graph may be capturing): the quantized input of up to kMaxGemvTokens rows and
+  // of a batch, the partial sums of launch_packed_matmul and launch_packed_batch_gemv, and the bf16
+  // rows a prefill GEMM reads.
   void reserve_packed_scratch(int64_t rows, int64_t cols) {
     const size_t input_bytes = size_t(kMaxGemvTokens) * size_t(cols / packed::kBlock) * sizeof(packed::ActivationBlock);
     if (quantized_.bytes() < input_bytes) quantized_ = alloc(DType::I32, 1, int64_t(input_bytes / 4));
-    const size_t partial_bytes = packed_matmul_workspace_bytes(rows, cols);
+    const size_t batch_bytes = batch_activation_bytes(cols);
+    if (batch_quantized_.bytes() < batch_bytes) batch_quantized_ = alloc(DType::I32, 1, int64_t(batch_bytes / 4));
+    const size_t partial_bytes =
+        std::max(packed_matmul_workspace_bytes(rows, cols), packed_batch_gemv_workspace_bytes(rows));
     if (packed_partials_.bytes() < partial_bytes) packed_partials_ = alloc(DType::F32, 1, int64_t(partial_bytes / 4));
     const size_t dequantized_bytes = std::min(kDequantizedBytes, size_t(rows) * size_t(cols) * 2);
     for (Tensor& scratch : dequantized_)
@@ -515,6 +550,12 @@ class CudaBackend final : public Backend {
     quantized_holds_ = {};
     if (!ready) launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
     return ptr<uint4>(quantized_);
+  }
+
+  // f(first, n) for the rows of a T-row op in groups of at most kMaxGemvTokens, in order.
+  template <typename F>
+  static void for_gemv_row_groups(int64_t T, F&& f) {
+    for (int64_t first = 0; first < T; first += kMaxGemvTokens) f(first, std::min<int64_t>(kMaxGemvTokens, T - first));
   }
 
   // Rows of a K-wide weight that fit a dequantized scratch, a multiple of 64 when more than 64 fit.
@@ -629,8 +670,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
-  // packed_partials_: launch_packed_matmul's slices
-  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, packed_partials_;
+  // batch_quantized_: the packed batch GEMV's; packed_partials_: launch_packed_matmul's and
+  // launch_packed_batch_gemv's slices
+  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, batch_quantized_, packed_partials_;
+  bool batch_invariant_ = false;  // set_batch_invariant
   // Prefill over packed weights: the two bf16 scratches of dequantized rows (multiply_dequantized_chunk), the
   // stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
   // by its GEMM, and a point of stream_ the dequantize stream must not overtake (set after an op

@@ -324,10 +324,38 @@ G4_HOST_DEVICE int dp2a_hi(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-// Σ w_i · x_i over the block. The integer sums are exact (|Σ| < 2^28); offsets are subtracted as
-// integers, minimums added through d·sum.
+// The float steps of the block arithmetic, rounded once each on host and device alike (no
+// contraction left to the compiler): the GEMV and the batched kernel (packed_batch_gemv.cu) must
+// produce the same bits from the same integers.
+G4_HOST_DEVICE float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+G4_HOST_DEVICE float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// acc + Σ w_i · x_i over the block, for every type but Q6_K, from the exact integer dot
+// dot = Σ (q_i - offset) · x.q_i (|dot| < 2^28; its float is the nearest, however computed):
+// acc = fma(min, d·sum, acc) for the types with a minimum, then acc = fma(scale · d, dot, acc).
+// d and dsum: the activation block's (ActivationBlock).
 template <DType kType>
-G4_HOST_DEVICE float block_dot(const BlockWeights& w, const ActivationBlock& x) {
+G4_HOST_DEVICE float accumulate_scaled_dot(float acc, float scale, float min, float d, float dsum, float dot) {
+  if constexpr (has_min(kType)) acc = fma_rn(min, dsum, acc);
+  return fma_rn(mul_rn(scale, d), dot, acc);
+}
+
+// acc + Σ w_i · x_i over the block (the GEMV's step; accumulate_scaled_dot's arithmetic). The
+// integer sums are exact; offsets are subtracted as integers, minimums added through d·sum.
+template <DType kType>
+G4_HOST_DEVICE float accumulate_block_dot(float acc, const BlockWeights& w, const ActivationBlock& x) {
   int lo = 0, hi = 0;  // weights 0..15 and 16..31
   for (int i = 0; i < 4; ++i) {
     lo = dp2a_lo(x.q[2 * i], w.q[i], lo);
@@ -337,10 +365,44 @@ G4_HOST_DEVICE float block_dot(const BlockWeights& w, const ActivationBlock& x) 
   }
   constexpr int offset = quant_offset(kType);
   if constexpr (kType == DType::Q6_K)
-    return x.d * (w.scale * float(lo - offset * x.sum_lo) + w.scale_hi * float(hi - offset * (x.sum - x.sum_lo)));
-  const float dot = (w.scale * x.d) * float(lo + hi - offset * x.sum);
-  if constexpr (has_min(kType)) return w.min * x.dsum + dot;
-  return dot;
+    return fma_rn(x.d,
+                  fma_rn(w.scale, float(lo - offset * x.sum_lo), mul_rn(w.scale_hi, float(hi - offset * (x.sum - x.sum_lo)))),
+                  acc);
+  return accumulate_scaled_dot<kType>(acc, w.scale, w.min, x.d, x.dsum, float(lo + hi - offset * x.sum));
+}
+
+// ---- the order of a row's sum ----
+//
+// A row's dot product is the sum of 32 "class" partials: class c accumulates blocks c, c + 32,
+// c + 64, ... in that order from 0 (the GEMV's lane c). The classes are added in `groups` runs of
+// 32 / groups consecutive classes, each run summed from 0 in class order, and the runs' sums then
+// added from 0 in order. `groups` (1, 2, 4, ... 32) depends only on the matrix's shape
+// (fold_groups), so the GEMV (one row per warp) and the batched kernel (a run of classes per thread
+// block, packed_batch_gemv.cu) give a row the same bits. docs/DESIGN.md §7.
+inline constexpr int kClasses = 32;
+
+// Runs for a matrix of N rows: enough that the batched kernel's thread blocks (kBatchRowsPerBlock
+// rows and one run each) fill the GPU.
+inline constexpr int kBatchRowsPerBlock = 128;
+G4_HOST_DEVICE constexpr int fold_groups(int64_t N) {
+  constexpr int64_t kWantedBlocks = 256;
+  const int64_t tiles = (N + kBatchRowsPerBlock - 1) / kBatchRowsPerBlock;
+  int groups = 1;
+  while (groups < kClasses && tiles * groups < kWantedBlocks) groups *= 2;
+  return groups;
+}
+
+// The sum of class partials partial[0..31] (stride apart) in the order above.
+template <typename Get>
+G4_HOST_DEVICE float fold_classes(int groups, Get partial) {
+  const int per_group = kClasses / groups;
+  float total = 0.0f;
+  for (int g = 0; g < groups; ++g) {
+    float run = 0.0f;
+    for (int c = g * per_group; c < (g + 1) * per_group; ++c) run += partial(c);
+    total += run;
+  }
+  return total;
 }
 
 // ---- packing GGUF blocks ----

@@ -4,7 +4,9 @@
 // warp streams kRowsPerWarp weight rows, lane l taking blocks l, l + 32, ... in that order, U
 // blocks per row in flight (16-byte quant loads that bypass L1, their scales beside; blocks past the
 // row's end are not loaded), and every block of every token costs 16 dp2a and a few float
-// operations. The rows of a warp share each activation load, which comes through L1: five
+// operations; the lanes' sums are then added in the order packed_blocks.h fixes (fold_classes,
+// through shared memory), which the batched kernel (packed_batch_gemv.cu) keeps for 9 to 64 tokens.
+// The rows of a warp share each activation load, which comes through L1: five
 // coalesced 16-byte loads per block and token (the planes of packed_blocks.h). Launched with PDL:
 // a warp asks L2 for its first weight bytes before it waits for the input.
 //
@@ -17,7 +19,6 @@
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
-#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -116,14 +117,21 @@ __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, con
     if (T > 1 && t >= tokens) break;
     const ActivationBlock a = load_activation(x, blocks, t, b);
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r][t] += block_dot<kType>(w[r], a);
+    for (int r = 0; r < R; ++r) acc[r][t] = accumulate_block_dot<kType>(acc[r][t], w[r], a);
   }
 }
 
-// acc[r][t] = x[t] · rows[r], summed over the warp (every lane gets the sums).
+// Per warp: the lanes' partial sums of its R rows and T tokens, a row of 33 floats per (r, t) so
+// that a lane reading one row meets no other lane's bank.
+template <int T, int R>
+using FoldScratch = float[R * T][kClasses + 1];
+
+// x[t] · rows[r] with (r, t) = (lane / T, lane % T) in lanes below R * T (the others get 0): each
+// lane sums its blocks, then lane k adds the 32 lanes' sums of (r, t) = k in fold_classes' order.
 template <DType kType, int T, int R, int U>
-__device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
-                                       int tokens, int lane, float (&acc)[R][T]) {
+__device__ inline float packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
+                                        int tokens, int groups, int lane, FoldScratch<T, R>& fold) {
+  float acc[R][T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -144,7 +152,10 @@ __device__ inline void packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = warp_reduce<SumOp>(acc[r][t]);
+    for (int t = 0; t < T; ++t) fold[r * T + t][lane] = acc[r][t];
+  __syncwarp();
+  if (lane >= R * T) return 0.0f;
+  return fold_classes(groups, [&](int c) { return fold[lane][c]; });
 }
 
 // The quant bytes a row's first loads read.
@@ -178,11 +189,12 @@ template <DType kType, int T, class G>
 __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4* x,
                                                                      GemvTargets<PackedGemvTarget> launch, int64_t K,
                                                                      int tokens) {
+  __shared__ FoldScratch<T, kRowsPerWarp> fold[G::kWarps];
   pdl_launch_dependents();
   unsigned block_in_target;
   const PackedGemvTarget target = gemv_target(launch, &block_in_target);
-  const int lane = threadIdx.x & 31;
-  const int64_t first = (int64_t(block_in_target) * G::kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t first = (int64_t(block_in_target) * G::kWarps + warp) * kRowsPerWarp;
   if (first >= target.rows) return;
   const int64_t blocks = K / kBlock;
   RowRegions<const uint8_t> rows[kRowsPerWarp];
@@ -192,14 +204,11 @@ __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4
     prefetch_first_blocks<kType, G::kInFlight>(rows[r], blocks, lane);
   }
   pdl_wait();
-  float acc[kRowsPerWarp][T];
-  packed_rows_dot<kType, T, kRowsPerWarp, G::kInFlight>(rows, x, blocks, tokens, lane, acc);
-  if (lane != 0) return;
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t)
-      if (first + r < target.rows && t < tokens) target.y[t * target.rows + first + r] = __float2bfloat16(acc[r][t]);
+  const float sum = packed_rows_dot<kType, T, kRowsPerWarp, G::kInFlight>(rows, x, blocks, tokens,
+                                                                          fold_groups(target.rows), lane, fold[warp]);
+  const int r = lane / T, t = lane % T;
+  if (r < kRowsPerWarp && first + r < target.rows && t < tokens)
+    target.y[t * target.rows + first + r] = __float2bfloat16(sum);
 }
 
 // Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as the
@@ -208,21 +217,21 @@ template <DType kType, int T, class G>
 __global__ __launch_bounds__(G::kWarps * 32) void packed_gated_gelu_kernel(const uint4* x, const uint8_t* w_gate,
                                                                            const uint8_t* w_up, bf16* out, int64_t N,
                                                                            int64_t K, int tokens) {
+  __shared__ FoldScratch<T, 2> fold[G::kWarps];
   pdl_launch_dependents();
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * G::kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = int64_t(blockIdx.x) * G::kWarps + warp;
   if (row >= N) return;
   const int64_t blocks = K / kBlock;
   const RowRegions<const uint8_t> rows[2] = {row_regions<kType>(w_gate, N, K, row), row_regions<kType>(w_up, N, K, row)};
   prefetch_first_blocks<kType, G::kInFlight>(rows[0], blocks, lane);
   prefetch_first_blocks<kType, G::kInFlight>(rows[1], blocks, lane);
   pdl_wait();
-  float acc[2][T];  // gate, up
-  packed_rows_dot<kType, T, 2, G::kInFlight>(rows, x, blocks, tokens, lane, acc);
-  if (lane != 0) return;
-#pragma unroll
-  for (int t = 0; t < T; ++t)
-    if (t < tokens) out[t * N + row] = __float2bfloat16(gelu_tanh(round_bf16(acc[0][t])) * round_bf16(acc[1][t]));
+  // lane t < T: gate of token t; lane T + t: up of token t
+  const float sum = packed_rows_dot<kType, T, 2, G::kInFlight>(rows, x, blocks, tokens, fold_groups(N), lane, fold[warp]);
+  const float up = __shfl_down_sync(0xffffffffu, sum, T);
+  if (lane < T && lane < tokens)
+    out[lane * N + row] = __float2bfloat16(gelu_tanh(round_bf16(sum)) * round_bf16(up));
 }
 
 // Calls f(std::integral_constant<int, T>{}) with T the compiled token count for `tokens` (1, 2, 4, 8):

@@ -60,6 +60,25 @@ size_t packed_matmul_workspace_bytes(int64_t N, int64_t K);
 void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
                           float* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// ---- packed_batch_gemv.cu ----
+
+// The quantized input of launch_packed_batch_gemv for up to kMaxPackedMatmulTokens rows of K values.
+size_t batch_activation_bytes(int64_t K);
+// x [T, K] quantized per block as launch_quantize_activations does (the same numbers), laid out for
+// the batch GEMV, into `out` (batch_activation_bytes(K)).
+void launch_quantize_batch_activations(const bf16* x, int64_t T, int64_t K, uint8_t* out, cudaStream_t stream);
+// Whether launch_packed_batch_gemv takes T tokens of a K-wide weight of `type`: kMaxGemvTokens < T
+// <= kMaxPackedMatmulTokens, every block type but Q6_K.
+bool packed_batch_gemv_fits(DType type, int64_t T, int64_t K);
+// The float workspace it needs for a weight of N rows (0 when one thread block row covers K).
+size_t packed_batch_gemv_workspace_bytes(int64_t N);
+// y[T, N] = x · w^T with the decode GEMV's arithmetic, bit for bit: each token's row as launch_packed_gemv
+// gives it alone. x: launch_quantize_batch_activations' output.
+void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
+                              float* workspace, size_t workspace_bytes, cudaStream_t stream);
+// y[i] = bf16(Σ_s partial[s * count + i]), summed from 0 in s order.
+void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream);
+
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
                               int64_t T, int64_t N, int64_t K, cudaStream_t stream);

@@ -229,17 +229,6 @@ __global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, 
       }
 }
 
-// y = the slices' partial sums added in slice order.
-__global__ void add_slices_kernel(const float* partial, int slices, int64_t count, bf16* y) {
-  pdl_launch_dependents();
-  pdl_wait();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < slices; ++s) sum += partial[s * count + i];
-    y[i] = __float2bfloat16(sum);
-  }
-}
-
 // Slices of K for an [N, K] matrix: chunks per slice and slice count.
 std::pair<int, int> slicing(int64_t N, int64_t K) {
   const int64_t row_tiles = ceil_div(N, kRowsPerCta), chunks = K / kChunk;
@@ -283,9 +272,7 @@ void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, 
       launch(std::integral_constant<int, 8>{});
   });
   if (slices == 1) return;
-  const int64_t count = T * N;
-  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(count, 256), 4096)), 256, 0,
-                stream, Pdl::kOn, static_cast<const float*>(workspace), slices, count, y);
+  launch_add_slices(workspace, slices, T * N, y, stream);
 }
 
 }  // namespace g4

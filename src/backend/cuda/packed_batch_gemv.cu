@@ -1,0 +1,358 @@
+// y[T, N] = x[T, K] · w[N, K]^T over packed block-quantized weights for 9..64 tokens (a decode
+// batch, a short prefill chunk) with exactly the decode GEMV's arithmetic, so that each token's row
+// of y has the bits it has alone: the batch-invariant matmul of docs/DESIGN.md §7.
+//
+// The GEMV (packed_gemv.cu) computes per block the exact integer dot of the int16 activations and
+// the quants, turns it into a float, scales and accumulates it (packed_blocks.h:
+// accumulate_scaled_dot), lane c of a warp taking blocks c, c + 32, ... ("class" c), and adds the 32
+// class sums in fold_classes' order. Here the integer dots come from the int8 tensor cores: an
+// int16 activation is 256 · hi + lo (hi signed, lo unsigned bytes), so a block's dot is
+// 256 · (q·hi) + q·lo, two exact mma.sync m16n8k32 with the quants centred to signed bytes (q minus
+// the type's offset). Both start from 1.5 · 2^23's bits, which makes each int32 result the bits of
+// the float 1.5 · 2^23 + (its dot): a subtraction gives each part as a float exactly (|parts| <
+// 2^22), and one fma(hi, 256, lo) the nearest float of the whole dot — the GEMV's float(dot). Then
+// the same accumulate_scaled_dot. Integer conversions would cost eight times more (16 a clock per
+// multiprocessor against 128 additions).
+//
+// Geometry: a thread block of 8 warps takes 128 weight rows (a 16-row mma tile per warp) and every
+// token (8-column tiles: 16, 32 or 64 columns compiled), and one run of classes (fold_groups(N)
+// runs of 32 / groups classes: blockIdx.y); it walks its classes' blocks in class order, each block
+// staged in shared memory by cp.async four blocks ahead (the 128 rows' bytes of the block and every
+// token's activations), keeps each class's sum and the run's sum in registers, and writes the run's
+// sum: y itself for one run, else float partials that add_slices_kernel adds in run order
+// (fold_classes' outer sum). Q6_K (two scales a block) is not taken: its batches run the GEMV.
+#include <algorithm>
+
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace g4 {
+
+namespace {
+
+using namespace packed;
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kTileRows = 16;
+static_assert(kWarps * kTileRows == kBatchRowsPerBlock, "a 16-row tile per warp");
+constexpr int kStages = 4;                           // blocks staged ahead (cp.async ring)
+constexpr int kTokenSlots = kMaxPackedMatmulTokens;  // tokens per block in the activation layout
+constexpr int kValueBytes = 64;                      // a token's block: 32 int16 as hi and lo bytes
+constexpr int kMagicBits = 0x4B400000;               // 1.5 * 2^23: bits + i is the float kMagic + i
+constexpr float kMagic = 12582912.0f;                //   exactly for |i| < 2^22
+
+// The batch activations ([blocks][kTokenSlots] of each part): values, then d, then dsum (as
+// ActivationBlock's). A token's 64 value bytes hold, for c in 0..3, the words 4c..4c+3: the high
+// bytes of values 4c..4c+3, of values 16+4c..16+4c+3, then their low bytes — one lane's mma
+// operands for one token in one 16-byte load.
+__host__ __device__ inline int64_t slot(int64_t b, int64_t t) { return b * kTokenSlots + t; }
+__host__ __device__ inline uint8_t* values_at(uint8_t* x, int64_t b, int64_t t) { return x + slot(b, t) * kValueBytes; }
+__host__ __device__ inline float* d_at(uint8_t* x, int64_t blocks, int64_t b, int64_t t) {
+  return reinterpret_cast<float*>(x + blocks * kTokenSlots * kValueBytes) + slot(b, t);
+}
+__host__ __device__ inline float* dsum_at(uint8_t* x, int64_t blocks, int64_t b, int64_t t) {
+  return d_at(x, blocks, b, t) + blocks * kTokenSlots;
+}
+
+__global__ void quantize_batch_activations_kernel(const bf16* x, int64_t T, int64_t blocks, uint8_t* out) {
+  pdl_launch_dependents();
+  pdl_wait();  // x comes from the previous kernel; `out` may still be read by the matmul before it
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * blocks;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / blocks, b = i % blocks;
+    const uint4* src = reinterpret_cast<const uint4*>(x + i * kBlock);
+    float values[kBlock];
+#pragma unroll
+    for (int k = 0; k < kBlock / 8; ++k) unpack8(src[k], values + 8 * k);
+    ActivationBlock a;
+    quantize_activation_block(values, a);
+    uint4* dst = reinterpret_cast<uint4*>(values_at(out, b, t));
+#pragma unroll
+    for (int c = 0; c < 4; ++c)  // q[2c], q[2c + 1]: values 4c..4c+3 as int16 pairs
+      dst[c] = make_uint4(__byte_perm(a.q[2 * c], a.q[2 * c + 1], 0x7531), __byte_perm(a.q[8 + 2 * c], a.q[9 + 2 * c], 0x7531),
+                          __byte_perm(a.q[2 * c], a.q[2 * c + 1], 0x6420), __byte_perm(a.q[8 + 2 * c], a.q[9 + 2 * c], 0x6420));
+    *d_at(out, blocks, b, t) = a.d;
+    *dsum_at(out, blocks, b, t) = a.dsum;
+  }
+}
+
+// 4 bytes global -> shared (zeros when !valid: src unread).
+__device__ inline void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+// One staged block: the thread block's 128 rows' bytes of it (qs, qh, the 4-byte word holding the
+// params — a 2-byte d shares its word with a neighbour's —, a K-quant's super-block head), then
+// every token's values, d and (types with a minimum) dsum.
+template <DType kType>
+struct Stage {
+  static constexpr Format f = format_of(kType);
+  static constexpr bool kHead = kType == DType::Q4_K || kType == DType::Q5_K;
+  static constexpr int kRows = kBatchRowsPerBlock;
+  static constexpr int kQh = kRows * f.qs, kParams = kQh + kRows * f.qh, kHeadAt = kParams + (f.params > 0 ? kRows * 4 : 0),
+                       kTokensAt = kHeadAt + (kHead ? kRows * 16 : 0);
+  template <int kTiles>
+  static constexpr int bytes() {
+    return kTokensAt + 8 * kTiles * (kValueBytes + 4 * (has_min(kType) ? 2 : 1));
+  }
+};
+
+template <DType kType, int kTiles>
+__device__ inline void stage_block(const uint8_t* w, int64_t N, int64_t K, int64_t row0, uint8_t* x, int64_t T,
+                                   int64_t b, uint8_t* stage) {
+  using S = Stage<kType>;
+  constexpr Format f = S::f;
+  constexpr int kTokens = 8 * kTiles, kQsPieces = f.qs / 16;
+  const int64_t blocks = K / kBlock;
+  auto regions = [&](int64_t row) { return row_regions<kType>(w, N, K, row < N ? row : row0); };
+  for (int i = threadIdx.x; i < S::kRows * kQsPieces; i += kThreads) {
+    const int lr = i / kQsPieces, piece = i % kQsPieces;
+    cp_async16(shared_addr(stage + lr * f.qs + 16 * piece), regions(row0 + lr).qs + b * f.qs + 16 * piece,
+               row0 + lr < N);
+  }
+  for (int lr = threadIdx.x; lr < S::kRows; lr += kThreads) {
+    const RowRegions<const uint8_t> r = regions(row0 + lr);
+    const bool valid = row0 + lr < N;
+    if constexpr (f.qh == 4) cp_async4(shared_addr(stage + S::kQh + lr * 4), r.qh + b * 4, valid);
+    if constexpr (f.params > 0) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(r.params + b * f.params);
+      cp_async4(shared_addr(stage + S::kParams + lr * 4), reinterpret_cast<const void*>(at & ~uintptr_t(3)), valid);
+    }
+    if constexpr (S::kHead) cp_async16(shared_addr(stage + S::kHeadAt + lr * 16), r.super + (b / kSubBlocks) * 16, valid);
+  }
+  uint8_t* tokens = stage + S::kTokensAt;
+  for (int i = threadIdx.x; i < kTokens * 4; i += kThreads) {
+    const int t = i / 4, piece = i % 4;
+    cp_async16(shared_addr(tokens + t * kValueBytes + 16 * piece), values_at(x, b, t < T ? t : 0) + 16 * piece, t < T);
+  }
+  constexpr int kScalePieces = kTokens / 4;  // 16 bytes: 4 tokens' d (or dsum)
+  for (int i = threadIdx.x; i < kScalePieces * (has_min(kType) ? 2 : 1); i += kThreads) {
+    const int part = i / kScalePieces, t = 4 * (i % kScalePieces);
+    const float* src = part == 0 ? d_at(x, blocks, b, t) : dsum_at(x, blocks, b, t);
+    cp_async16(shared_addr(tokens + kTokens * kValueBytes + (part * kTokens + t) * 4), src, t < T);
+  }
+}
+
+// q - quant_offset of four quant bytes, as signed bytes (q's bits above the offset's are 0).
+template <DType kType>
+__device__ inline uint32_t centred(uint32_t q) {
+  constexpr uint32_t offset = quant_offset(kType), bits = offset * 0x01010101u;
+  if constexpr (offset == 0) {
+    return q;
+  } else {
+    const uint32_t t = q ^ bits;                            // q - offset in offset's two's complement width
+    return t | (t & bits) * ((256 - 2 * offset) / offset);  // sign-extended to the byte
+  }
+}
+
+// acc[nt][e] += this block's term of (row, token) for the warp's 16 rows and every token.
+template <DType kType, int kTiles>
+__device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int64_t blocks, int64_t b, int warp, int lane,
+                                      float (&acc)[kTiles][4]) {
+  using S = Stage<kType>;
+  constexpr Format f = S::f;
+  constexpr int kTokens = 8 * kTiles;
+  const int g = lane / 4, c = lane % 4;
+  uint32_t a[4];
+  float scale[2], minimum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows g and g + 8 of the warp's tile
+    const int lr = warp * kTileRows + g + 8 * h;
+    RawBlock raw;
+    const uint32_t* qs = reinterpret_cast<const uint32_t*>(stage + lr * f.qs);
+    raw.qs[0] = raw.qs[1] = raw.qs[2] = raw.qs[3] = qs[c];  // unpack_word_pair(raw, c) reads word c
+    if constexpr (f.qs == 32) raw.qs[4] = raw.qs[5] = raw.qs[6] = raw.qs[7] = qs[4 + c];
+    if constexpr (f.qh == 4) raw.qh[0] = *reinterpret_cast<const uint32_t*>(stage + S::kQh + lr * 4);
+    if constexpr (f.params > 0) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(stage + S::kParams + lr * 4);
+      const bool upper = f.params == 2 && (((row0 + lr) * blocks + b) & 1);  // the block's d in the word's upper half
+      raw.params = f.params == 4 ? word : upper ? word >> 16 : word & 0xFFFFu;
+    }
+    if constexpr (S::kHead) {
+      const uint4 head = *reinterpret_cast<const uint4*>(stage + S::kHeadAt + lr * 16);
+      raw.super[0] = head.x, raw.super[1] = head.y, raw.super[2] = head.z, raw.super[3] = head.w;
+    }
+    uint32_t lo, hi;
+    unpack_word_pair<kType>(raw, c, &lo, &hi);
+    a[h] = centred<kType>(lo);      // k 4c..4c+3: weights 4c..4c+3
+    a[2 + h] = centred<kType>(hi);  // k 16+4c..: weights 16+4c..
+    BlockWeights bw{};
+    unpack_scales<kType>(raw, int(b % kSubBlocks), bw);
+    scale[h] = bw.scale;
+    minimum[h] = bw.min;
+  }
+  const uint8_t* tokens = stage + S::kTokensAt;
+  const float* d = reinterpret_cast<const float*>(tokens + kTokens * kValueBytes);
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+    const uint4 v = *reinterpret_cast<const uint4*>(tokens + (8 * nt + g) * kValueBytes + 16 * c);
+    int high[4] = {kMagicBits, kMagicBits, kMagicBits, kMagicBits}, low[4] = {kMagicBits, kMagicBits, kMagicBits, kMagicBits};
+    mma_s8_s8(high, a, v.x, v.y);
+    mma_s8_u8(low, a, v.z, v.w);
+    const float2 ds = *reinterpret_cast<const float2*>(d + 8 * nt + 2 * c);  // tokens 8nt + 2c, + 1
+    float2 dsums = make_float2(0.0f, 0.0f);
+    if constexpr (has_min(kType)) dsums = *reinterpret_cast<const float2*>(d + kTokens + 8 * nt + 2 * c);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // (row g + 8 (e / 2), token 8nt + 2c + e % 2)
+      const float dot = fma_rn(__fsub_rn(__int_as_float(high[e]), kMagic), 256.0f, __fsub_rn(__int_as_float(low[e]), kMagic));
+      acc[nt][e] = accumulate_scaled_dot<kType>(acc[nt][e], scale[e / 2], minimum[e / 2], e % 2 ? ds.y : ds.x,
+                                                e % 2 ? dsums.y : dsums.x, dot);
+    }
+  }
+}
+
+// The blocks of classes [begin, end) of a row of `blocks` blocks, class by class, each class's
+// blocks c, c + 32, ... in order.
+class ClassWalk {
+ public:
+  __device__ ClassWalk(int begin, int end, int64_t blocks) : class_(begin), end_(end), blocks_(blocks) { skip_empty(); }
+  __device__ int64_t steps() const {
+    int64_t n = 0;
+    for (int c = class_; c < end_; ++c) n += count(c);
+    return n;
+  }
+  __device__ int64_t block() const { return class_ + int64_t(kClasses) * j_; }
+  __device__ bool last_in_class() const { return j_ + 1 == count(class_); }
+  __device__ void next() {
+    if (class_ >= end_) return;
+    if (++j_ < count(class_)) return;
+    j_ = 0;
+    ++class_;
+    skip_empty();
+  }
+
+ private:
+  __device__ int64_t count(int c) const { return c < blocks_ ? (blocks_ - 1 - c) / kClasses + 1 : 0; }
+  __device__ void skip_empty() {
+    while (class_ < end_ && count(class_) == 0) ++class_;
+  }
+  int class_, end_;
+  int64_t blocks_, j_ = 0;
+};
+
+// Grid (row tiles, runs). A class's sum starts from 0 and is added to its run's when its last block
+// is done; a class without blocks adds nothing (a run's sum is never -0, so adding the GEMV lane's
+// +0 would not change it).
+template <DType kType, int kTiles>
+__global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(uint8_t* x, const uint8_t* w, bf16* y,
+                                                                        float* partial, int64_t T, int64_t N, int64_t K,
+                                                                        int groups) {
+  extern __shared__ __align__(16) uint8_t stages[];
+  constexpr int kStageBytes = Stage<kType>::template bytes<kTiles>();
+  pdl_launch_dependents();
+  pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = int64_t(blockIdx.x) * kBatchRowsPerBlock, blocks = K / kBlock;
+  const int per_group = kClasses / groups, first_class = int(blockIdx.y) * per_group;
+  ClassWalk load(first_class, first_class + per_group, blocks), use = load;
+  const int64_t steps = load.steps();
+  float acc[kTiles][4] = {}, run[kTiles][4] = {};
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) stage_block<kType, kTiles>(w, N, K, row0, x, T, load.block(), stages + s * kStageBytes);
+    load.next();
+    cp_async_commit();
+  }
+  for (int64_t i = 0; i < steps; ++i) {
+    cp_async_wait_group<kStages - 2>();
+    __syncthreads();  // block i is staged for all; every warp is done with block i - 1's stage
+    if (i + kStages - 1 < steps)
+      stage_block<kType, kTiles>(w, N, K, row0, x, T, load.block(), stages + ((i + kStages - 1) % kStages) * kStageBytes);
+    load.next();
+    cp_async_commit();
+    multiply_block<kType, kTiles>(stages + (i % kStages) * kStageBytes, row0, blocks, use.block(), warp, lane, acc);
+    if (use.last_in_class()) {
+#pragma unroll
+      for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          run[nt][e] += acc[nt][e];
+          acc[nt][e] = 0.0f;
+        }
+    }
+    use.next();
+  }
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + warp * kTileRows + g + 8 * (e / 2), t = 8 * nt + 2 * c + e % 2;
+      if (row >= N || t >= T) continue;
+      if (groups == 1)  // fold_classes: 0 + the run's sum is the run's sum
+        y[t * N + row] = __float2bfloat16(run[nt][e]);
+      else
+        partial[(int64_t(blockIdx.y) * T + t) * N + row] = run[nt][e];
+    }
+}
+
+// y = the slices' partial sums added from 0 in slice order.
+__global__ void add_slices_kernel(const float* partial, int slices, int64_t count, bf16* y) {
+  pdl_launch_dependents();
+  pdl_wait();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < slices; ++s) sum += partial[s * count + i];
+    y[i] = __float2bfloat16(sum);
+  }
+}
+
+}  // namespace
+
+void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream) {
+  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(count, 256), 4096)), 256, 0,
+                stream, Pdl::kOn, partial, slices, count, y);
+}
+
+size_t batch_activation_bytes(int64_t K) {
+  return size_t(K / kBlock) * kTokenSlots * (kValueBytes + 2 * sizeof(float));
+}
+
+void launch_quantize_batch_activations(const bf16* x, int64_t T, int64_t K, uint8_t* out, cudaStream_t stream) {
+  G4_CHECK(K % kBlock == 0 && T <= kTokenSlots && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+           "quantize_batch_activations: at most " + std::to_string(kTokenSlots) +
+               " rows of a multiple of 32 values, 16-byte aligned");
+  const int64_t blocks = K / kBlock;
+  launch_kernel("quantize_batch_activations_kernel", quantize_batch_activations_kernel,
+                unsigned(ceil_div(T * blocks, 128)), 128, 0, stream, Pdl::kOn, x, T, blocks, out);
+}
+
+bool packed_batch_gemv_fits(DType type, int64_t T, int64_t K) {
+  return is_block_quantized(type) && type != DType::Q6_K && T > kMaxGemvTokens && T <= kTokenSlots && K % kBlock == 0;
+}
+
+size_t packed_batch_gemv_workspace_bytes(int64_t N) {
+  const int groups = fold_groups(N);
+  return groups == 1 ? 0 : size_t(groups) * size_t(kTokenSlots) * size_t(N) * sizeof(float);
+}
+
+void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
+                              float* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  G4_CHECK(packed_batch_gemv_fits(type, T, K), "packed batch gemv: " + dtype_name(type) + ", " + std::to_string(T) +
+                                                   " tokens of " + std::to_string(K) + " values");
+  const int groups = fold_groups(N);
+  G4_CHECK(groups == 1 || size_t(groups) * size_t(T) * size_t(N) * sizeof(float) <= workspace_bytes,
+           "packed batch gemv: the workspace reserved for this matrix is too small");
+  const dim3 grid(unsigned(ceil_div(N, kBatchRowsPerBlock)), unsigned(groups));
+  with_block_type(type, [&](auto t) {
+    constexpr DType kType = decltype(t)::value;
+    if constexpr (kType != DType::Q6_K) {
+      auto launch = [&](auto tiles) {
+        constexpr int kTiles = decltype(tiles)::value;
+        launch_kernel("packed_batch_gemv_kernel", packed_batch_gemv_kernel<kType, kTiles>, grid, kThreads,
+                      size_t(kStages) * size_t(Stage<kType>::template bytes<kTiles>()), stream, Pdl::kOn, x, w, y,
+                      workspace, T, N, K, groups);
+      };
+      if (T <= 16)
+        launch(std::integral_constant<int, 2>{});
+      else if (T <= 32)
+        launch(std::integral_constant<int, 4>{});
+      else
+        launch(std::integral_constant<int, 8>{});
+    }
+  });
+  if (groups > 1) launch_add_slices(workspace, groups, T * N, y, stream);
+}
+
+}  // namespace g4
