@@ -98,10 +98,10 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::BF16; }
   // Up to kMaxGemvTokens rows the matmuls run the GEMV, whose per-row sums do not depend on the row
-  // count, and up to kMaxPackedMatmulTokens the batch GEMV over packed weights gives each row the
-  // GEMV's bits; beyond that, and for bf16 and Q6_K weights beyond 8 rows, cuBLAS and the packed
-  // tensor-core matmul pick their reductions by shape — unless batch invariance was asked for, which
-  // runs those as GEMVs of 8 rows at a time (docs/DESIGN.md §7).
+  // count; beyond that the packed tensor-core matmul and cuBLAS pick their reductions by shape. With
+  // batch invariance asked for, up to kMaxPackedMatmulTokens rows run the batch GEMV over packed
+  // weights (the GEMV's bits for each row, docs/DESIGN.md §7) or, for bf16 and Q6_K weights, the
+  // GEMV 8 rows at a time.
   int64_t batch_invariant_rows() const override { return batch_invariant_ ? kMaxPackedMatmulTokens : kMaxGemvTokens; }
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
@@ -216,7 +216,7 @@ class CudaBackend final : public Backend {
         launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, stream_);
         return;
       }
-      if (packed_batch_gemv_fits(w.dtype, T, K)) {
+      if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K)) {
         quantized_holds_ = {};
         launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(batch_quantized_), stream_);
         launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(batch_quantized_), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,

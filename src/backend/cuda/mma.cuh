@@ -111,23 +111,21 @@ __device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d += A·B for one warp's 16x8 tile over k = 32 of int8 (int32 sums, exact): A signed, B signed
-// (mma_s8_s8) or unsigned (mma_s8_u8). Registers as mma_bf16's with four int8 per register: a0 =
-// (row g, k 4c..4c+3), a1 = row g+8, a2/a3 the same at k 16+4c..; b0 = (k 4c..4c+3, col g), b1 = k
-// 16+4c..; d as mma_bf16's.
-__device__ inline void mma_s8_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d = A·B + c (c in every element) for one warp's 16x8 tile over k = 32 of int8 (int32 sums, exact):
+// A signed, B signed (mma_s8_s8) or unsigned (mma_s8_u8). Registers as mma_bf16's with four int8 per
+// register: a0 = (row g, k 4c..4c+3), a1 = row g+8, a2/a3 the same at k 16+4c..; b0 = (k 4c..4c+3,
+// col g), b1 = k 16+4c..; d as mma_bf16's.
+__device__ inline void mma_s8_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int c) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
-__device__ inline void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ inline void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int c) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 
 // Four (two) 8x8 bf16 matrices from shared memory, lanes 8j..8j+7 giving the 16-byte rows of

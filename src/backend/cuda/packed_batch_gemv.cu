@@ -188,9 +188,9 @@ __device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int64_
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
     const uint4 v = *reinterpret_cast<const uint4*>(tokens + (8 * nt + g) * kValueBytes + 16 * c);
-    int high[4] = {kMagicBits, kMagicBits, kMagicBits, kMagicBits}, low[4] = {kMagicBits, kMagicBits, kMagicBits, kMagicBits};
-    mma_s8_s8(high, a, v.x, v.y);
-    mma_s8_u8(low, a, v.z, v.w);
+    int high[4], low[4];
+    mma_s8_s8(high, a, v.x, v.y, kMagicBits);
+    mma_s8_u8(low, a, v.z, v.w, kMagicBits);
     const float2 ds = *reinterpret_cast<const float2*>(d + 8 * nt + 2 * c);  // tokens 8nt + 2c, + 1
     float2 dsums = make_float2(0.0f, 0.0f);
     if constexpr (has_min(kType)) dsums = *reinterpret_cast<const float2*>(d + kTokens + 8 * nt + 2 * c);
