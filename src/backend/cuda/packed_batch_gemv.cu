@@ -37,7 +37,8 @@ using namespace packed;
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kTileRows = 16;
 static_assert(kWarps * kTileRows == kBatchRowsPerBlock, "a 16-row tile per warp");
-constexpr int kStages = 4;                           // blocks staged ahead (cp.async ring)
+constexpr int kBlocksPerStage = 2;                   // blocks per cp.async group and barrier
+constexpr int kStages = 3;                           // stages in the ring: two staged ahead
 constexpr int kTokenSlots = kMaxPackedMatmulTokens;  // tokens per block in the activation layout
 constexpr int kValueBytes = 64;                      // a token's block: 32 int16 as hi and lo bytes
 constexpr int kMagicBits = 0x4B400000;               // 1.5 * 2^23: bits + i is the float kMagic + i
@@ -53,7 +54,7 @@ __host__ __device__ inline float* d_at(uint8_t* x, int64_t blocks, int64_t b, in
   return reinterpret_cast<float*>(x + blocks * kTokenSlots * kValueBytes) + slot(b, t);
 }
 __host__ __device__ inline float* dsum_at(uint8_t* x, int64_t blocks, int64_t b, int64_t t) {
-  return d_at(x, blocks, b, t) + blocks * kTokenSlots;
+  return d_at(x, blocks, b, t) + blocks * kTokenSlots;  // Stager reads both as one array of two parts
 }
 
 __global__ void quantize_batch_activations_kernel(const bf16* x, int64_t T, int64_t blocks, uint8_t* out) {
@@ -99,41 +100,63 @@ struct Stage {
   }
 };
 
+// Stages blocks for one thread block: each thread's part of a staged block — a 16-byte piece of a
+// row's quants, a row's small fields, a piece of the tokens' values or scales — is fixed, so its
+// addresses are computed once and each block adds its offset.
 template <DType kType, int kTiles>
-__device__ inline void stage_block(const uint8_t* w, int64_t N, int64_t K, int64_t row0, uint8_t* x, int64_t T,
-                                   int64_t b, uint8_t* stage) {
+class Stager {
   using S = Stage<kType>;
-  constexpr Format f = S::f;
-  constexpr int kTokens = 8 * kTiles, kQsPieces = f.qs / 16;
-  const int64_t blocks = K / kBlock;
-  auto regions = [&](int64_t row) { return row_regions<kType>(w, N, K, row < N ? row : row0); };
-  for (int i = threadIdx.x; i < S::kRows * kQsPieces; i += kThreads) {
-    const int lr = i / kQsPieces, piece = i % kQsPieces;
-    cp_async16(shared_addr(stage + lr * f.qs + 16 * piece), regions(row0 + lr).qs + b * f.qs + 16 * piece,
-               row0 + lr < N);
+  static constexpr Format f = S::f;
+  static constexpr int kTokens = 8 * kTiles, kQsPieces = f.qs / 16, kScalePieces = kTokens / 4,
+                       kScaleParts = has_min(kType) ? 2 : 1;
+
+ public:
+  __device__ Stager(const uint8_t* w, int64_t N, int64_t K, int64_t row0, const uint8_t* x, int64_t T) {
+    const int i = threadIdx.x;
+    const int64_t blocks = K / kBlock;
+    const int qs_row = i / kQsPieces < S::kRows ? i / kQsPieces : 0, small_row = i < S::kRows ? i : 0;
+    qs_on_ = i < S::kRows * kQsPieces;
+    qs_valid_ = row0 + qs_row < N;
+    qs_ = row_regions<kType>(w, N, K, qs_valid_ ? row0 + qs_row : row0).qs + 16 * (i % kQsPieces);
+    qs_at_ = qs_row * f.qs + 16 * (i % kQsPieces);
+    small_on_ = i < S::kRows;
+    small_valid_ = row0 + small_row < N;
+    small_ = row_regions<kType>(w, N, K, small_valid_ ? row0 + small_row : row0);
+    small_row_ = small_row;
+    const int t = i / 4 < kTokens ? i / 4 : 0;
+    values_on_ = i < kTokens * 4;
+    values_valid_ = t < T;
+    values_ = x + slot(0, values_valid_ ? t : 0) * kValueBytes + 16 * (i % 4);
+    values_at_ = S::kTokensAt + t * kValueBytes + 16 * (i % 4);
+    const int part = i / kScalePieces < kScaleParts ? i / kScalePieces : 0, first = 4 * (i % kScalePieces);
+    scales_on_ = i < kScalePieces * kScaleParts;
+    scales_valid_ = first < T;
+    scales_ = x + blocks * kTokenSlots * kValueBytes + (part * blocks * kTokenSlots + first) * int64_t(sizeof(float));
+    scales_at_ = S::kTokensAt + kTokens * kValueBytes + (part * kTokens + first) * int(sizeof(float));
   }
-  for (int lr = threadIdx.x; lr < S::kRows; lr += kThreads) {
-    const RowRegions<const uint8_t> r = regions(row0 + lr);
-    const bool valid = row0 + lr < N;
-    if constexpr (f.qh == 4) cp_async4(shared_addr(stage + S::kQh + lr * 4), r.qh + b * 4, valid);
-    if constexpr (f.params > 0) {
-      const uintptr_t at = reinterpret_cast<uintptr_t>(r.params + b * f.params);
-      cp_async4(shared_addr(stage + S::kParams + lr * 4), reinterpret_cast<const void*>(at & ~uintptr_t(3)), valid);
+
+  // Block b into the stage at shared address `stage`.
+  __device__ void stage(int64_t b, uint32_t stage) const {
+    if (qs_on_) cp_async16(stage + qs_at_, qs_ + b * f.qs, qs_valid_);
+    if (small_on_) {
+      if constexpr (f.qh == 4) cp_async4(stage + S::kQh + small_row_ * 4, small_.qh + b * 4, small_valid_);
+      if constexpr (f.params > 0) {  // the aligned word holding the block's params
+        const uintptr_t at = reinterpret_cast<uintptr_t>(small_.params + b * f.params);
+        cp_async4(stage + S::kParams + small_row_ * 4, reinterpret_cast<const void*>(at & ~uintptr_t(3)), small_valid_);
+      }
+      if constexpr (S::kHead)
+        cp_async16(stage + S::kHeadAt + small_row_ * 16, small_.super + (b / kSubBlocks) * 16, small_valid_);
     }
-    if constexpr (S::kHead) cp_async16(shared_addr(stage + S::kHeadAt + lr * 16), r.super + (b / kSubBlocks) * 16, valid);
+    if (values_on_) cp_async16(stage + values_at_, values_ + b * (kTokenSlots * kValueBytes), values_valid_);
+    if (scales_on_) cp_async16(stage + scales_at_, scales_ + b * (kTokenSlots * int64_t(sizeof(float))), scales_valid_);
   }
-  uint8_t* tokens = stage + S::kTokensAt;
-  for (int i = threadIdx.x; i < kTokens * 4; i += kThreads) {
-    const int t = i / 4, piece = i % 4;
-    cp_async16(shared_addr(tokens + t * kValueBytes + 16 * piece), values_at(x, b, t < T ? t : 0) + 16 * piece, t < T);
-  }
-  constexpr int kScalePieces = kTokens / 4;  // 16 bytes: 4 tokens' d (or dsum)
-  for (int i = threadIdx.x; i < kScalePieces * (has_min(kType) ? 2 : 1); i += kThreads) {
-    const int part = i / kScalePieces, t = 4 * (i % kScalePieces);
-    const float* src = part == 0 ? d_at(x, blocks, b, t) : dsum_at(x, blocks, b, t);
-    cp_async16(shared_addr(tokens + kTokens * kValueBytes + (part * kTokens + t) * 4), src, t < T);
-  }
-}
+
+ private:
+  const uint8_t *qs_, *values_, *scales_;
+  RowRegions<const uint8_t> small_;
+  int qs_at_, small_row_, values_at_, scales_at_;
+  bool qs_on_, qs_valid_, small_on_, small_valid_, values_on_, values_valid_, scales_on_, scales_valid_;
+};
 
 // q - quant_offset of four quant bytes, as signed bytes (q's bits above the offset's are 0).
 template <DType kType>
@@ -234,44 +257,53 @@ class ClassWalk {
 
 // Grid (row tiles, runs). A class's sum starts from 0 and is added to its run's when its last block
 // is done; a class without blocks adds nothing (a run's sum is never -0, so adding the GEMV lane's
-// +0 would not change it).
+// +0 would not change it). The runs' sums wait in shared memory (registers hold the class's).
 template <DType kType, int kTiles>
-__global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(uint8_t* x, const uint8_t* w, bf16* y,
+__global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(const uint8_t* x, const uint8_t* w, bf16* y,
                                                                         float* partial, int64_t T, int64_t N, int64_t K,
                                                                         int groups) {
-  extern __shared__ __align__(16) uint8_t stages[];
-  constexpr int kStageBytes = Stage<kType>::template bytes<kTiles>();
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kBlockBytes = Stage<kType>::template bytes<kTiles>(), kStageBytes = kBlocksPerStage * kBlockBytes;
+  float* runs = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [warp][nt][e][lane]
   pdl_launch_dependents();
-  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* run = runs + warp * (kTiles * 4 * 32) + lane;
+#pragma unroll
+  for (int k = 0; k < kTiles * 4; ++k) run[32 * k] = 0.0f;
   const int64_t row0 = int64_t(blockIdx.x) * kBatchRowsPerBlock, blocks = K / kBlock;
   const int per_group = kClasses / groups, first_class = int(blockIdx.y) * per_group;
   ClassWalk load(first_class, first_class + per_group, blocks), use = load;
-  const int64_t steps = load.steps();
-  float acc[kTiles][4] = {}, run[kTiles][4] = {};
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) stage_block<kType, kTiles>(w, N, K, row0, x, T, load.block(), stages + s * kStageBytes);
-    load.next();
-    cp_async_commit();
-  }
-  for (int64_t i = 0; i < steps; ++i) {
-    cp_async_wait_group<kStages - 2>();
-    __syncthreads();  // block i is staged for all; every warp is done with block i - 1's stage
-    if (i + kStages - 1 < steps)
-      stage_block<kType, kTiles>(w, N, K, row0, x, T, load.block(), stages + ((i + kStages - 1) % kStages) * kStageBytes);
-    load.next();
-    cp_async_commit();
-    multiply_block<kType, kTiles>(stages + (i % kStages) * kStageBytes, row0, blocks, use.block(), warp, lane, acc);
-    if (use.last_in_class()) {
-#pragma unroll
-      for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          run[nt][e] += acc[nt][e];
-          acc[nt][e] = 0.0f;
-        }
+  const int64_t steps = load.steps(), stage_count = (steps + kBlocksPerStage - 1) / kBlocksPerStage;
+  const Stager<kType, kTiles> stager(w, N, K, row0, x, T);
+  const uint32_t stages = shared_addr(smem);
+  auto stage = [&](int64_t s) {  // stage s: steps kBlocksPerStage * s, ... (one cp.async group, maybe empty)
+    for (int u = 0; u < kBlocksPerStage; ++u) {
+      if (kBlocksPerStage * s + u < steps) stager.stage(load.block(), stages + (s % kStages) * kStageBytes + u * kBlockBytes);
+      load.next();
     }
-    use.next();
+    cp_async_commit();
+  };
+  pdl_wait();
+  for (int s = 0; s < kStages - 1; ++s) stage(s);
+  float acc[kTiles][4] = {};
+  for (int64_t s = 0; s < stage_count; ++s) {
+    cp_async_wait_group<kStages - 2>();
+    __syncthreads();  // stage s is in for all; every warp is done with stage s - 1's buffer
+    stage(s + kStages - 1);
+    for (int u = 0; u < kBlocksPerStage && kBlocksPerStage * s + u < steps; ++u) {
+      multiply_block<kType, kTiles>(smem + (s % kStages) * kStageBytes + u * kBlockBytes, row0, blocks, use.block(), warp,
+                                    lane, acc);
+      if (use.last_in_class()) {
+#pragma unroll
+        for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            run[32 * (4 * nt + e)] += acc[nt][e];
+            acc[nt][e] = 0.0f;
+          }
+      }
+      use.next();
+    }
   }
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
@@ -280,11 +312,18 @@ __global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(uint8_t*
     for (int e = 0; e < 4; ++e) {
       const int64_t row = row0 + warp * kTileRows + g + 8 * (e / 2), t = 8 * nt + 2 * c + e % 2;
       if (row >= N || t >= T) continue;
+      const float sum = run[32 * (4 * nt + e)];
       if (groups == 1)  // fold_classes: 0 + the run's sum is the run's sum
-        y[t * N + row] = __float2bfloat16(run[nt][e]);
+        y[t * N + row] = __float2bfloat16(sum);
       else
-        partial[(int64_t(blockIdx.y) * T + t) * N + row] = run[nt][e];
+        partial[(int64_t(blockIdx.y) * T + t) * N + row] = sum;
     }
+}
+
+// Shared bytes of a launch: the stages, then the runs' sums.
+template <DType kType, int kTiles>
+constexpr size_t batch_gemv_smem_bytes() {
+  return size_t(kStages) * kBlocksPerStage * Stage<kType>::template bytes<kTiles>() + size_t(kThreads) * kTiles * 4 * sizeof(float);
 }
 
 // y = the slices' partial sums added from 0 in slice order.
@@ -341,7 +380,7 @@ void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y,
       auto launch = [&](auto tiles) {
         constexpr int kTiles = decltype(tiles)::value;
         launch_kernel("packed_batch_gemv_kernel", packed_batch_gemv_kernel<kType, kTiles>, grid, kThreads,
-                      size_t(kStages) * size_t(Stage<kType>::template bytes<kTiles>()), stream, Pdl::kOn, x, w, y,
+                      batch_gemv_smem_bytes<kType, kTiles>(), stream, Pdl::kOn, static_cast<const uint8_t*>(x), w, y,
                       workspace, T, N, K, groups);
       };
       if (T <= 16)
