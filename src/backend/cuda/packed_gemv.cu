@@ -121,16 +121,36 @@ __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, con
   }
 }
 
-// Per warp: the lanes' partial sums of its R rows and T tokens, a row of 33 floats per (r, t) so
-// that a lane reading one row meets no other lane's bank.
+// The sum over the warp's lanes of acc[r][t] in fold_classes' order, in lane k = r * T + t (lanes
+// from R * T on get 0). A single token's few sums go by shuffles (every lane folds each, keeping its
+// own); more through shared memory, 33 floats per (r, t) so that a lane reading its row meets no
+// other lane's bank.
 template <int T, int R>
-using FoldScratch = float[R * T][kClasses + 1];
+__device__ inline float fold_lane_sums(const float (&acc)[R][T], int groups, int lane) {
+  float mine = 0.0f;
+  if constexpr (R * T <= 4) {
+#pragma unroll
+    for (int k = 0; k < R * T; ++k) {
+      const float sum = fold_classes(groups, [&](int c) { return __shfl_sync(0xffffffffu, acc[k / T][k % T], c); });
+      if (lane == k) mine = sum;
+    }
+  } else {
+    __shared__ float scratch[kGemvWarpsPerBlock][R * T][kClasses + 1];
+    float(&fold)[R * T][kClasses + 1] = scratch[threadIdx.x / 32];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < T; ++t) fold[r * T + t][lane] = acc[r][t];
+    __syncwarp();
+    if (lane < R * T) mine = fold_classes(groups, [&](int c) { return fold[lane][c]; });
+  }
+  return mine;
+}
 
-// x[t] · rows[r] with (r, t) = (lane / T, lane % T) in lanes below R * T (the others get 0): each
-// lane sums its blocks, then lane k adds the 32 lanes' sums of (r, t) = k in fold_classes' order.
+// x[t] · rows[r] in lane r * T + t (fold_lane_sums); each lane first sums its blocks.
 template <DType kType, int T, int R, int U>
 __device__ inline float packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
-                                        int tokens, int groups, int lane, FoldScratch<T, R>& fold) {
+                                        int tokens, int groups, int lane) {
   float acc[R][T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -149,13 +169,7 @@ __device__ inline float packed_rows_dot(const RowRegions<const uint8_t> (&rows)[
       accumulate_block<kType, T, R>(raw[u], b + 32 * u, x, blocks, tokens, acc);
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) fold[r * T + t][lane] = acc[r][t];
-  __syncwarp();
-  if (lane >= R * T) return 0.0f;
-  return fold_classes(groups, [&](int c) { return fold[lane][c]; });
+  return fold_lane_sums<T, R>(acc, groups, lane);
 }
 
 // The quant bytes a row's first loads read.
@@ -189,7 +203,6 @@ template <DType kType, int T, class G>
 __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4* x,
                                                                      GemvTargets<PackedGemvTarget> launch, int64_t K,
                                                                      int tokens) {
-  __shared__ FoldScratch<T, kRowsPerWarp> fold[G::kWarps];
   pdl_launch_dependents();
   unsigned block_in_target;
   const PackedGemvTarget target = gemv_target(launch, &block_in_target);
@@ -205,7 +218,7 @@ __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4
   }
   pdl_wait();
   const float sum = packed_rows_dot<kType, T, kRowsPerWarp, G::kInFlight>(rows, x, blocks, tokens,
-                                                                          fold_groups(target.rows), lane, fold[warp]);
+                                                                          fold_groups(target.rows), lane);
   const int r = lane / T, t = lane % T;
   if (r < kRowsPerWarp && first + r < target.rows && t < tokens)
     target.y[t * target.rows + first + r] = __float2bfloat16(sum);
@@ -217,7 +230,6 @@ template <DType kType, int T, class G>
 __global__ __launch_bounds__(G::kWarps * 32) void packed_gated_gelu_kernel(const uint4* x, const uint8_t* w_gate,
                                                                            const uint8_t* w_up, bf16* out, int64_t N,
                                                                            int64_t K, int tokens) {
-  __shared__ FoldScratch<T, 2> fold[G::kWarps];
   pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = int64_t(blockIdx.x) * G::kWarps + warp;
@@ -228,7 +240,7 @@ __global__ __launch_bounds__(G::kWarps * 32) void packed_gated_gelu_kernel(const
   prefetch_first_blocks<kType, G::kInFlight>(rows[1], blocks, lane);
   pdl_wait();
   // lane t < T: gate of token t; lane T + t: up of token t
-  const float sum = packed_rows_dot<kType, T, 2, G::kInFlight>(rows, x, blocks, tokens, fold_groups(N), lane, fold[warp]);
+  const float sum = packed_rows_dot<kType, T, 2, G::kInFlight>(rows, x, blocks, tokens, fold_groups(N), lane);
   const float up = __shfl_down_sync(0xffffffffu, sum, T);
   if (lane < T && lane < tokens)
     out[lane * N + row] = __float2bfloat16(gelu_tanh(round_bf16(sum)) * round_bf16(up));
