@@ -172,7 +172,7 @@ __device__ inline uint32_t centred(uint32_t q) {
 
 // acc[nt][e] += this block's term of (row, token) for the warp's 16 rows and every token.
 template <DType kType, int kTiles>
-__device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int64_t blocks, int64_t b, int warp, int lane,
+__device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int blocks, int b, int warp, int lane,
                                       float (&acc)[kTiles][4]) {
   using S = Stage<kType>;
   constexpr Format f = S::f;
@@ -190,7 +190,8 @@ __device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int64_
     if constexpr (f.qh == 4) raw.qh[0] = *reinterpret_cast<const uint32_t*>(stage + S::kQh + lr * 4);
     if constexpr (f.params > 0) {
       const uint32_t word = *reinterpret_cast<const uint32_t*>(stage + S::kParams + lr * 4);
-      const bool upper = f.params == 2 && (((row0 + lr) * blocks + b) & 1);  // the block's d in the word's upper half
+      // the block's d in the word's upper half: an odd index (r * blocks + b) among 2-byte fields
+      const bool upper = f.params == 2 && ((unsigned(row0 + lr) * unsigned(blocks) + unsigned(b)) & 1u);
       raw.params = f.params == 4 ? word : upper ? word >> 16 : word & 0xFFFFu;
     }
     if constexpr (S::kHead) {
@@ -227,32 +228,25 @@ __device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int64_
 }
 
 // The blocks of classes [begin, end) of a row of `blocks` blocks, class by class, each class's
-// blocks c, c + 32, ... in order.
+// blocks c, c + 32, ... in order. Classes past the row's last block hold none and come last, so the
+// walk ends after steps() blocks without skipping any.
 class ClassWalk {
  public:
-  __device__ ClassWalk(int begin, int end, int64_t blocks) : class_(begin), end_(end), blocks_(blocks) { skip_empty(); }
-  __device__ int64_t steps() const {
-    int64_t n = 0;
-    for (int c = class_; c < end_; ++c) n += count(c);
-    return n;
+  __device__ ClassWalk(int begin, int end, int blocks) : class_(begin), count_(count(begin, blocks)), blocks_(blocks) {
+    for (int c = begin; c < end; ++c) steps_ += count(c, blocks);
   }
-  __device__ int64_t block() const { return class_ + int64_t(kClasses) * j_; }
-  __device__ bool last_in_class() const { return j_ + 1 == count(class_); }
+  __device__ int steps() const { return steps_; }
+  __device__ int block() const { return class_ + kClasses * j_; }
+  __device__ bool last_in_class() const { return j_ + 1 == count_; }
   __device__ void next() {
-    if (class_ >= end_) return;
-    if (++j_ < count(class_)) return;
+    if (++j_ < count_) return;
     j_ = 0;
-    ++class_;
-    skip_empty();
+    count_ = count(++class_, blocks_);
   }
 
  private:
-  __device__ int64_t count(int c) const { return c < blocks_ ? (blocks_ - 1 - c) / kClasses + 1 : 0; }
-  __device__ void skip_empty() {
-    while (class_ < end_ && count(class_) == 0) ++class_;
-  }
-  int class_, end_;
-  int64_t blocks_, j_ = 0;
+  __device__ static int count(int c, int blocks) { return c < blocks ? (blocks - 1 - c) / kClasses + 1 : 0; }
+  int class_, count_, blocks_, j_ = 0, steps_ = 0;
 };
 
 // Grid (row tiles, runs). A class's sum starts from 0 and is added to its run's when its last block
@@ -270,13 +264,13 @@ __global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(const ui
   float* run = runs + warp * (kTiles * 4 * 32) + lane;
 #pragma unroll
   for (int k = 0; k < kTiles * 4; ++k) run[32 * k] = 0.0f;
-  const int64_t row0 = int64_t(blockIdx.x) * kBatchRowsPerBlock, blocks = K / kBlock;
-  const int per_group = kClasses / groups, first_class = int(blockIdx.y) * per_group;
+  const int64_t row0 = int64_t(blockIdx.x) * kBatchRowsPerBlock;
+  const int blocks = int(K / kBlock), per_group = kClasses / groups, first_class = int(blockIdx.y) * per_group;
   ClassWalk load(first_class, first_class + per_group, blocks), use = load;
-  const int64_t steps = load.steps(), stage_count = (steps + kBlocksPerStage - 1) / kBlocksPerStage;
+  const int steps = load.steps(), stage_count = (steps + kBlocksPerStage - 1) / kBlocksPerStage;
   const Stager<kType, kTiles> stager(w, N, K, row0, x, T);
   const uint32_t stages = shared_addr(smem);
-  auto stage = [&](int64_t s) {  // stage s: steps kBlocksPerStage * s, ... (one cp.async group, maybe empty)
+  auto stage = [&](int s) {  // stage s: steps kBlocksPerStage * s, ... (one cp.async group, maybe empty)
     for (int u = 0; u < kBlocksPerStage; ++u) {
       if (kBlocksPerStage * s + u < steps) stager.stage(load.block(), stages + (s % kStages) * kStageBytes + u * kBlockBytes);
       load.next();
@@ -286,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(const ui
   pdl_wait();
   for (int s = 0; s < kStages - 1; ++s) stage(s);
   float acc[kTiles][4] = {};
-  for (int64_t s = 0; s < stage_count; ++s) {
+  for (int s = 0; s < stage_count; ++s) {
     cp_async_wait_group<kStages - 2>();
     __syncthreads();  // stage s is in for all; every warp is done with stage s - 1's buffer
     stage(s + kStages - 1);

@@ -392,23 +392,37 @@ G4_HOST_DEVICE constexpr int fold_groups(int64_t N) {
   return groups;
 }
 
-// The sum of class partials partial(0..31) in the order above (unrolled: the 32 reads can all be
-// in flight before the additions, which stay in order).
-template <typename Get>
-G4_HOST_DEVICE float fold_classes(int groups, Get partial) {
-  const int per_group = kClasses / groups;  // a power of 2
-  float total = 0.0f, run = 0.0f;
+// The sum of class partials partial(0..31) in the order above, for kGroups runs (unrolled: the 32
+// reads can all be in flight before the additions, which stay in order).
+template <int kGroups, typename Get>
+G4_HOST_DEVICE float fold_classes(Get partial) {
+  constexpr int kPerGroup = kClasses / kGroups;
+  float total = 0.0f;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int c = 0; c < kClasses; ++c) {
-    run += partial(c);
-    if (((c + 1) & (per_group - 1)) == 0) {
-      total += run;
-      run = 0.0f;
-    }
+  for (int g = 0; g < kGroups; ++g) {
+    float run = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int c = g * kPerGroup; c < (g + 1) * kPerGroup; ++c) run += partial(c);
+    total += run;
   }
   return total;
+}
+
+// fold_classes for a run count known at run time (one of 1, 2, 4, 8, 16, 32).
+template <typename Get>
+G4_HOST_DEVICE float fold_classes(int groups, Get partial) {
+  switch (groups) {
+    case 1: return fold_classes<1>(partial);
+    case 2: return fold_classes<2>(partial);
+    case 4: return fold_classes<4>(partial);
+    case 8: return fold_classes<8>(partial);
+    case 16: return fold_classes<16>(partial);
+    default: return fold_classes<32>(partial);
+  }
 }
 
 // ---- packing GGUF blocks ----

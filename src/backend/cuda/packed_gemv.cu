@@ -122,29 +122,27 @@ __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, con
 }
 
 // The sum over the warp's lanes of acc[r][t] in fold_classes' order, in lane k = r * T + t (lanes
-// from R * T on get 0). A single token's few sums go by shuffles (every lane folds each, keeping its
-// own); more through shared memory, 33 floats per (r, t) so that a lane reading its row meets no
-// other lane's bank.
+// from R * T on get 0): the lanes' sums go through shared memory, lane l's at column l of row k
+// (rows 36 floats apart, so that the lanes reading their rows by 16 bytes meet no other lane's
+// banks), and lane k adds its row's 32 in order.
 template <int T, int R>
 __device__ inline float fold_lane_sums(const float (&acc)[R][T], int groups, int lane) {
-  float mine = 0.0f;
-  if constexpr (R * T <= 4) {
+  constexpr int kPitch = kClasses + 4;
+  __shared__ __align__(16) float scratch[kGemvWarpsPerBlock][R * T][kPitch];
+  float(&fold)[R * T][kPitch] = scratch[threadIdx.x / 32];
 #pragma unroll
-    for (int k = 0; k < R * T; ++k) {
-      const float sum = fold_classes(groups, [&](int c) { return __shfl_sync(0xffffffffu, acc[k / T][k % T], c); });
-      if (lane == k) mine = sum;
-    }
-  } else {
-    __shared__ float scratch[kGemvWarpsPerBlock][R * T][kClasses + 1];
-    float(&fold)[R * T][kClasses + 1] = scratch[threadIdx.x / 32];
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) fold[r * T + t][lane] = acc[r][t];
+  __syncwarp();
+  if (lane >= R * T) return 0.0f;
+  float sums[kClasses];
 #pragma unroll
-      for (int t = 0; t < T; ++t) fold[r * T + t][lane] = acc[r][t];
-    __syncwarp();
-    if (lane < R * T) mine = fold_classes(groups, [&](int c) { return fold[lane][c]; });
+  for (int c = 0; c < kClasses; c += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(&fold[lane][c]);
+    sums[c] = v.x, sums[c + 1] = v.y, sums[c + 2] = v.z, sums[c + 3] = v.w;
   }
-  return mine;
+  return fold_classes(groups, [&](int c) { return sums[c]; });
 }
 
 // x[t] · rows[r] in lane r * T + t (fold_lane_sums); each lane first sums its blocks.
