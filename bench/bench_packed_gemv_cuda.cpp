@@ -3,7 +3,8 @@
 // launch's time (events over back-to-back launches, rotating through enough copies of the weight
 // that L2 holds none of them) and the bandwidth it reaches. For choosing the packed GEMV's geometry
 // (docs/DESIGN.md §3) and seeing what one matrix costs beside the whole step (docs/PERF.md).
-// With a token count of 9..64, the batch GEMV against the packed tensor-core matmul at that count.
+// For one token, each launch in both sum orders (packed_kernels.h: SumOrder); with a token count of
+// 9..64, the batch GEMV against the packed tensor-core matmul at that count.
 //   bench_packed_gemv_cuda [types=q4_0,q4_k,q6_k,q8_0] [tokens=1]
 #include <cuda_runtime.h>
 
@@ -55,12 +56,13 @@ double time_us(F&& launch, size_t copies) {
   return 1e3 * g4::bench::ms_per_launch([&](int i) { launch(size_t(i) % copies); }, 3, kReps);
 }
 
-void report(DType type, const char* name, int64_t rows, int64_t cols, size_t bytes, double us) {
-  std::printf("%-5s %-8s [%6lld, %5lld]  %8.2f us  %5.2f TB/s\n", dtype_name(type).c_str(), name,
-              static_cast<long long>(rows), static_cast<long long>(cols), us, double(bytes) / (us * 1e-6) / 1e12);
+void report(DType type, const char* name, int64_t rows, int64_t cols, size_t bytes, double us, SumOrder order) {
+  std::printf("%-5s %-8s [%6lld, %5lld]  %8.2f us  %5.2f TB/s  %s\n", dtype_name(type).c_str(), name,
+              static_cast<long long>(rows), static_cast<long long>(cols), us, double(bytes) / (us * 1e-6) / 1e12,
+              order == SumOrder::kFastest ? "fastest" : "batch-invariant order");
 }
 
-void run_type(DType type, uint4* x, bf16* y, const bf16* input) {
+void run_type(DType type, uint4* x, bf16* y, const bf16* input, SumOrder order) {
   constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096, V = 262144;
   struct Gemv {
     const char* name;
@@ -72,10 +74,10 @@ void run_type(DType type, uint4* x, bf16* y, const bf16* input) {
     const double us = time_us(
         [&](size_t c) {
           const PackedGemvTarget t{w.copies[c], y, g.rows};
-          launch_packed_gemv(type, x, &t, 1, 1, g.cols, nullptr);
+          launch_packed_gemv(type, x, &t, 1, 1, g.cols, order, nullptr);
         },
         w.copies.size());
-    report(type, g.name, g.rows, g.cols, w.bytes, us);
+    report(type, g.name, g.rows, g.cols, w.bytes, us, order);
   }
   {  // q, k and v of a sliding layer in one launch
     const Weights q(type, Q, H), k(type, KV, H), v(type, KV, H);
@@ -85,18 +87,18 @@ void run_type(DType type, uint4* x, bf16* y, const bf16* input) {
           const PackedGemvTarget t[] = {{q.copies[c % q.copies.size()], y, Q},
                                         {k.copies[c % k.copies.size()], y + Q, KV},
                                         {v.copies[c % v.copies.size()], y + Q + KV, KV}};
-          launch_packed_gemv(type, x, t, 3, 1, H, nullptr);
+          launch_packed_gemv(type, x, t, 3, 1, H, order, nullptr);
         },
         std::max({q.copies.size(), k.copies.size(), v.copies.size()}));
-    report(type, "q/k/v", Q + 2 * KV, H, q.bytes + k.bytes + v.bytes, us);
+    report(type, "q/k/v", Q + 2 * KV, H, q.bytes + k.bytes + v.bytes, us, order);
   }
   {
     const Weights gate(type, I, H), up(type, I, H);
     launch_quantize_activations(input, 1, H, x, nullptr);
     const double us = time_us(
-        [&](size_t c) { launch_packed_gated_gelu(type, x, gate.copies[c], up.copies[c], y, 1, I, H, nullptr); },
+        [&](size_t c) { launch_packed_gated_gelu(type, x, gate.copies[c], up.copies[c], y, 1, I, H, order, nullptr); },
         gate.copies.size());
-    report(type, "gate/up", 2 * I, H, 2 * gate.bytes, us);
+    report(type, "gate/up", 2 * I, H, 2 * gate.bytes, us, order);
   }
 }
 
@@ -170,7 +172,7 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&x, size_t(kWidest / 32) * 80), "cudaMalloc quantized input");
     for (DType type : types) {
       if (tokens == 1)
-        run_type(type, x, y, input);
+        for (SumOrder order : {SumOrder::kFastest, SumOrder::kBatchInvariant}) run_type(type, x, y, input, order);
       else if (type != DType::Q6_K)
         run_batch_type(type, tokens, input, y);
     }

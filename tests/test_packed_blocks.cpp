@@ -165,7 +165,7 @@ TEST(PackedBlocks, ActivationQuantizationIsInt16PerBlockOf32) {
   EXPECT_TRUE(std::isnan(quantized_activations(x)[1].d));
 }
 
-// y[r] = Σ_b accumulate_block_dot(0, block) over a row, as the GEMV computes it (per block in float, summed in double here).
+// y[r] = Σ_b block_dot over a row, as the GEMV computes it (per block in float, summed in double here).
 std::vector<double> packed_gemv(DType t, const std::vector<uint8_t>& packed, int64_t rows, int64_t cols,
                                 const std::vector<ActivationBlock>& x) {
   std::vector<double> y(static_cast<size_t>(rows));
@@ -174,8 +174,8 @@ std::vector<double> packed_gemv(DType t, const std::vector<uint8_t>& packed, int
     for (int64_t r = 0; r < rows; ++r) {
       const RowRegions<const uint8_t> regions = row_regions<kType>(packed.data(), rows, cols, r);
       for (int64_t b = 0; b < cols / kBlock; ++b)
-        y[size_t(r)] += accumulate_block_dot<kType>(
-            0.0f, unpack_block<kType>(load_block<kType, PlainLoads>(regions, b), int(b % kSubBlocks)), x[size_t(b)]);
+        y[size_t(r)] += block_dot<kType>(unpack_block<kType>(load_block<kType, PlainLoads>(regions, b), int(b % kSubBlocks)),
+                                         x[size_t(b)]);
     }
   });
   return y;

@@ -213,7 +213,7 @@ class CudaBackend final : public Backend {
     if (is_block_quantized(w.dtype)) {
       if (T <= kMaxGemvTokens) {
         const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
-        launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, stream_);
+        launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, sum_order(), stream_);
         return;
       }
       if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K)) {
@@ -286,7 +286,7 @@ class CudaBackend final : public Backend {
         continue;
       }
       if (!quantized) quantized = quantized_input(x);
-      launch_packed_gemv(type, quantized, packed_targets, count, x.rows, x.cols, stream_);
+      launch_packed_gemv(type, quantized, packed_targets, count, x.rows, x.cols, sum_order(), stream_);
     }
   }
 
@@ -363,7 +363,7 @@ class CudaBackend final : public Backend {
     if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype) {
       if (is_block_quantized(w_gate.dtype)) {
         launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
-                                 ptr<bf16>(out), T, N, K, stream_);
+                                 ptr<bf16>(out), T, N, K, sum_order(), stream_);
         return;
       }
       if (K % 8 == 0) {
@@ -551,6 +551,9 @@ class CudaBackend final : public Backend {
     if (!ready) launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
     return ptr<uint4>(quantized_);
   }
+
+  // The packed GEMV's: pinned and in the batch GEMV's order while batch invariance is asked for.
+  SumOrder sum_order() const { return batch_invariant_ ? SumOrder::kBatchInvariant : SumOrder::kFastest; }
 
   // f(first, n) for the rows of a T-row op in groups of at most kMaxGemvTokens, in order.
   template <typename F>

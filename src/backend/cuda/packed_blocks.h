@@ -352,17 +352,38 @@ G4_HOST_DEVICE float accumulate_scaled_dot(float acc, float scale, float min, fl
   return fma_rn(mul_rn(scale, d), dot, acc);
 }
 
-// acc + Σ w_i · x_i over the block (the GEMV's step; accumulate_scaled_dot's arithmetic). The
-// integer sums are exact; offsets are subtracted as integers, minimums added through d·sum.
+// The exact integer dots of a block with the activations: *lo over weights 0..15, *hi over 16..31.
+template <DType kType>
+G4_HOST_DEVICE void block_integer_dots(const BlockWeights& w, const ActivationBlock& x, int* lo, int* hi) {
+  *lo = 0, *hi = 0;
+  for (int i = 0; i < 4; ++i) {
+    *lo = dp2a_lo(x.q[2 * i], w.q[i], *lo);
+    *lo = dp2a_hi(x.q[2 * i + 1], w.q[i], *lo);
+    *hi = dp2a_lo(x.q[8 + 2 * i], w.q[4 + i], *hi);
+    *hi = dp2a_hi(x.q[9 + 2 * i], w.q[4 + i], *hi);
+  }
+}
+
+// Σ w_i · x_i over the block, for the fastest GEMV (whose caller's addition the compiler may fuse
+// with the last product). Offsets are subtracted as integers, minimums added through d·sum.
+template <DType kType>
+G4_HOST_DEVICE float block_dot(const BlockWeights& w, const ActivationBlock& x) {
+  int lo, hi;
+  block_integer_dots<kType>(w, x, &lo, &hi);
+  constexpr int offset = quant_offset(kType);
+  if constexpr (kType == DType::Q6_K)
+    return x.d * (w.scale * float(lo - offset * x.sum_lo) + w.scale_hi * float(hi - offset * (x.sum - x.sum_lo)));
+  const float dot = (w.scale * x.d) * float(lo + hi - offset * x.sum);
+  if constexpr (has_min(kType)) return w.min * x.dsum + dot;
+  return dot;
+}
+
+// acc + Σ w_i · x_i over the block with every rounding pinned: accumulate_scaled_dot's arithmetic,
+// which the batch GEMV reproduces (Q6_K, which it does not take, pinned alike).
 template <DType kType>
 G4_HOST_DEVICE float accumulate_block_dot(float acc, const BlockWeights& w, const ActivationBlock& x) {
-  int lo = 0, hi = 0;  // weights 0..15 and 16..31
-  for (int i = 0; i < 4; ++i) {
-    lo = dp2a_lo(x.q[2 * i], w.q[i], lo);
-    lo = dp2a_hi(x.q[2 * i + 1], w.q[i], lo);
-    hi = dp2a_lo(x.q[8 + 2 * i], w.q[4 + i], hi);
-    hi = dp2a_hi(x.q[9 + 2 * i], w.q[4 + i], hi);
-  }
+  int lo, hi;
+  block_integer_dots<kType>(w, x, &lo, &hi);
   constexpr int offset = quant_offset(kType);
   if constexpr (kType == DType::Q6_K)
     return fma_rn(x.d,
@@ -373,8 +394,9 @@ G4_HOST_DEVICE float accumulate_block_dot(float acc, const BlockWeights& w, cons
 
 // ---- the order of a row's sum ----
 //
-// A row's dot product is the sum of 32 "class" partials: class c accumulates blocks c, c + 32,
-// c + 64, ... in that order from 0 (the GEMV's lane c). The classes are added in `groups` runs of
+// For batch invariance (SumOrder::kBatchInvariant) a row's dot product is the sum of 32 "class"
+// partials: class c accumulates blocks c, c + 32, c + 64, ... in that order from 0 (the GEMV's lane
+// c, with accumulate_block_dot). The classes are added in `groups` runs of
 // 32 / groups consecutive classes, each run summed from 0 in class order, and the runs' sums then
 // added from 0 in order. `groups` (1, 2, 4, ... 32) depends only on the matrix's shape
 // (fold_groups), so the GEMV (one row per warp) and the batched kernel (a run of classes per thread

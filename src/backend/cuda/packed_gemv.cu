@@ -4,8 +4,9 @@
 // warp streams kRowsPerWarp weight rows, lane l taking blocks l, l + 32, ... in that order, U
 // blocks per row in flight (16-byte quant loads that bypass L1, their scales beside; blocks past the
 // row's end are not loaded), and every block of every token costs 16 dp2a and a few float
-// operations; the lanes' sums are then added in the order packed_blocks.h fixes (fold_classes,
-// through shared memory), which the batched kernel (packed_batch_gemv.cu) keeps for 9 to 64 tokens.
+// operations; the lanes' sums are then added by the warp's butterfly (SumOrder::kFastest) or, for
+// batch invariance, with every rounding pinned and in the order packed_blocks.h fixes (fold_classes,
+// through shared memory), which the batch GEMV (packed_batch_gemv.cu) keeps for 9 to 64 tokens.
 // The rows of a warp share each activation load, which comes through L1: five
 // coalesced 16-byte loads per block and token (the planes of packed_blocks.h). Launched with PDL:
 // a warp asks L2 for its first weight bytes before it waits for the input.
@@ -19,6 +20,7 @@
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
 
@@ -106,7 +108,7 @@ __device__ inline ActivationBlock load_activation(const uint4* x, int64_t blocks
 }
 
 // acc[r][t] += block b of row r · block b of token t, for the first `tokens` tokens.
-template <DType kType, int T, int R>
+template <DType kType, int T, int R, SumOrder kOrder>
 __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, const uint4* x, int64_t blocks, int tokens,
                                         float (&acc)[R][T]) {
   BlockWeights w[R];
@@ -117,7 +119,12 @@ __device__ inline void accumulate_block(const RawBlock (&raw)[R], int64_t b, con
     if (T > 1 && t >= tokens) break;
     const ActivationBlock a = load_activation(x, blocks, t, b);
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r][t] = accumulate_block_dot<kType>(acc[r][t], w[r], a);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kOrder == SumOrder::kFastest)
+        acc[r][t] += block_dot<kType>(w[r], a);
+      else
+        acc[r][t] = accumulate_block_dot<kType>(acc[r][t], w[r], a);
+    }
   }
 }
 
@@ -145,11 +152,10 @@ __device__ inline float fold_lane_sums(const float (&acc)[R][T], int groups, int
   return fold_classes(groups, [&](int c) { return sums[c]; });
 }
 
-// x[t] · rows[r] in lane r * T + t (fold_lane_sums); each lane first sums its blocks.
-template <DType kType, int T, int R, int U>
-__device__ inline float packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
-                                        int tokens, int groups, int lane) {
-  float acc[R][T];
+// Lane l's part of x[t] · rows[r], its blocks l, l + 32, ... in order, into acc[r][t].
+template <DType kType, int T, int R, int U, SumOrder kOrder>
+__device__ inline void lane_sums(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks, int tokens,
+                                 int lane, float (&acc)[R][T]) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -164,10 +170,30 @@ __device__ inline float packed_rows_dot(const RowRegions<const uint8_t> (&rows)[
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (b + 32 * u >= blocks) break;
-      accumulate_block<kType, T, R>(raw[u], b + 32 * u, x, blocks, tokens, acc);
+      accumulate_block<kType, T, R, kOrder>(raw[u], b + 32 * u, x, blocks, tokens, acc);
     }
   }
-  return fold_lane_sums<T, R>(acc, groups, lane);
+}
+
+// x[t] · rows[r] for the warp, in lane r * T + t (lanes from R * T on get 0).
+template <DType kType, int T, int R, int U, SumOrder kOrder>
+__device__ inline float packed_rows_dot(const RowRegions<const uint8_t> (&rows)[R], const uint4* x, int64_t blocks,
+                                        int tokens, int64_t matrix_rows, int lane) {
+  float acc[R][T];
+  lane_sums<kType, T, R, U, kOrder>(rows, x, blocks, tokens, lane, acc);
+  if constexpr (kOrder == SumOrder::kBatchInvariant) {
+    return fold_lane_sums<T, R>(acc, fold_groups(matrix_rows), lane);
+  } else {
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float sum = warp_reduce<SumOp>(acc[r][t]);
+        if (lane == r * T + t) mine = sum;
+      }
+    return mine;
+  }
 }
 
 // The quant bytes a row's first loads read.
@@ -197,7 +223,7 @@ __global__ void quantize_activations_kernel(const bf16* x, int64_t T, int64_t bl
   }
 }
 
-template <DType kType, int T, class G>
+template <DType kType, int T, class G, SumOrder kOrder>
 __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4* x,
                                                                      GemvTargets<PackedGemvTarget> launch, int64_t K,
                                                                      int tokens) {
@@ -215,8 +241,8 @@ __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4
     prefetch_first_blocks<kType, G::kInFlight>(rows[r], blocks, lane);
   }
   pdl_wait();
-  const float sum = packed_rows_dot<kType, T, kRowsPerWarp, G::kInFlight>(rows, x, blocks, tokens,
-                                                                          fold_groups(target.rows), lane);
+  const float sum =
+      packed_rows_dot<kType, T, kRowsPerWarp, G::kInFlight, kOrder>(rows, x, blocks, tokens, target.rows, lane);
   const int r = lane / T, t = lane % T;
   if (r < kRowsPerWarp && first + r < target.rows && t < tokens)
     target.y[t * target.rows + first + r] = __float2bfloat16(sum);
@@ -224,7 +250,7 @@ __global__ __launch_bounds__(G::kWarps * 32) void packed_gemv_kernel(const uint4
 
 // Row `row` of gate and of up per warp; gate and up are rounded to bf16 before the GELU-mul, as the
 // separate matmuls store them.
-template <DType kType, int T, class G>
+template <DType kType, int T, class G, SumOrder kOrder>
 __global__ __launch_bounds__(G::kWarps * 32) void packed_gated_gelu_kernel(const uint4* x, const uint8_t* w_gate,
                                                                            const uint8_t* w_up, bf16* out, int64_t N,
                                                                            int64_t K, int tokens) {
@@ -238,7 +264,7 @@ __global__ __launch_bounds__(G::kWarps * 32) void packed_gated_gelu_kernel(const
   prefetch_first_blocks<kType, G::kInFlight>(rows[1], blocks, lane);
   pdl_wait();
   // lane t < T: gate of token t; lane T + t: up of token t
-  const float sum = packed_rows_dot<kType, T, 2, G::kInFlight>(rows, x, blocks, tokens, fold_groups(N), lane);
+  const float sum = packed_rows_dot<kType, T, 2, G::kInFlight, kOrder>(rows, x, blocks, tokens, N, lane);
   const float up = __shfl_down_sync(0xffffffffu, sum, T);
   if (lane < T && lane < tokens)
     out[lane * N + row] = __float2bfloat16(gelu_tanh(round_bf16(sum)) * round_bf16(up));
@@ -273,38 +299,45 @@ void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, uint4* out
                 out);
 }
 
-// Calls f(weights, tokens, geometry): the weight type, the compiled token count and the geometry of
-// a T-token launch over a K-wide weight of `type`, as integral constants and a Geometry (the wide
-// one compiled only for the types it serves).
+// Calls f(weights, tokens, geometry, order): the weight type, the compiled token count, the
+// geometry and the sum order of a T-token launch over a K-wide weight of `type`, as integral
+// constants and a Geometry (the wide one compiled only for the types it serves, and only for the
+// fastest order: the geometry does not change the sums).
 template <typename F>
-void with_gemv_kernel(DType type, int64_t T, int64_t K, F&& f) {
+void with_gemv_kernel(DType type, int64_t T, int64_t K, SumOrder order, F&& f) {
   with_block_type(type, [&](auto weights) {
     constexpr DType kType = decltype(weights)::value;
+    using Fastest = std::integral_constant<SumOrder, SumOrder::kFastest>;
+    using Invariant = std::integral_constant<SumOrder, SumOrder::kBatchInvariant>;
+    if (order == SumOrder::kBatchInvariant)
+      return with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}, Invariant{}); });
     if constexpr (kType == DType::Q6_K || (!is_k_quant(kType) && format_of(kType).qs == 16))
-      if (wide_geometry(type, T, K)) return f(weights, std::integral_constant<int, 1>{}, Wide{});
-    with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}); });
+      if (wide_geometry(type, T, K)) return f(weights, std::integral_constant<int, 1>{}, Wide{}, Fastest{});
+    with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}, Fastest{}); });
   });
 }
 
 void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T,
-                        int64_t K, cudaStream_t stream) {
+                        int64_t K, SumOrder order, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
-  with_gemv_kernel(type, T, K, [&](auto weights, auto tokens, auto geometry) {
+  with_gemv_kernel(type, T, K, order, [&](auto weights, auto tokens, auto geometry, auto sum_order) {
     using G = decltype(geometry);
     const GemvTargets<PackedGemvTarget> plan = plan_gemv_targets(
         targets, count, [](const PackedGemvTarget& t) { return ceil_div(t.rows, G::kWarps * kRowsPerWarp); });
-    launch_kernel("packed_gemv_kernel", packed_gemv_kernel<decltype(weights)::value, decltype(tokens)::value, G>,
+    launch_kernel("packed_gemv_kernel",
+                  packed_gemv_kernel<decltype(weights)::value, decltype(tokens)::value, G, decltype(sum_order)::value>,
                   plan.first_block[kMaxGemvTargets], G::kWarps * 32, 0, stream, Pdl::kOn, x, plan, K, int(T));
   });
 }
 
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up,
-                              bf16* out, int64_t T, int64_t N, int64_t K, cudaStream_t stream) {
+                              bf16* out, int64_t T, int64_t N, int64_t K, SumOrder order, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
-  with_gemv_kernel(type, T, K, [&](auto weights, auto tokens, auto geometry) {
+  with_gemv_kernel(type, T, K, order, [&](auto weights, auto tokens, auto geometry, auto sum_order) {
     using G = decltype(geometry);
     launch_kernel("packed_gated_gelu_kernel",
-                  packed_gated_gelu_kernel<decltype(weights)::value, decltype(tokens)::value, G>,
+                  packed_gated_gelu_kernel<decltype(weights)::value, decltype(tokens)::value, G,
+                                           decltype(sum_order)::value>,
                   unsigned(ceil_div(N, G::kWarps)), G::kWarps * 32, 0, stream, Pdl::kOn, x, w_gate, w_up, out, N, K,
                   int(T));
   });

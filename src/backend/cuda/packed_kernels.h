@@ -42,8 +42,12 @@ struct PackedGemvTarget {
   bf16* y;
   int64_t rows;  // N_i
 };
+// How a GEMV adds a row's block terms: kFastest lets the compiler round them as it likes and adds
+// the lanes' sums by the warp's butterfly; kBatchInvariant pins every rounding and adds in the
+// order the batch GEMV reproduces (packed_blocks.h, fold_classes), a few percent slower.
+enum class SumOrder { kFastest, kBatchInvariant };
 void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T, int64_t K,
-                        cudaStream_t stream);
+                        SumOrder order, cudaStream_t stream);
 // ---- packed_matmul.cu ----
 
 // Tokens up to which launch_packed_matmul runs (a decode batch, a short prefill chunk); more go
@@ -73,7 +77,7 @@ bool packed_batch_gemv_fits(DType type, int64_t T, int64_t K);
 // The float workspace it needs for a weight of N rows (0 when one thread block row covers K).
 size_t packed_batch_gemv_workspace_bytes(int64_t N);
 // y[T, N] = x · w^T with the decode GEMV's arithmetic, bit for bit: each token's row as launch_packed_gemv
-// gives it alone. x: launch_quantize_batch_activations' output.
+// with SumOrder::kBatchInvariant gives it alone. x: launch_quantize_batch_activations' output.
 void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
                               float* workspace, size_t workspace_bytes, cudaStream_t stream);
 // y[i] = bf16(Σ_s partial[s * count + i]), summed from 0 in s order.
@@ -81,6 +85,6 @@ void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y,
 
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
-                              int64_t T, int64_t N, int64_t K, cudaStream_t stream);
+                              int64_t T, int64_t N, int64_t K, SumOrder order, cudaStream_t stream);
 
 }  // namespace g4
