@@ -1,7 +1,8 @@
 // Block-quantized weights on the CUDA backend (kept packed: docs/DESIGN.md, "Quantized weights on
 // the GPU") against the CPU backend over the same GGUF tensors, which decodes them to float32 (the
 // reference of docs/DESIGN.md §6): matmul by the decode GEMV (1-8 tokens), by the tensor-core packed
-// matmul (9-64) and by the prefill path, the q/k/v
+// matmul (9-64), by the batch GEMV (9-64, batch invariant: each row the GEMV's bits) and by the
+// prefill path, the q/k/v
 // launch with mixed types, the gated GELU, the GEMV input quantized by the kernels that write it
 // (residual_norm, the decode attention), embedding rows, random blocks for synthetic weights, a
 // corrupted layout that must fail, and the demo model exported in q8_0, q4_0, q4_k_m and q6_k by g4

@@ -141,10 +141,11 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
   G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
   auto engine = demo_engine(13, "cuda");
   // One chunk size that holds every prompt: each prompt prefills in one chunk, as alone, and
-  // chunks share a forward only within the rows the GEMV computes row by row. Every run starts
-  // from an empty pool: a reused prefix (even the BOS alone) holds K/V that another sequence's
-  // prefill computed, by cuBLAS when its chunk had more than 8 rows, which a fresh prefill would
-  // not reproduce bit for bit (the first H200 run failed this way, 2026-12-01).
+  // chunks share a forward only within the 64 rows the batch GEMV computes row by row (the decode
+  // batch is one forward: expect_batch_invariance checks it). Every run starts from an empty pool:
+  // a reused prefix (even the BOS alone) holds K/V that another sequence's prefill computed, by
+  // cuBLAS when its chunk had more than 64 rows, which a fresh prefill would not reproduce bit for
+  // bit (the first H200 run failed this way, 2026-12-01).
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
 }
 
@@ -175,7 +176,7 @@ TEST(Scheduler, BatchInvariantFalseFillsWholeForwards) {
   }
 }
 
-// On CUDA, past the GEMV's 8 rows: the decode batch in one forward (the packed tensor-core matmul
+// On CUDA without batch invariance: the decode batch in one forward (the packed tensor-core matmul
 // over the demo's quantized weights, the batched decode attention), each request generating all
 // its tokens. Its tokens are not compared with alone: that matmul rounds a row differently from
 // the GEMV, which is what batch_invariant trades.

@@ -49,10 +49,11 @@ struct SequenceEvent {
 struct SchedulerOptions {
   int64_t prefill_tokens_per_step = 0;  // prompt tokens one step prefills; 0 = the runner's max_prefill_chunk
   size_t max_waiting = 256;             // requests waiting to start; add() past it answers "busy"
-  // true: forwards hold at most the backend's batch_invariant_rows(), so a sequence's tokens do
-  // not depend on its batch. false: a decode batch (and prefill chunks) fill whole forwards of up
-  // to the workspace's rows, faster where large matmuls run differently from small ones (CUDA),
-  // and a sequence's tokens may then depend on what runs beside it (docs/DESIGN.md §7).
+  // true: the backend is asked for batch invariance (Backend::set_batch_invariant) and forwards
+  // hold at most its batch_invariant_rows(), so a sequence's tokens do not depend on its batch.
+  // false: the fastest kernels, and a decode batch (and prefill chunks) fill whole forwards of up
+  // to the workspace's rows; a sequence's tokens may then depend on what runs beside it where large
+  // matmuls run differently from small ones (CUDA) (docs/DESIGN.md §7).
   bool batch_invariant = true;
 };
 
