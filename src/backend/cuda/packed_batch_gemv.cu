@@ -16,11 +16,12 @@
 //
 // Geometry: a thread block of 8 warps takes 128 weight rows (a 16-row mma tile per warp) and every
 // token (8-column tiles: 16, 32 or 64 columns compiled), and one run of classes (fold_groups(N)
-// runs of 32 / groups classes: blockIdx.y); it walks its classes' blocks in class order, each block
-// staged in shared memory by cp.async four blocks ahead (the 128 rows' bytes of the block and every
-// token's activations), keeps each class's sum and the run's sum in registers, and writes the run's
-// sum: y itself for one run, else float partials that add_slices_kernel adds in run order
-// (fold_classes' outer sum). Q6_K (two scales a block) is not taken: its batches run the GEMV.
+// runs of 32 / groups classes: blockIdx.y); it walks its classes' blocks in class order, staged in
+// shared memory by cp.async two blocks a stage, two stages ahead (the 128 rows' bytes of a block and
+// every token's activations), keeps each class's sum in registers and the run's in shared memory,
+// and writes the run's sum: y itself for one run, else float partials that add_slices_kernel adds
+// in run order (fold_classes' outer sum). Q6_K (two scales a block) is not taken: its batches run
+// the GEMV. Measured on the H200 (docs/PERF.md): bound by instructions issued, not by memory.
 #include <algorithm>
 
 #include "backend/cuda/launch.cuh"
