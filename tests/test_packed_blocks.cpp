@@ -3,10 +3,12 @@
 // layouts, the dp2a pairing and the offset/minimum terms the GPU kernels use, on any machine.
 // Packing a GGUF tensor and reading it back gives decode_row's values bit for bit, every byte of the
 // packed tensor is written, the int16-activation dot product equals the float dot product of the
-// quantized activations to float rounding, and random blocks for synthetic weights are valid.
+// quantized activations to float rounding, the batch GEMV's tensor-core parts give that dot exactly,
+// and random blocks for synthetic weights are valid.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -217,6 +219,52 @@ TEST(PackedBlocks, IntegerDotProductsMatchTheFloatDotProduct) {
       EXPECT_LE(relative_l2(got, with_quantized), 1e-5) << what;
       EXPECT_LE(relative_l2(got, exact), 1e-3) << what;
     }
+}
+
+// The batch GEMV's exact integer dot (packed_blocks.h: centred quants times the activations' high
+// and low bytes, each sum carried as a float from kMagicBits): both parts stay below 2^22 and
+// dot_from_parts gives float(dot) bit for bit, for random blocks and for every type's extremes
+// (quants all at the farthest value from the offset, activations all ±32767 or alternating).
+TEST(PackedBlocks, BatchGemvPartsGiveTheGemvsFloatOfTheDot) {
+  std::mt19937 rng(7);
+  auto check = [&](auto type, const BlockWeights& w, const ActivationBlock& x) {
+    constexpr DType kType = decltype(type)::value;
+    int lo = 0, hi = 0;
+    block_integer_dots<kType>(w, x, &lo, &hi);
+    const int dot = lo + hi - quant_offset(kType) * x.sum;
+    int high = 0, low = 0;  // Σ c·hi, Σ c·lo
+    for (int i = 0; i < kBlock; ++i) {
+      const int c = int8_t(uint8_t(centred_quants<kType>(w.q[i / 4]) >> (8 * (i % 4))));
+      const int v = int16_t(uint16_t(x.q[i / 2] >> (16 * (i % 2))));
+      high += c * (v >> 8);
+      low += c * (v & 0xFF);
+    }
+    ASSERT_EQ(256 * high + low, dot) << dtype_name(kType);
+    ASSERT_LT(std::abs(high), 1 << 22) << dtype_name(kType);
+    ASSERT_LT(std::abs(low), 1 << 22) << dtype_name(kType);
+    const float got = dot_from_parts(kMagicBits + high, kMagicBits + low), want = float(dot);
+    ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0) << dtype_name(kType) << ": " << got << " against " << want;
+  };
+  for (DType t : kBlockTypes) {
+    if (t == DType::Q6_K) continue;  // not taken by the batch GEMV
+    with_block_type(t, [&](auto type) {
+      constexpr DType kType = decltype(type)::value;
+      const uint32_t mask = kType == DType::Q8_0 ? 0xFFFFFFFFu : format_of(kType).qh > 0 ? 0x1F1F1F1Fu : 0x0F0F0F0Fu;
+      const uint32_t extreme = kType == DType::Q8_0 ? 0x80808080u : quant_offset(kType) > 0 ? 0u : mask;
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      for (int trial = 0; trial < 4000; ++trial) {
+        BlockWeights w{};
+        for (uint32_t& word : w.q) word = (trial % 4 == 0 ? extreme : uint32_t(rng())) & mask;
+        float values[kBlock];
+        for (int i = 0; i < kBlock; ++i)
+          values[i] = trial % 8 == 0 ? 1.0f : trial % 8 == 1 ? -1.0f : trial % 8 == 2 ? (i % 2 ? 1.0f : -1.0f)
+                                                                                     : dist(rng) * float(1 + trial % 50);
+        ActivationBlock x;
+        quantize_activation_block(values, x);
+        check(type, w, x);
+      }
+    });
+  }
 }
 
 // Synthetic weights: valid blocks (finite scales), the same bytes for the same seed and index,

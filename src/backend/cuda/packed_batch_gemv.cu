@@ -10,8 +10,9 @@
 // 256 · (q·hi) + q·lo, two exact mma.sync m16n8k32 with the quants centred to signed bytes (q minus
 // the type's offset). Both start from 1.5 · 2^23's bits, which makes each int32 result the bits of
 // the float 1.5 · 2^23 + (its dot): a subtraction gives each part as a float exactly (|parts| <
-// 2^22), and one fma(hi, 256, lo) the nearest float of the whole dot — the GEMV's float(dot). Then
-// the same accumulate_scaled_dot. Integer conversions would cost eight times more (16 a clock per
+// 2^22), and one fma(hi, 256, lo) the nearest float of the whole dot — the GEMV's float(dot)
+// (packed_blocks.h: centred_quants, dot_from_parts; tests/test_packed_blocks.cpp checks them on the
+// CPU at every type's extremes). Then the same accumulate_scaled_dot. Integer conversions would cost eight times more (16 a clock per
 // multiprocessor against 128 additions).
 //
 // Geometry: a thread block of 8 warps takes 128 weight rows (a 16-row mma tile per warp) and every
@@ -42,8 +43,6 @@ constexpr int kBlocksPerStage = 2;                   // blocks per cp.async grou
 constexpr int kStages = 3;                           // stages in the ring: two staged ahead
 constexpr int kTokenSlots = kMaxPackedMatmulTokens;  // tokens per block in the activation layout
 constexpr int kValueBytes = 64;                      // a token's block: 32 int16 as hi and lo bytes
-constexpr int kMagicBits = 0x4B400000;               // 1.5 * 2^23: bits + i is the float kMagic + i
-constexpr float kMagic = 12582912.0f;                //   exactly for |i| < 2^22
 
 // The batch activations ([blocks][kTokenSlots] of each part): values, then d, then dsum (as
 // ActivationBlock's). A token's 64 value bytes hold, for c in 0..3, the words 4c..4c+3: the high
@@ -159,18 +158,6 @@ class Stager {
   bool qs_on_, qs_valid_, small_on_, small_valid_, values_on_, values_valid_, scales_on_, scales_valid_;
 };
 
-// q - quant_offset of four quant bytes, as signed bytes (q's bits above the offset's are 0).
-template <DType kType>
-__device__ inline uint32_t centred(uint32_t q) {
-  constexpr uint32_t offset = quant_offset(kType), bits = offset * 0x01010101u;
-  if constexpr (offset == 0) {
-    return q;
-  } else {
-    const uint32_t t = q ^ bits;                            // q - offset in offset's two's complement width
-    return t | (t & bits) * ((256 - 2 * offset) / offset);  // sign-extended to the byte
-  }
-}
-
 // acc[nt][e] += this block's term of (row, token) for the warp's 16 rows and every token.
 template <DType kType, int kTiles>
 __device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int blocks, int b, int warp, int lane,
@@ -201,8 +188,8 @@ __device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int bl
     }
     uint32_t lo, hi;
     unpack_word_pair<kType>(raw, c, &lo, &hi);
-    a[h] = centred<kType>(lo);      // k 4c..4c+3: weights 4c..4c+3
-    a[2 + h] = centred<kType>(hi);  // k 16+4c..: weights 16+4c..
+    a[h] = centred_quants<kType>(lo);      // k 4c..4c+3: weights 4c..4c+3
+    a[2 + h] = centred_quants<kType>(hi);  // k 16+4c..: weights 16+4c..
     BlockWeights bw{};
     unpack_scales<kType>(raw, int(b % kSubBlocks), bw);
     scale[h] = bw.scale;
@@ -221,9 +208,8 @@ __device__ inline void multiply_block(const uint8_t* stage, int64_t row0, int bl
     if constexpr (has_min(kType)) dsums = *reinterpret_cast<const float2*>(d + kTokens + 8 * nt + 2 * c);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {  // (row g + 8 (e / 2), token 8nt + 2c + e % 2)
-      const float dot = fma_rn(__fsub_rn(__int_as_float(high[e]), kMagic), 256.0f, __fsub_rn(__int_as_float(low[e]), kMagic));
       acc[nt][e] = accumulate_scaled_dot<kType>(acc[nt][e], scale[e / 2], minimum[e / 2], e % 2 ? ds.y : ds.x,
-                                                e % 2 ? dsums.y : dsums.x, dot);
+                                                e % 2 ? dsums.y : dsums.x, dot_from_parts(high[e], low[e]));
     }
   }
 }

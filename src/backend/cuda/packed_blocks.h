@@ -392,6 +392,42 @@ G4_HOST_DEVICE float accumulate_block_dot(float acc, const BlockWeights& w, cons
   return accumulate_scaled_dot<kType>(acc, w.scale, w.min, x.d, x.dsum, float(lo + hi - offset * x.sum));
 }
 
+// ---- the batch GEMV's integer dots (packed_batch_gemv.cu) ----
+//
+// The batch GEMV gets a block's integer dot from two int8 tensor-core products: an int16 activation
+// is 256 · hi + lo (hi its signed high byte, lo its unsigned low byte) and the quants minus the
+// type's offset are signed bytes, so dot = 256 · Σ c·hi + Σ c·lo. Both products start from
+// kMagicBits, so each result is the bit pattern of the float kMagic + its part, exact while the part
+// is below 2^22 in magnitude (every type but Q6_K: at most 128 · 128 · 32 and 255 · 128 · 32).
+
+// Four quant bytes minus the type's offset, as signed bytes (q's bits above the offset's are 0).
+template <DType kType>
+G4_HOST_DEVICE uint32_t centred_quants(uint32_t q) {
+  constexpr uint32_t offset = quant_offset(kType), bits = offset * 0x01010101u;
+  if constexpr (offset == 0) {
+    return q;
+  } else {
+    const uint32_t t = q ^ bits;                            // q - offset in offset's two's complement width
+    return t | (t & bits) * ((256 - 2 * offset) / offset);  // sign-extended to the byte
+  }
+}
+
+inline constexpr int kMagicBits = 0x4B400000;   // 1.5 · 2^23
+inline constexpr float kMagic = 12582912.0f;
+
+// float(256 · hi + lo), correctly rounded (what the GEMV's float(dot) gives), from high =
+// kMagicBits + hi and low = kMagicBits + lo: each subtraction is exact, and the fma rounds once.
+G4_HOST_DEVICE float dot_from_parts(int high, int low) {
+#if defined(__CUDA_ARCH__)
+  return fma_rn(__fsub_rn(__int_as_float(high), kMagic), 256.0f, __fsub_rn(__int_as_float(low), kMagic));
+#else
+  float h, l;
+  std::memcpy(&h, &high, sizeof h);
+  std::memcpy(&l, &low, sizeof l);
+  return fma_rn(h - kMagic, 256.0f, l - kMagic);
+#endif
+}
+
 // ---- the order of a row's sum ----
 //
 // For batch invariance (SumOrder::kBatchInvariant) a row's dot product is the sum of 32 "class"
