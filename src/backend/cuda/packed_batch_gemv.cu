@@ -29,6 +29,7 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/quantized_planes.cuh"
 
 namespace g4 {
 
@@ -63,12 +64,7 @@ __global__ void quantize_batch_activations_kernel(const bf16* x, int64_t T, int6
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * blocks;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / blocks, b = i % blocks;
-    const uint4* src = reinterpret_cast<const uint4*>(x + i * kBlock);
-    float values[kBlock];
-#pragma unroll
-    for (int k = 0; k < kBlock / 8; ++k) unpack8(src[k], values + 8 * k);
-    ActivationBlock a;
-    quantize_activation_block(values, a);
+    const ActivationBlock a = quantized_block(x, i);
     uint4* dst = reinterpret_cast<uint4*>(values_at(out, b, t));
 #pragma unroll
     for (int c = 0; c < 4; ++c)  // q[2c], q[2c + 1]: values 4c..4c+3 as int16 pairs
@@ -358,18 +354,12 @@ void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y,
   with_block_type(type, [&](auto t) {
     constexpr DType kType = decltype(t)::value;
     if constexpr (kType != DType::Q6_K) {
-      auto launch = [&](auto tiles) {
+      with_token_tiles(T, [&](auto tiles) {
         constexpr int kTiles = decltype(tiles)::value;
         launch_kernel("packed_batch_gemv_kernel", packed_batch_gemv_kernel<kType, kTiles>, grid, kThreads,
                       batch_gemv_smem_bytes<kType, kTiles>(), stream, Pdl::kOn, static_cast<const uint8_t*>(x), w, y,
                       workspace, T, N, K, groups);
-      };
-      if (T <= 16)
-        launch(std::integral_constant<int, 2>{});
-      else if (T <= 32)
-        launch(std::integral_constant<int, 4>{});
-      else
-        launch(std::integral_constant<int, 8>{});
+      });
     }
   });
   if (groups > 1) launch_add_slices(workspace, groups, T * N, y, stream);

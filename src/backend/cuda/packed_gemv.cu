@@ -20,6 +20,7 @@
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/quantized_planes.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -208,12 +209,7 @@ __global__ void quantize_activations_kernel(const bf16* x, int64_t T, int64_t bl
   pdl_wait();  // x comes from the previous kernel; `out` may still be read by the GEMV before it
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * blocks;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4* src = reinterpret_cast<const uint4*>(x + i * kBlock);
-    float values[kBlock];
-#pragma unroll
-    for (int k = 0; k < kBlock / 8; ++k) unpack8(src[k], values + 8 * k);
-    ActivationBlock a;
-    quantize_activation_block(values, a);
+    const ActivationBlock a = quantized_block(x, i);
     const int64_t t = i / blocks, b = i % blocks;
 #pragma unroll
     for (int k = 0; k < 4; ++k)

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/packed_blocks.h"
@@ -53,6 +54,14 @@ void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targ
 // Tokens up to which launch_packed_matmul runs (a decode batch, a short prefill chunk); more go
 // through dequantized rows and cuBLAS.
 inline constexpr int kMaxPackedMatmulTokens = 64;
+// Calls f(std::integral_constant<int, n>{}) with n the 8-column tiles compiled for T tokens of the
+// tensor-core kernels over 9..kMaxPackedMatmulTokens tokens: 2, 4 or 8.
+template <typename F>
+void with_token_tiles(int64_t T, F&& f) {
+  if (T <= 16) return f(std::integral_constant<int, 2>{});
+  if (T <= 32) return f(std::integral_constant<int, 4>{});
+  f(std::integral_constant<int, 8>{});
+}
 // Whether launch_packed_matmul takes T tokens of a K-wide weight: kMaxGemvTokens < T <=
 // kMaxPackedMatmulTokens, K a multiple of 128.
 bool packed_matmul_fits(int64_t T, int64_t K);

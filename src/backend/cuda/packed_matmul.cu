@@ -259,17 +259,11 @@ void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, 
   const dim3 grid(unsigned(ceil_div(N, kRowsPerCta)), unsigned(slices));
   with_block_type(type, [&](auto t) {
     constexpr DType kType = decltype(t)::value;
-    auto launch = [&](auto tiles) {
+    with_token_tiles(T, [&](auto tiles) {
       constexpr int kTiles = decltype(tiles)::value;
       launch_kernel("packed_matmul_kernel", packed_matmul_kernel<kType, kTiles>, grid, kThreads,
                     2 * size_t(stage_bytes<kType, kTiles>()), stream, Pdl::kOn, x, w, y, workspace, g);
-    };
-    if (T <= 16)
-      launch(std::integral_constant<int, 2>{});
-    else if (T <= 32)
-      launch(std::integral_constant<int, 4>{});
-    else
-      launch(std::integral_constant<int, 8>{});
+    });
   });
   if (slices == 1) return;
   launch_add_slices(workspace, slices, T * N, y, stream);

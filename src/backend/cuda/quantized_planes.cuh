@@ -7,10 +7,23 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/packed_blocks.h"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
+
+// Block i of a bf16 activation (32 values from x + 32 i) quantized as quantize_activation_block does:
+// the quantize kernels' step (packed_gemv.cu's planes, packed_batch_gemv.cu's batch layout).
+__device__ inline packed::ActivationBlock quantized_block(const bf16* x, int64_t i) {
+  const uint4* src = reinterpret_cast<const uint4*>(x + i * packed::kBlock);
+  float values[packed::kBlock];
+#pragma unroll
+  for (int k = 0; k < packed::kBlock / 8; ++k) unpack8(src[k], values + 8 * k);
+  packed::ActivationBlock a;
+  packed::quantize_activation_block(values, a);
+  return a;
+}
 
 // Values [part * kValues, (part + 1) * kValues) of block `block` (of `blocks` in the row), already
 // rounded to the stored bf16 numbers. Every lane of the warp must call it, with whole blocks per
