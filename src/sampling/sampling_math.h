@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 
+#include "util/exact_float.h"
 #include "util/host_device.h"
 #include "sampling/philox.h"
 
@@ -35,34 +36,6 @@ inline constexpr uint64_t kWeightOne = uint64_t(1) << kWeightBits;  // weight of
 inline constexpr float kMaxLogGap = 28.0f;  // exp(-28) * 2^40 < 1: weight 0 beyond this gap
 // Weights fit in 64 bits for rows of up to 2^23 tokens (2^23 * 2^40 < 2^64).
 inline constexpr int64_t kMaxVocab = int64_t(1) << 23;
-
-G4_HOST_DEVICE uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-#endif
-}
-
-G4_HOST_DEVICE float bits_float(uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(b);
-#else
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-#endif
-}
-
-G4_HOST_DEVICE float fma_f32(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
 
 G4_HOST_DEVICE float round_to_int_f32(float x) {  // ties to even, like the default rounding mode
 #if defined(__CUDA_ARCH__)

@@ -35,6 +35,7 @@
 
 #include "quant/k_scales.h"
 #include "util/dtype.h"
+#include "util/exact_float.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/host_device.h"
@@ -324,32 +325,15 @@ G4_HOST_DEVICE int dp2a_hi(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-// The float steps of the block arithmetic, rounded once each on host and device alike (no
-// contraction left to the compiler): the GEMV and the batched kernel (packed_batch_gemv.cu) must
-// produce the same bits from the same integers.
-G4_HOST_DEVICE float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-G4_HOST_DEVICE float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-// acc + Σ w_i · x_i over the block, for every type but Q6_K, from the exact integer dot
+// acc + Σ w_i · x_i over the block, for every type but Q6_K (each rounding pinned: util/exact_float.h,
+// so the GEMV and the batch GEMV give the same bits), from the exact integer dot
 // dot = Σ (q_i - offset) · x.q_i (|dot| < 2^28; its float is the nearest, however computed):
 // acc = fma(min, d·sum, acc) for the types with a minimum, then acc = fma(scale · d, dot, acc).
 // d and dsum: the activation block's (ActivationBlock).
 template <DType kType>
 G4_HOST_DEVICE float accumulate_scaled_dot(float acc, float scale, float min, float d, float dsum, float dot) {
-  if constexpr (has_min(kType)) acc = fma_rn(min, dsum, acc);
-  return fma_rn(mul_rn(scale, d), dot, acc);
+  if constexpr (has_min(kType)) acc = fma_f32(min, dsum, acc);
+  return fma_f32(mul_f32(scale, d), dot, acc);
 }
 
 // The exact integer dots of a block with the activations: *lo over weights 0..15, *hi over 16..31.
@@ -386,8 +370,8 @@ G4_HOST_DEVICE float accumulate_block_dot(float acc, const BlockWeights& w, cons
   block_integer_dots<kType>(w, x, &lo, &hi);
   constexpr int offset = quant_offset(kType);
   if constexpr (kType == DType::Q6_K)
-    return fma_rn(x.d,
-                  fma_rn(w.scale, float(lo - offset * x.sum_lo), mul_rn(w.scale_hi, float(hi - offset * (x.sum - x.sum_lo)))),
+    return fma_f32(x.d,
+                  fma_f32(w.scale, float(lo - offset * x.sum_lo), mul_f32(w.scale_hi, float(hi - offset * (x.sum - x.sum_lo)))),
                   acc);
   return accumulate_scaled_dot<kType>(acc, w.scale, w.min, x.d, x.dsum, float(lo + hi - offset * x.sum));
 }
@@ -418,14 +402,7 @@ inline constexpr float kMagic = 12582912.0f;
 // float(256 · hi + lo), correctly rounded (what the GEMV's float(dot) gives), from high =
 // kMagicBits + hi and low = kMagicBits + lo: each subtraction is exact, and the fma rounds once.
 G4_HOST_DEVICE float dot_from_parts(int high, int low) {
-#if defined(__CUDA_ARCH__)
-  return fma_rn(__fsub_rn(__int_as_float(high), kMagic), 256.0f, __fsub_rn(__int_as_float(low), kMagic));
-#else
-  float h, l;
-  std::memcpy(&h, &high, sizeof h);
-  std::memcpy(&l, &low, sizeof l);
-  return fma_rn(h - kMagic, 256.0f, l - kMagic);
-#endif
+  return fma_f32(bits_float(uint32_t(high)) - kMagic, 256.0f, bits_float(uint32_t(low)) - kMagic);
 }
 
 // ---- the order of a row's sum ----
