@@ -321,9 +321,9 @@ TEST_F(CudaOps, NormedAttentionFoldsTheHeadNormsIntoDecode) {
 
 // A decode batch's attention (one token per sequence, each over its own cache at its own
 // position) in the batched launches, against each sequence run alone: the same bits in the outputs
-// and the caches (docs/DESIGN.md §7, batch invariance). 20 sequences span two launches of 16.
+// and the caches (docs/DESIGN.md §7, batch invariance). 70 sequences span two launches of 64.
 TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
-  const int64_t S = 20;
+  const int64_t S = 70;
   struct Case {
     int heads, kv_heads, head_dim, window;
     int64_t capacity;

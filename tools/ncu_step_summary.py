@@ -16,10 +16,10 @@ def launches(path):
     for r in csv.DictReader(lines):
         name = re.sub(r"^void |\(anonymous namespace\)::|unnamed>::", "", r["Kernel Name"]).split("(")[0]
         k = rows.setdefault(r["ID"], {"name": name, "grid": r["Grid Size"]})
-        if r["Metric Name"] == "Duration":
+        if r["Metric Name"] in ("Duration", "gpu__time_duration.sum"):
             scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
             k["us"] = float(r["Metric Value"].replace(",", "")) * scale
-        elif r["Metric Name"] == "DRAM Throughput":
+        elif r["Metric Name"] in ("DRAM Throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed"):
             k["dram"] = float(r["Metric Value"].replace(",", ""))
     return list(rows.values())
 

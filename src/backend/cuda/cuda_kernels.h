@@ -90,7 +90,7 @@ struct AttentionLaunch {
 // `partials` holds sequences * decode_partial_floats(a, max_splits) floats. With `planes` (one
 // sequence, head_dim a multiple of 32), the output row is also quantized for the packed GEMV, as
 // launch_quantize_activations would (packed_kernels.h), saving that launch.
-inline constexpr int kMaxDecodeSequences = 16;
+inline constexpr int kMaxDecodeSequences = 64;  // a whole decode batch (1 KB of kernel parameters)
 struct DecodeCaches {
   int sequences = 1;
   bf16* k[kMaxDecodeSequences] = {};

@@ -4,8 +4,8 @@
 // (mma.sync m16n8k16, bf16 in, float32 sums), instead of dequantizing every matrix to a bf16
 // scratch for cuBLAS (docs/DESIGN.md, "Quantized weights on the GPU").
 //
-// Geometry: a CTA of 8 warps takes 256 weight rows (32 per warp: two 16-row tiles) and one slice of
-// K; every token is an mma column (tiles of 8; 16, 32 or 64 columns compiled). The slice passes
+// Geometry: a CTA of 8 warps takes 128 weight rows (a 16-row tile per warp) and one slice of K;
+// every token is an mma column (tiles of 8; 16, 32 or 64 columns compiled). The slice passes
 // through shared memory 128 values at a time, double-buffered by cp.async: the activations, and
 // the weight rows' bytes of the chunk's four blocks from each region of the packed layout (so the
 // next chunk's weights stream in while this one's are multiplied). Each lane reads its rows'
@@ -30,12 +30,16 @@ namespace {
 using namespace packed;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRowsPerWarp = 32, kRowsPerCta = kWarps * kRowsPerWarp;
+// One 16-row tile per warp: 79 registers and ~58 KB of stages at 64 tokens of Q4_0, so three CTAs
+// share a multiprocessor. Measured on the H200 against two tiles a warp (128 registers, two CTAs):
+// a 64-sequence Q4_0 step 35.4 against 38.3 ms (docs/PERF.md).
+constexpr int kWarpTiles = 1, kRowsPerWarp = 16 * kWarpTiles, kRowsPerCta = kWarps * kRowsPerWarp;
 constexpr int kChunk = 128;               // k values per shared-memory stage
 constexpr int kChunkBlocks = kChunk / kBlock;
 constexpr int kXStride = kChunk + 16;     // bf16 per staged row: 288 bytes, so a warp's 8 rows of
                                           // fragment loads fall in distinct banks per half-warp
-constexpr int kTargetCtas = 256;          // slices of K are added until a matrix has about this many CTAs
+constexpr int kTargetCtas = 384;          // slices of K are added until a matrix has about this many CTAs
+                                          // (three per multiprocessor; 384 measured faster than 256 and 512)
 constexpr int kMaxTokens = kMaxPackedMatmulTokens;
 
 // 8 bytes global -> shared (zeros when !valid: src unread).
@@ -181,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, 
   const int64_t chunks = g.K / kChunk;
   const int64_t chunk_begin = int64_t(blockIdx.y) * g.chunks_per_slice;
   const int64_t chunk_end = chunk_begin + g.chunks_per_slice < chunks ? chunk_begin + g.chunks_per_slice : chunks;
-  float acc[2][kTiles][4] = {};
+  float acc[kWarpTiles][kTiles][4] = {};
   stage_chunk<kType, kTiles>(x, w, g, cta_row, chunk_begin, stages);
   for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
     const uint8_t* stage = stages + ((chunk - chunk_begin) % 2) * kStageBytes;
@@ -196,16 +200,16 @@ __global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, 
 #pragma unroll
     for (int j = 0; j < kChunkBlocks; ++j) {
       const int64_t b = chunk * kChunkBlocks + j;
-      uint32_t frag[2][2][4];  // [tile][k16 step][register]
+      uint32_t frag[kWarpTiles][2][4];  // [tile][k16 step][register]
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < kWarpTiles; ++m)
         tile_fragments<kType>(stage, w, g, cta_row, warp * kRowsPerWarp + 16 * m, j, b, lane, frag[m]);
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
         const bf16* xt = xs + (8 * t + r) * kXStride + j * kBlock + 4 * c;
         const uint2 step0 = *reinterpret_cast<const uint2*>(xt), step1 = *reinterpret_cast<const uint2*>(xt + 16);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < kWarpTiles; ++m) {
           mma_bf16(acc[m][t], frag[m][0], step0.x, step0.y);
           mma_bf16(acc[m][t], frag[m][1], step1.x, step1.y);
         }
@@ -215,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, 
   }
   const int64_t first_row = cta_row + warp * kRowsPerWarp;
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int m = 0; m < kWarpTiles; ++m)
 #pragma unroll
     for (int t = 0; t < kTiles; ++t)
 #pragma unroll
