@@ -3,8 +3,10 @@
 // launch's time (events over back-to-back launches, rotating through enough copies of the weight
 // that L2 holds none of them) and the bandwidth it reaches. For choosing the packed GEMV's geometry
 // (docs/DESIGN.md §3) and seeing what one matrix costs beside the whole step (docs/PERF.md).
-// For one token, each launch in both sum orders (packed_kernels.h: SumOrder); with a token count of
-// 9..64, the batch GEMV against the packed tensor-core matmul at that count.
+// For one token, each launch in both sum orders (packed_kernels.h: SumOrder); with 2..8 tokens, a
+// layer's GEMVs at that count (the quantize launch included) against the packed tensor-core matmul
+// at that count (where a non-invariant forward of few rows should switch); with 9..64 tokens, the
+// batch GEMV against the packed tensor-core matmul at that count.
 //   bench_packed_gemv_cuda [types=q4_0,q4_k,q6_k,q8_0] [tokens=1]
 #include <cuda_runtime.h>
 
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/packed_kernels.h"
@@ -102,6 +105,81 @@ void run_type(DType type, uint4* x, bf16* y, const bf16* input, SumOrder order) 
   }
 }
 
+// T tokens (2..kMaxGemvTokens) of a sliding layer's matrices: the GEMVs as the backend runs them
+// (the input quantized, q/k/v as one launch, gate/up as the gated GELU) against the packed
+// tensor-core matmul (q, k and v as three launches, gate and up as two, then the GELU-mul).
+void run_few_tokens_type(DType type, int64_t T, const bf16* input, uint4* x, bf16* y, bf16* up) {
+  constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096;
+  size_t workspace_bytes = 4;
+  for (const auto& [rows, cols] : {std::pair{Q, H}, std::pair{KV, H}, std::pair{H, Q}, std::pair{H, I}, std::pair{I, H}})
+    workspace_bytes = std::max(workspace_bytes, packed_matmul_workspace_bytes(rows, cols));
+  float* workspace = nullptr;
+  check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
+  auto matmul = [&](const uint8_t* w, bf16* out, int64_t rows, int64_t cols) {
+    launch_packed_matmul(type, input, w, out, T, rows, cols, workspace, workspace_bytes, nullptr);
+  };
+  double gemv_total = 0, matmul_total = 0;
+  auto row = [&](const char* name, double gemv_us, double matmul_us) {
+    std::printf("%-5s %-8s T=%lld  GEMV %8.2f us  packed matmul %8.2f us\n", dtype_name(type).c_str(), name,
+                static_cast<long long>(T), gemv_us, matmul_us);
+    gemv_total += gemv_us, matmul_total += matmul_us;
+  };
+  {
+    const Weights q(type, Q, H), k(type, KV, H), v(type, KV, H);
+    const size_t copies = std::max({q.copies.size(), k.copies.size(), v.copies.size()});
+    const double gemv_us = time_us(
+        [&](size_t c) {
+          const PackedGemvTarget t[] = {{q.copies[c % q.copies.size()], y, Q},
+                                        {k.copies[c % k.copies.size()], y + T * Q, KV},
+                                        {v.copies[c % v.copies.size()], y + T * (Q + KV), KV}};
+          launch_quantize_activations(input, T, H, x, nullptr);
+          launch_packed_gemv(type, x, t, 3, T, H, SumOrder::kFastest, nullptr);
+        },
+        copies);
+    const double matmul_us = time_us(
+        [&](size_t c) {
+          matmul(q.copies[c % q.copies.size()], y, Q, H);
+          matmul(k.copies[c % k.copies.size()], y + T * Q, KV, H);
+          matmul(v.copies[c % v.copies.size()], y + T * (Q + KV), KV, H);
+        },
+        copies);
+    row("q/k/v", gemv_us, matmul_us);
+  }
+  for (const auto& [name, rows, cols] : {std::tuple{"o_proj", H, Q}, std::tuple{"down", H, I}}) {
+    const Weights w(type, rows, cols);
+    const double gemv_us = time_us(
+        [&](size_t c) {
+          const PackedGemvTarget t{w.copies[c], y, rows};
+          launch_quantize_activations(input, T, cols, x, nullptr);
+          launch_packed_gemv(type, x, &t, 1, T, cols, SumOrder::kFastest, nullptr);
+        },
+        w.copies.size());
+    const double matmul_us = time_us(
+        [&](size_t c) { matmul(w.copies[c], y, rows, cols); }, w.copies.size());
+    row(name, gemv_us, matmul_us);
+  }
+  {
+    const Weights gate(type, I, H), up_w(type, I, H);
+    const double gemv_us = time_us(
+        [&](size_t c) {
+          launch_quantize_activations(input, T, H, x, nullptr);
+          launch_packed_gated_gelu(type, x, gate.copies[c], up_w.copies[c], y, T, I, H, SumOrder::kFastest, nullptr);
+        },
+        gate.copies.size());
+    const double matmul_us = time_us(
+        [&](size_t c) {
+          matmul(gate.copies[c], y, I, H);
+          matmul(up_w.copies[c], up, I, H);
+          launch_gelu_tanh_mul(y, up, y, T * I, nullptr);
+        },
+        gate.copies.size());
+    row("gate/up", gemv_us, matmul_us);
+  }
+  std::printf("%-5s layer    T=%lld  GEMV %8.2f us  packed matmul %8.2f us\n", dtype_name(type).c_str(),
+              static_cast<long long>(T), gemv_total, matmul_total);
+  cudaFree(workspace);
+}
+
 // T tokens (9..64) of each matrix: the batch GEMV (its quantize launch included, as the backend
 // runs it) against the packed tensor-core matmul (bf16 input, not batch invariant).
 void run_batch_type(DType type, int64_t T, const bf16* input, bf16* y) {
@@ -155,8 +233,8 @@ int main(int argc, char** argv) {
     std::stringstream list(argc > 1 ? argv[1] : "q4_0,q4_k,q6_k,q8_0");
     for (std::string name; std::getline(list, name, ',');) types.push_back(parse_type(name));
     const int64_t tokens = argc > 2 ? std::stoll(argv[2]) : 1;
-    if (tokens < 1 || tokens > kMaxPackedMatmulTokens || (tokens > 1 && tokens <= kMaxGemvTokens))
-      throw std::runtime_error("bench_packed_gemv_cuda: tokens is 1 or 9..64");
+    if (tokens < 1 || tokens > kMaxPackedMatmulTokens)
+      throw std::runtime_error("bench_packed_gemv_cuda: tokens is 1.." + std::to_string(kMaxPackedMatmulTokens));
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     std::printf("packed GEMV, %lld token(s), 31B shapes, %s; us per launch (%d back-to-back)\n",
@@ -164,20 +242,25 @@ int main(int argc, char** argv) {
     constexpr int64_t kWidest = 21504;
     bf16* input = nullptr;
     bf16* y = nullptr;
+    bf16* up = nullptr;
     uint4* x = nullptr;
     const size_t input_bytes = size_t(tokens) * kWidest * sizeof(bf16);
     check(cudaMalloc(&input, input_bytes), "cudaMalloc input");
     check(cudaMemset(input, 0x3c, input_bytes), "cudaMemset input");  // bf16 0x3c3c ~ 0.0115
     check(cudaMalloc(&y, size_t(tokens) * 262144 * sizeof(bf16)), "cudaMalloc output");
-    check(cudaMalloc(&x, size_t(kWidest / 32) * 80), "cudaMalloc quantized input");
+    check(cudaMalloc(&up, size_t(tokens) * kWidest * sizeof(bf16)), "cudaMalloc up projection");
+    check(cudaMalloc(&x, size_t(tokens) * size_t(kWidest / 32) * 80), "cudaMalloc quantized input");
     for (DType type : types) {
       if (tokens == 1)
         for (SumOrder order : {SumOrder::kFastest, SumOrder::kBatchInvariant}) run_type(type, x, y, input, order);
+      else if (tokens <= kMaxGemvTokens)
+        run_few_tokens_type(type, tokens, input, x, y, up);
       else if (type != DType::Q6_K)
         run_batch_type(type, tokens, input, y);
     }
     cudaFree(input);
     cudaFree(y);
+    cudaFree(up);
     cudaFree(x);
     return 0;
   } catch (const std::exception& e) {

@@ -62,8 +62,9 @@ void with_token_tiles(int64_t T, F&& f) {
   if (T <= 32) return f(std::integral_constant<int, 4>{});
   f(std::integral_constant<int, 8>{});
 }
-// Whether launch_packed_matmul takes T tokens of a K-wide weight: kMaxGemvTokens < T <=
-// kMaxPackedMatmulTokens, K a multiple of 128.
+// Whether launch_packed_matmul takes T tokens of a K-wide weight: 1 <= T <= kMaxPackedMatmulTokens
+// (the backend gives it more than kMaxGemvTokens; fewer pad the first 16 mma columns), K a
+// multiple of 128.
 bool packed_matmul_fits(int64_t T, int64_t K);
 // The float workspace launch_packed_matmul needs for an [N, K] weight (its slices of K's partial
 // sums for kMaxPackedMatmulTokens tokens; 0 when one slice covers K).

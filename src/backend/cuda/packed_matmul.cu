@@ -243,7 +243,7 @@ std::pair<int, int> slicing(int64_t N, int64_t K) {
 
 }  // namespace
 
-bool packed_matmul_fits(int64_t T, int64_t K) { return T > kMaxGemvTokens && T <= kMaxTokens && K % kChunk == 0; }
+bool packed_matmul_fits(int64_t T, int64_t K) { return T >= 1 && T <= kMaxTokens && K % kChunk == 0; }
 
 size_t packed_matmul_workspace_bytes(int64_t N, int64_t K) {
   if (K % kChunk != 0) return 0;
@@ -254,8 +254,8 @@ size_t packed_matmul_workspace_bytes(int64_t N, int64_t K) {
 void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
                           float* workspace, size_t workspace_bytes, cudaStream_t stream) {
   G4_CHECK(packed_matmul_fits(T, K), "packed matmul: " + std::to_string(T) + " tokens of " + std::to_string(K) +
-                                         " values (wants " + std::to_string(kMaxGemvTokens + 1) + ".." +
-                                         std::to_string(kMaxTokens) + " tokens, K a multiple of 128)");
+                                         " values (wants 1.." + std::to_string(kMaxTokens) +
+                                         " tokens, K a multiple of 128)");
   const auto [per_slice, slices] = slicing(N, K);
   G4_CHECK(slices == 1 || size_t(slices) * size_t(T) * size_t(N) * sizeof(float) <= workspace_bytes,
            "packed matmul: the workspace reserved for this matrix is too small");
