@@ -7,9 +7,11 @@
 # gap, o_proj; gate/up, a quantize launch, down_proj; Q4_0 sizes), and whether a persistent
 # cooperative kernel keeps the weight stream going across a layer's matrices (bench_layer_chain_cuda);
 # `suite` runs `g4 bench --suite` on the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16);
-# `concurrency` runs continuous batching (q4_0 batch invariant and not, bf16 not); `steady` the
-# steady state of 16 and 64 sequences per weight type, not invariant. Logs in one archive,
-# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady]
+# `concurrency` runs continuous batching at issue 16's 1, 8, 32 and 64 sequences (q4_0 batch
+# invariant and not, bf16 not); `steady` the steady state of 16 and 64 sequences per weight type,
+# not invariant; `crossover` times a layer's GEMVs against the packed tensor-core matmul at 2..8
+# rows (where a non-invariant forward of few rows should switch). Logs in one archive,
+# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover]
 set -uo pipefail
 set -f  # the gtest filters below ('*Cuda*') are not file names
 parts="$*"
@@ -42,15 +44,16 @@ if want suite; then
     echo " [$w]"
   done
 fi
-# Continuous batching, batch invariant (the default) and not (whole forwards through cuBLAS).
+# Continuous batching, batch invariant (the default) and not (whole forwards: the packed tensor-core
+# matmul for quantized weights, cuBLAS for bf16).
 if want concurrency; then
-  for run in "q4_0 true 1,8,64" "q4_0 false 8,16,64" "bf16 false 16,64"; do
+  for run in "q4_0 true 1,8,32,64" "q4_0 false 1,8,32,64" "bf16 false 16,64"; do
     set -- $run
     left=$((585 - (SECONDS - started)))
     [ $left -gt 30 ] || { echo "no time left for concurrency $run"; continue; }
     timeout $left ./build-gpu/g4 bench --synthetic 31b --weights $1 --batch_invariant $2 --concurrency $3 \
       --prompt_len 128 --gen 32 > "$OUT/conc_$1_$2.json" 2>&1
-    grep -E '"(concurrency|aggregate_tok_s|per_sequence_decode_tok_s|sampler_us)"' "$OUT/conc_$1_$2.json" | tr -d '\n'
+    tr -d ' \n' < "$OUT/conc_$1_$2.json" | grep -oE '"(concurrency|full_decode_step_ms|full_decode_tok_s|aggregate_tok_s|ttft_p50_s|sampler_us)":[0-9.]+' | tr '\n' ' '
     echo " [$1 batch_invariant=$2]"
   done
 fi
@@ -64,6 +67,13 @@ if want steady; then
       --prompt_len 128 --gen 256 > "$OUT/steady_$w.json" 2>&1
     tr -d ' \n' < "$OUT/steady_$w.json" | grep -oE '"(concurrency|full_decode_step_ms|full_decode_tok_s|aggregate_tok_s)":[0-9.]+' | tr '\n' ' '
     echo " [$w]"
+  done
+fi
+# Few rows: the GEMVs as the backend runs them against the packed tensor-core matmul.
+if want crossover; then
+  for t in 2 3 4 5 6 8; do
+    timeout 60 ./build-gpu/bench/bench_packed_gemv_cuda q4_0,q4_k,q8_0 $t > "$OUT/crossover_$t.log" 2>&1
+    grep -E "layer|error" "$OUT/crossover_$t.log"
   done
 fi
 echo "done in $((SECONDS - started)) s"
