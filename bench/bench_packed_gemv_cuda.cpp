@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <cstdint>
@@ -59,6 +60,18 @@ double time_us(F&& launch, size_t copies) {
   return 1e3 * g4::bench::ms_per_launch([&](int i) { launch(size_t(i) % copies); }, 3, kReps);
 }
 
+// The 31B's shapes: hidden, MLP width, query and KV projection widths, vocabulary.
+constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096, V = 262144;
+
+// Copy c of a sliding layer's q, k and v as one GEMV launch's targets, T tokens each, the three
+// outputs one after another from y.
+std::array<PackedGemvTarget, 3> qkv_targets(const Weights& q, const Weights& k, const Weights& v, size_t c, bf16* y,
+                                            int64_t T) {
+  return {PackedGemvTarget{q.copies[c % q.copies.size()], y, Q},
+          PackedGemvTarget{k.copies[c % k.copies.size()], y + T * Q, KV},
+          PackedGemvTarget{v.copies[c % v.copies.size()], y + T * (Q + KV), KV}};
+}
+
 void report(DType type, const char* name, int64_t rows, int64_t cols, size_t bytes, double us, SumOrder order) {
   std::printf("%-5s %-8s [%6lld, %5lld]  %8.2f us  %5.2f TB/s  %s\n", dtype_name(type).c_str(), name,
               static_cast<long long>(rows), static_cast<long long>(cols), us, double(bytes) / (us * 1e-6) / 1e12,
@@ -66,7 +79,6 @@ void report(DType type, const char* name, int64_t rows, int64_t cols, size_t byt
 }
 
 void run_type(DType type, uint4* x, bf16* y, const bf16* input, SumOrder order) {
-  constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096, V = 262144;
   struct Gemv {
     const char* name;
     int64_t rows, cols;
@@ -87,10 +99,7 @@ void run_type(DType type, uint4* x, bf16* y, const bf16* input, SumOrder order) 
     launch_quantize_activations(input, 1, H, x, nullptr);
     const double us = time_us(
         [&](size_t c) {
-          const PackedGemvTarget t[] = {{q.copies[c % q.copies.size()], y, Q},
-                                        {k.copies[c % k.copies.size()], y + Q, KV},
-                                        {v.copies[c % v.copies.size()], y + Q + KV, KV}};
-          launch_packed_gemv(type, x, t, 3, 1, H, order, nullptr);
+          launch_packed_gemv(type, x, qkv_targets(q, k, v, c, y, 1).data(), 3, 1, H, order, nullptr);
         },
         std::max({q.copies.size(), k.copies.size(), v.copies.size()}));
     report(type, "q/k/v", Q + 2 * KV, H, q.bytes + k.bytes + v.bytes, us, order);
@@ -109,9 +118,9 @@ void run_type(DType type, uint4* x, bf16* y, const bf16* input, SumOrder order) 
 // (the input quantized, q/k/v as one launch, gate/up as the gated GELU) against the packed
 // tensor-core matmul (q, k and v as three launches, gate and up as two, then the GELU-mul).
 void run_few_tokens_type(DType type, int64_t T, const bf16* input, uint4* x, bf16* y, bf16* up) {
-  constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096;
   size_t workspace_bytes = 4;
-  for (const auto& [rows, cols] : {std::pair{Q, H}, std::pair{KV, H}, std::pair{H, Q}, std::pair{H, I}, std::pair{I, H}})
+  for (const auto& [rows, cols] :
+       {std::pair{Q, H}, std::pair{KV, H}, std::pair{H, Q}, std::pair{H, I}, std::pair{I, H}})
     workspace_bytes = std::max(workspace_bytes, packed_matmul_workspace_bytes(rows, cols));
   float* workspace = nullptr;
   check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
@@ -129,11 +138,8 @@ void run_few_tokens_type(DType type, int64_t T, const bf16* input, uint4* x, bf1
     const size_t copies = std::max({q.copies.size(), k.copies.size(), v.copies.size()});
     const double gemv_us = time_us(
         [&](size_t c) {
-          const PackedGemvTarget t[] = {{q.copies[c % q.copies.size()], y, Q},
-                                        {k.copies[c % k.copies.size()], y + T * Q, KV},
-                                        {v.copies[c % v.copies.size()], y + T * (Q + KV), KV}};
           launch_quantize_activations(input, T, H, x, nullptr);
-          launch_packed_gemv(type, x, t, 3, T, H, SumOrder::kFastest, nullptr);
+          launch_packed_gemv(type, x, qkv_targets(q, k, v, c, y, T).data(), 3, T, H, SumOrder::kFastest, nullptr);
         },
         copies);
     const double matmul_us = time_us(
@@ -183,7 +189,6 @@ void run_few_tokens_type(DType type, int64_t T, const bf16* input, uint4* x, bf1
 // T tokens (9..64) of each matrix: the batch GEMV (its quantize launch included, as the backend
 // runs it) against the packed tensor-core matmul (bf16 input, not batch invariant).
 void run_batch_type(DType type, int64_t T, const bf16* input, bf16* y) {
-  constexpr int64_t H = 5376, I = 21504, Q = 8192, KV = 4096, V = 262144;
   struct Matrix {
     const char* name;
     int64_t rows, cols;
@@ -239,7 +244,7 @@ int main(int argc, char** argv) {
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     std::printf("packed GEMV, %lld token(s), 31B shapes, %s; us per launch (%d back-to-back)\n",
                 static_cast<long long>(tokens), prop.name, kReps);
-    constexpr int64_t kWidest = 21504;
+    constexpr int64_t kWidest = I;  // down_proj's input
     bf16* input = nullptr;
     bf16* y = nullptr;
     bf16* up = nullptr;
