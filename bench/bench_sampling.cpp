@@ -3,6 +3,8 @@
 // replay, timed with events around graphs of kCallsPerGraph calls (launch gaps included, as in a
 // decode loop), and how many of a batch-64 call's rows the whole-row cluster kernel sampled. CPU:
 // the host sampler, row by row, one thread.
+// Usage: bench_sampling [BATCHES [CONFIG]]: BATCHES a comma list (default 1,8,64), CONFIG a part of a
+// configuration's name (default all); e.g. `bench_sampling 64 top-k` for a profiler.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,7 +26,7 @@
 namespace {
 
 constexpr int64_t kVocab = 262144;
-constexpr int kBatches[] = {1, 8, 64};
+constexpr int64_t kMaxBatch = 64;  // rows of logits made
 
 // A configuration: the parameters of each row (row r uses params[r % size]).
 struct Config {
@@ -141,10 +143,40 @@ bool gpu_present() {
 }
 #endif
 
+std::vector<int64_t> parse_batches(const char* text) {
+  std::vector<int64_t> batches;
+  for (const char* p = text; *p != '\0';) {
+    char* end = nullptr;
+    const long long b = std::strtoll(p, &end, 10);
+    if (end == p || b < 1 || b > kMaxBatch) {
+      std::fprintf(stderr, "bench_sampling: batches must be a comma list of 1..%lld, got '%s'\n",
+                   static_cast<long long>(kMaxBatch), text);
+      std::exit(2);
+    }
+    batches.push_back(b);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return batches;
+}
+
+std::vector<Config> chosen_configs(const char* part) {
+  std::vector<Config> chosen;
+  for (Config& c : configs()) {
+    if (part == nullptr || std::string(c.name).find(part) != std::string::npos) chosen.push_back(std::move(c));
+  }
+  if (chosen.empty()) {
+    std::fprintf(stderr, "bench_sampling: no configuration's name contains '%s'\n", part);
+    std::exit(2);
+  }
+  return chosen;
+}
+
 }  // namespace
 
-int main() {
-  const std::vector<float> logits = make_logits(64);
+int main(int argc, char** argv) {
+  const std::vector<int64_t> batches = parse_batches(argc > 1 ? argv[1] : "1,8,64");
+  const std::vector<Config> chosen = chosen_configs(argc > 2 ? argv[2] : nullptr);
+  const std::vector<float> logits = make_logits(kMaxBatch);
   std::printf("sampling, V = %lld, median us per call (batch of rows)\n", static_cast<long long>(kVocab));
 #ifdef G4_HAVE_CUDA
   if (gpu_present()) {
@@ -157,12 +189,12 @@ int main() {
     check(cudaStreamCreate(&stream));
     g4::CudaSampler sampler(kVocab);
     std::printf("\nCUDA (%s), graph replays\n%-30s", prop.name, "config");
-    for (int b : kBatches) std::printf(" %10s", ("batch " + std::to_string(b)).c_str());
+    for (int64_t b : batches) std::printf(" %10s", ("batch " + std::to_string(b)).c_str());
     std::printf(" %14s\n", "cluster rows");
-    for (const Config& c : configs()) {
+    for (const Config& c : chosen) {
       std::printf("%-30s", c.name);
       int64_t cluster_rows = 0;  // of the last (largest) batch
-      for (int b : kBatches) {
+      for (int64_t b : batches) {
         const CudaResult result = cuda_median_us(sampler, device_logits, b, c, stream);
         std::printf(" %10.2f", result.us);
         cluster_rows = result.cluster_rows;
@@ -176,11 +208,11 @@ int main() {
   }
 #endif
   std::printf("\nCPU (host sampler, one thread)\n%-30s", "config");
-  for (int b : kBatches) std::printf(" %10s", ("batch " + std::to_string(b)).c_str());
+  for (int64_t b : batches) std::printf(" %10s", ("batch " + std::to_string(b)).c_str());
   std::printf("\n");
-  for (const Config& c : configs()) {
+  for (const Config& c : chosen) {
     std::printf("%-30s", c.name);
-    for (int b : kBatches) std::printf(" %10.1f", cpu_median_us(logits, b, c));
+    for (int64_t b : batches) std::printf(" %10.1f", cpu_median_us(logits, b, c));
     std::printf("\n");
   }
   return 0;

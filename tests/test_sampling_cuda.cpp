@@ -226,6 +226,32 @@ TEST_F(CudaSamplerTest, ModelLikeRowsWithACutTakeTheSegmentPath) {
   }
 }
 
+// The segment path lists each segment's (with more than 8 rows: each warp's) few best tokens of a
+// row with a small top-k cut (docs/DESIGN.md §4). When a row's best tokens crowd a few lanes (here
+// the best 40 are the ids of two 128-byte lines, which two warps hold), those lists cannot prove the
+// top-k set: the row must still get sample_row's token, from the cluster kernel. Rows beside it are
+// decided as usual.
+TEST_F(CudaSamplerTest, TopKRowsWhoseBestTokensCrowdOneWarpStillMatch) {
+  std::mt19937_64 rng(9);
+  const int64_t vocab = kMaxVocab;
+  for (int64_t rows : {1, 8, 9, 64}) {
+    std::vector<float> logits = model_like_rows(rng, vocab, rows);
+    for (int j = 0; j < 40; ++j) logits[size_t(1024 + j)] = 20.0f + 0.1f * float(j);  // row 0: ids 1024..1063
+    std::vector<SamplingParams> params;
+    for (int64_t r = 0; r < rows; ++r) {
+      SamplingParams p;
+      p.temperature = 0.9f, p.top_k = r % 2 == 0 ? 32 : 128, p.top_p = r % 3 == 0 ? 0.9f : 1.0f, p.seed = rng();
+      params.push_back(p);
+    }
+    const std::vector<int64_t> tokens = sample_on_gpu(*sampler_, logits, params, vocab);
+    EXPECT_EQ(sampler_->cluster_kernel_rows(nullptr), 1) << "only the crowded row needs the cluster kernel";
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(tokens[size_t(r)], sample_row(logits.data() + r * vocab, vocab, params[size_t(r)]))
+          << "batch " << rows << ", row " << r;
+    }
+  }
+}
+
 // A NaN in one row of a large mixed batch: that row gets kNanLogitsToken (sample_row's answer too),
 // the others their tokens.
 TEST_F(CudaSamplerTest, NanInOneRowOfABatch) {

@@ -97,12 +97,14 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::BF16; }
-  // Up to kMaxGemvTokens rows the matmuls run the GEMV, whose per-row sums do not depend on the row
-  // count; beyond that the packed tensor-core matmul and cuBLAS pick their reductions by shape. With
-  // batch invariance asked for, up to kMaxPackedMatmulTokens rows run the batch GEMV over packed
-  // weights (the GEMV's bits for each row, docs/DESIGN.md §7) or, for bf16 and Q6_K weights, the
-  // GEMV 8 rows at a time.
-  int64_t batch_invariant_rows() const override { return batch_invariant_ ? kMaxPackedMatmulTokens : kMaxGemvTokens; }
+  // The GEMV's per-row sums do not depend on the row count; it takes up to kMaxGemvTokens rows (packed
+  // weights: fewer than kPackedMatmulFromRows, packed_gemv_takes), and beyond that the packed
+  // tensor-core matmul and cuBLAS pick their reductions by shape. With batch invariance asked for,
+  // up to kMaxPackedMatmulTokens rows run the batch GEMV over packed weights (the GEMV's bits for each
+  // row, docs/DESIGN.md §7) or, for bf16 and Q6_K weights, the GEMV 8 rows at a time.
+  int64_t batch_invariant_rows() const override {
+    return batch_invariant_ ? kMaxPackedMatmulTokens : kPackedMatmulFromRows - 1;
+  }
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
@@ -211,7 +213,7 @@ class CudaBackend final : public Backend {
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
     if (is_block_quantized(w.dtype)) {
-      if (T <= kMaxGemvTokens) {
+      if (packed_gemv_takes(T, K, batch_invariant_)) {
         const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
         launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, sum_order(), stream_);
         return;
@@ -261,7 +263,9 @@ class CudaBackend final : public Backend {
     // A weight without its output goes to Backend::matmuls, whose check names it.
     const bool few_tokens = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && ws.size() <= size_t(kMaxGemvTargets) &&
                             std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) {
-                              return w.cols == x.cols && (is_block_quantized(w.dtype) || x.cols % 8 == 0);
+                              return w.cols == x.cols && (is_block_quantized(w.dtype)
+                                                              ? packed_gemv_takes(x.rows, x.cols, batch_invariant_)
+                                                              : x.cols % 8 == 0);
                             });
     if (!few_tokens) return Backend::matmuls(x, ws, ys);
     expect_dtype(x, DType::BF16, "matmul input");
@@ -361,12 +365,12 @@ class CudaBackend final : public Backend {
                  "], w_gate [" + std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
     if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype) {
-      if (is_block_quantized(w_gate.dtype)) {
+      if (is_block_quantized(w_gate.dtype) && packed_gemv_takes(T, K, batch_invariant_)) {
         launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
                                  ptr<bf16>(out), T, N, K, sum_order(), stream_);
         return;
       }
-      if (K % 8 == 0) {
+      if (!is_block_quantized(w_gate.dtype) && K % 8 == 0) {
         launch_gated_gelu(ptr<bf16>(x), ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out), T, N, K, stream_);
         return;
       }

@@ -1,7 +1,8 @@
 // The CUDA sampler (docs/DESIGN.md §4). Two paths, both returning sample_row()'s token:
 //  * the segment path (below, "The segment path"): rows spread over the whole GPU, one block per
 //    segment of a row; takes every greedy and NaN row and every row with a top-k or top-p cut
-//    whose candidates provably decide the token;
+//    whose candidates provably decide the token (rows with a small top-k cut in larger batches in
+//    the first kernel's one read, "collected rows");
 //  * the cluster kernel (sample_rows_kernel), for the rows the segment path leaves: one
 //    thread-block cluster of kClusterBlocks blocks samples one row. Each block copies its slice of
 //    the logits into shared memory once, and every later pass reads shared memory; the blocks
@@ -696,7 +697,8 @@ size_t dynamic_shared_bytes(int64_t vocab) {
 // ---- The segment path (docs/DESIGN.md §4): rows spread over the whole GPU ----
 //
 // segment_extremes_kernel: block (s, r) reads segment s of row r and writes its largest rank,
-//   smallest key and NaN flag.
+//   smallest key and NaN flag; for a collected row (collects_candidates) also its warps' best
+//   ranks, and the row's last block samples the row from them (finish_collected_row).
 // sample_segments_kernel: block (s, r) combines row r's extremes (z_max), reads segment s again
 //   and appends the segment's best tokens (a prefix of its ranking by distance bins) to row r's
 //   candidate list, with the highest rank it left out ("boundary") and, without a top-k cut, the
@@ -748,6 +750,13 @@ struct RowScratch {
   unsigned long long total_weight;  // the row's weight (rows without a top-k cut)
   unsigned int candidates;          // tokens appended (the list keeps kRowCandidates)
   unsigned int arrived;             // blocks done
+  unsigned int collected;           // segment_extremes_kernel wrote the row's token
+};
+
+// Per row, for the rows segment_extremes_kernel decides; every call leaves it zero.
+struct CollectScratch {
+  unsigned long long boundary;  // highest rank of a token no warp listed
+  unsigned int arrived;         // blocks done
 };
 
 struct SegmentWorkspace {  // device arrays, kChunkRows rows
@@ -756,6 +765,7 @@ struct SegmentWorkspace {  // device arrays, kChunkRows rows
   uint64_t* candidates;       // [rows][kRowCandidates] ranks
   int* fallback_rows;         // rows for the cluster kernel
   int* fallback_count;
+  CollectScratch* collect;
 };
 
 // The segment and row of a segment kernel's block: block (s, r) takes segment s of row r, or,
@@ -774,6 +784,7 @@ struct SegmentTask {
 struct SegmentShared {
   uint64_t scratch[kSegmentWarps + 1];
   uint64_t found;
+  uint64_t boundary;         // finish_collected_row: the row's bound on unlisted ranks
   int count;                 // tokens staged (list_segment_tokens), then kept (sample_listed)
   unsigned list_offset;      // where this block's staged tokens go in the row's list
   int last;                  // this block finishes the row
@@ -826,28 +837,7 @@ __device__ void for_each_slot(const SegmentTile& tile, const SegmentTask& task, 
   }
 }
 
-__global__ void __launch_bounds__(kSegmentThreads) segment_extremes_kernel(SegmentTask task, SegmentWorkspace ws) {
-  pdl_launch_dependents();  // sample_segments_kernel may load its logits meanwhile
-  __shared__ uint64_t scratch[kSegmentWarps + 1];
-  SegmentTile tile;
-  load_tile(task, tile);
-  uint64_t best_rank = 0, inverted_min_key = 0;
-  for_each_slot(tile, task, [&](float z, uint32_t id, bool valid) {
-    if (!valid) return;
-    const uint32_t key = logit_key(z);
-    best_rank = max(best_rank, rank_of(key, id));
-    inverted_min_key = max(inverted_min_key, uint64_t(~key) | (uint64_t(z != z) << 32));
-  });
-  best_rank = block_reduce<kSegmentThreads, true>(best_rank, scratch);
-  inverted_min_key = block_reduce<kSegmentThreads, true>(inverted_min_key, scratch);
-  if (threadIdx.x != 0) return;
-  const int segment = task.segment(), row_index = task.row_index();
-  ws.extremes[row_index * int(gridDim.x) + segment] = {best_rank, inverted_min_key};
-  if (segment == 0) ws.rows[row_index] = RowScratch{};
-  if (segment == 0 && row_index == 0) *ws.fallback_count = 0;
-}
-
-enum class RowKind { kNan, kGreedy, kCandidates, kWholeRow };
+enum class RowKind { kNan, kGreedy, kCollected, kCandidates, kWholeRow };
 
 // A row as every block of sample_segments_kernel sees it.
 struct SegmentRow {
@@ -865,23 +855,42 @@ __device__ bool cut_by_rank(const SamplingParams& p, int64_t vocab) {
   return !is_greedy(p) && (top_k_active(p, vocab) || p.top_p < 1.0f);
 }
 
+// Rows with a small top-k cut in batches of more than kMaxUncollectedRows rows:
+// segment_extremes_kernel lists every warp's kCollectedPerWarp best tokens as it reads the row, and
+// the row's last block samples from them (finish_collected_row), so sample_segments_kernel need not
+// read the row again. Fewer rows keep the two-kernel path (the collected version gained nothing
+// there, docs/PERF.md).
+constexpr int kCollectedPerWarp = 8;
+constexpr int kCollectedPerSegment = kCollectedPerWarp * kSegmentWarps;
+constexpr int kMaxCollectedTopK = 128;
+constexpr unsigned kMaxUncollectedRows = 8;
+
+// Both segment kernels ask it with the same launch shape (gridDim.y: the rows of the chunk).
+__device__ bool collects_candidates(const SamplingParams& p, int64_t vocab, int segments) {
+  return gridDim.y > kMaxUncollectedRows && !is_greedy(p) && top_k_active(p, vocab) &&
+         p.top_k <= kMaxCollectedTopK && segments * kCollectedPerSegment <= kRowCandidates;
+}
+
 __device__ SegmentRow combine_extremes(const SegmentExtremes* extremes, int segments, const SamplingParams& p,
                                        int64_t vocab, SegmentShared& shared) {
   uint64_t best_rank = 0, inverted_min_key = 0;
-  for (int s = threadIdx.x; s < segments; s += kSegmentThreads) {
-    best_rank = max(best_rank, extremes[s].best_rank);
-    inverted_min_key = max(inverted_min_key, extremes[s].inverted_min_key);
+  for (int s = threadIdx.x; s < segments; s += kSegmentThreads) {  // written by other blocks: past L1
+    best_rank = max(best_rank, uint64_t(__ldcg(reinterpret_cast<const unsigned long long*>(&extremes[s].best_rank))));
+    inverted_min_key = max(inverted_min_key, uint64_t(__ldcg(reinterpret_cast<const unsigned long long*>(
+                                                 &extremes[s].inverted_min_key))));
   }
   best_rank = block_reduce<kSegmentThreads, true>(best_rank, shared.scratch);
   inverted_min_key = block_reduce<kSegmentThreads, true>(inverted_min_key, shared.scratch);
   SegmentRow row{};
-  row.kind = (inverted_min_key >> 32) != 0 ? RowKind::kNan
-             : is_greedy(p)                ? RowKind::kGreedy
-             : cut_by_rank(p, vocab)       ? RowKind::kCandidates
-                                           : RowKind::kWholeRow;
+  row.kind = (inverted_min_key >> 32) != 0              ? RowKind::kNan
+             : is_greedy(p)                             ? RowKind::kGreedy
+             : collects_candidates(p, vocab, segments)  ? RowKind::kCollected
+             : cut_by_rank(p, vocab)                    ? RowKind::kCandidates
+                                                        : RowKind::kWholeRow;
   row.argmax = rank_id(best_rank);
   row.z_max = key_logit(uint32_t(best_rank >> 32));
-  row.inv_temperature = row.kind == RowKind::kCandidates ? inverse_temperature(p.temperature) : 0.0f;
+  const bool samples = row.kind == RowKind::kCandidates || row.kind == RowKind::kCollected;
+  row.inv_temperature = samples ? inverse_temperature(p.temperature) : 0.0f;
   row.top_k_active = top_k_active(p, vocab);
   return row;
 }
@@ -969,10 +978,11 @@ __device__ void offer_segment(const SegmentTile& tile, const SegmentTask& task, 
 }
 
 // True in every thread of the row's last block to finish (which then reads what the others wrote).
-__device__ bool arrive_last(RowScratch& scratch, int segments, SegmentShared& shared) {
+// The count wraps to 0 at the last arrival.
+__device__ bool arrive_last(unsigned int& arrived, int segments, SegmentShared& shared) {
   __threadfence();  // this thread's list entries and atomics before the arrival
   __syncthreads();
-  if (threadIdx.x == 0) shared.last = atomicAdd(&scratch.arrived, 1u) == unsigned(segments - 1);
+  if (threadIdx.x == 0) shared.last = atomicInc(&arrived, unsigned(segments - 1)) == unsigned(segments - 1);
   __syncthreads();
   if (shared.last) __threadfence();
   return shared.last;
@@ -986,11 +996,8 @@ __device__ bool arrive_last(RowScratch& scratch, int segments, SegmentShared& sh
 // and rank below all inside it). The top-k set, the top-p crossing and so the kept set are taken
 // only when they lie above the boundary, and then they are exactly the CPU's; the weights, Q and
 // the draw are those of sampling_math.h, computed by the same helpers as the cluster kernel.
-__device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p, const RowScratch& scratch,
-                                  const uint64_t* list, SegmentShared& shared, uint64_t* words) {
-  const int listed = int(min(__ldcg(&scratch.candidates), unsigned(kRowCandidates)));
-  const uint64_t boundary = __ldcg(&scratch.boundary);
-  const uint64_t row_weight = __ldcg(&scratch.total_weight);
+__device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p, const uint64_t* list, int listed,
+                                  uint64_t boundary, uint64_t row_weight, SegmentShared& shared, uint64_t* words) {
   uint64_t* bins = words;  // later the weights
   uint64_t* ranks = words + kBins;
   auto bin_of = [&](uint64_t rank) { return distance_bin(key_logit(uint32_t(rank >> 32)), row.z_max, row.inv_temperature); };
@@ -1000,11 +1007,15 @@ __device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p
   for (int b = threadIdx.x; b < kBins; b += kSegmentThreads) bins[b] = 0;
   if (threadIdx.x == 0) shared.count = 0;
   __syncthreads();
+  // Listed ranks at or below the boundary (and empty entries, 0) can be in no proven answer, and
+  // tokens beyond the gap weigh 0: both are skipped.
   for (int i = threadIdx.x; i < listed; i += kSegmentThreads) {
     const uint64_t rank = __ldcg(reinterpret_cast<const unsigned long long*>(list + i));
+    const int bin = bin_of(rank);
+    if (rank <= boundary || bin == kOutsideGap) continue;
     const uint64_t measure =
         row.top_k_active ? 1 : token_weight(key_logit(uint32_t(rank >> 32)), row.z_max, row.inv_temperature);
-    atomicAdd(reinterpret_cast<unsigned long long*>(&bins[bin_of(rank)]), measure);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&bins[bin]), measure);
   }
   __syncthreads();
   const uint64_t target = row.top_k_active ? uint64_t(p.top_k) : top_p_target(p.top_p, row_weight);
@@ -1013,7 +1024,7 @@ __device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p
   const int last_bin = crossing < 0 ? kBins - 1 : crossing;
   for (int i = threadIdx.x; i < listed; i += kSegmentThreads) {
     const uint64_t rank = __ldcg(reinterpret_cast<const unsigned long long*>(list + i));
-    if (bin_of(rank) > last_bin) continue;
+    if (rank <= boundary || bin_of(rank) > last_bin) continue;
     const int slot = atomicAdd(&shared.count, 1);
     if (slot < kSortCapacity) ranks[slot] = rank;
   }
@@ -1054,19 +1065,153 @@ __device__ void finish_row(const SegmentRow& row, const SamplingParams& p, int r
   if (row.kind == RowKind::kNan) token = kNanLogitsToken;
   if (row.kind == RowKind::kGreedy) token = row.argmax;
   if (row.kind == RowKind::kCandidates) {
-    token = sample_listed(row, p, ws.rows[row_index], ws.candidates + int64_t(row_index) * kRowCandidates, shared,
-                          words);
+    const RowScratch& scratch = ws.rows[row_index];
+    token = sample_listed(row, p, ws.candidates + int64_t(row_index) * kRowCandidates,
+                          int(min(__ldcg(&scratch.candidates), unsigned(kRowCandidates))), __ldcg(&scratch.boundary),
+                          __ldcg(&scratch.total_weight), shared, words);
   }
   if (threadIdx.x != 0) return;
-  if (token == kUnproven) {
+  // A collected row's token is written already when segment_extremes_kernel found it.
+  const bool written = row.kind == RowKind::kCollected && __ldcg(&ws.rows[row_index].collected) != 0;
+  if (token == kUnproven && !written) {
     ws.fallback_rows[atomicAdd(ws.fallback_count, 1)] = row_index;
     return;
   }
-  out.tokens[row_index] = token;
+  if (!written) out.tokens[row_index] = token;
   if (out.advance_seed) out.params[row_index].seed = p.seed + 1;
 }
 
 size_t segment_shared_bytes() { return size_t(kBins + kSortCapacity) * sizeof(uint64_t); }
+
+// ---- The first segment kernel, and the rows it decides itself ----
+
+// A lane's three best tokens (logit keys, best first, and their slots j * 4 + c in the tile) and
+// the largest key of the rest of its tile (0: none; a key is 0 only for a NaN, whose row draws the NaN
+// token). Three, so that a row's best k (up to kMaxCollectedTopK) are rarely more than a lane holds
+// (16-32 of the row's 2^18 tokens). A lane offers its tokens in id order, so a later token with an
+// equal key ranks lower: it moves up only past strictly smaller keys.
+struct LaneBest {
+  uint32_t key[3] = {0, 0, 0};
+  int slot[3] = {0, 0, 0};
+  uint32_t rest_key = 0;
+  __device__ void offer(uint32_t k, int s) {
+    const bool above = k > key[2];
+    rest_key = max(rest_key, above ? key[2] : k);
+    if (above) key[2] = k, slot[2] = s;
+#pragma unroll
+    for (int i = 1; i >= 0; --i) {  // one step of insertion: key[i + 1] may now exceed key[i]
+      const bool swap = key[i + 1] > key[i];
+      const uint32_t high = swap ? key[i + 1] : key[i], low = swap ? key[i] : key[i + 1];
+      const int high_slot = swap ? slot[i + 1] : slot[i], low_slot = swap ? slot[i] : slot[i + 1];
+      key[i] = high, key[i + 1] = low, slot[i] = high_slot, slot[i + 1] = low_slot;
+    }
+  }
+};
+
+// Lists the warp's kCollectedPerWarp best ranks at `slots` (0 where it has fewer tokens), taking
+// each lane's in order, and returns a bound on the ranks of the warp's tokens it did not list: each
+// lane's next (its next best, or the best of its rest at the highest rank its key allows).
+__device__ uint64_t list_warp_best(const LaneBest& lane, const uint64_t (&ranks)[3], uint64_t* slots) {
+  int taken = 0;
+  uint64_t next = ranks[0];
+#pragma unroll
+  for (int i = 0; i < kCollectedPerWarp; ++i) {
+    const uint64_t best = warp_reduce<MaxOp>(next);
+    if (threadIdx.x % 32 == 0) slots[i] = best;
+    if (next == best && best != 0) {  // ranks are unique: one lane's
+      ++taken;
+      next = taken == 1 ? ranks[1] : taken == 2 ? ranks[2] : 0;
+    }
+  }
+  const uint64_t rest = lane.rest_key != 0 ? rank_of(lane.rest_key, 0) : 0;
+  return warp_reduce<MaxOp>(max(next, rest));
+}
+
+// The last block of a collected row. Every token ranked above the row's bound (the highest rank any
+// warp may have left unlisted) is listed, so sample_listed's proof holds as for sample_segments_kernel's
+// lists; when it gives no token, the row is left to sample_segments_kernel, which hands it to the
+// cluster kernel. `words`: segment_shared_bytes().
+__device__ void finish_collected_row(const SamplingParams& p, int row_index, int segments, int64_t vocab,
+                                     const RowOutput& out, const SegmentWorkspace& ws, SegmentShared& shared,
+                                     uint64_t* words) {
+  if (threadIdx.x == 0) shared.boundary = atomicExch(&ws.collect[row_index].boundary, 0ull);  // zero for the next call
+  // (combine_extremes' barriers publish it.)
+  const SegmentRow row = combine_extremes(ws.extremes + int64_t(row_index) * segments, segments, p, vocab, shared);
+  if (row.kind != RowKind::kCollected) return;  // NaN: sample_segments_kernel writes the NaN token
+  // sample_listed's boundary is the highest unlisted rank inside the gap: 0 when every unlisted token
+  // ranks below one beyond it.
+  uint64_t boundary = shared.boundary;
+  if (distance_bin(key_logit(uint32_t(boundary >> 32)), row.z_max, row.inv_temperature) == kOutsideGap) boundary = 0;
+  const uint32_t token = sample_listed(row, p, ws.candidates + int64_t(row_index) * kRowCandidates,
+                                       segments * kCollectedPerSegment, boundary, 0, shared, words);
+  if (threadIdx.x == 0 && token != kUnproven) {
+    out.tokens[row_index] = token;
+    ws.rows[row_index].collected = 1;
+  }
+}
+
+// Block (s, r): segment s of row r's largest rank, smallest key and NaN flag; for a collected row
+// also its warps' best ranks and the row's bound, and the row's last block samples it.
+__global__ void __launch_bounds__(kSegmentThreads, 4) segment_extremes_kernel(SegmentTask task, RowOutput out,
+                                                                          SegmentWorkspace ws) {
+  pdl_launch_dependents();  // sample_segments_kernel may load its logits meanwhile
+  extern __shared__ uint64_t collect_words[];
+  __shared__ SegmentShared shared;
+  SegmentTile tile;
+  load_tile(task, tile);
+  const int segment = task.segment(), row_index = task.row_index(), segments = int(gridDim.x);
+  const SamplingParams p = out.params[row_index];
+  const bool collect = collects_candidates(p, task.vocab, segments);
+  uint64_t best_rank = 0, inverted_min_key = 0;
+  if (collect) {
+    LaneBest lane;
+    uint32_t min_key = 0xFFFFFFFFu;
+    bool nan = false;
+#pragma unroll
+    for (int j = 0; j < kSegmentVectors; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float z = tile_value(tile.v[j], c);
+        if (tile_id(segment, j, c) >= task.vocab) continue;
+        const uint32_t key = logit_key(z);
+        min_key = min(min_key, key);
+        nan |= z != z;
+        lane.offer(key, 4 * j + c);
+      }
+    }
+    uint64_t ranks[3];
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const uint32_t id = uint32_t(tile_id(segment, lane.slot[i] / 4, lane.slot[i] % 4));
+      ranks[i] = lane.key[i] != 0 ? rank_of(lane.key[i], id) : 0;
+    }
+    best_rank = ranks[0];
+    inverted_min_key = uint64_t(~min_key) | (uint64_t(nan) << 32);
+    const int warp = int(threadIdx.x) / 32;
+    uint64_t* slots = ws.candidates + int64_t(row_index) * kRowCandidates +
+                      (segment * kSegmentWarps + warp) * kCollectedPerWarp;
+    const uint64_t unlisted = list_warp_best(lane, ranks, slots);
+    if (threadIdx.x % 32 == 0 && unlisted != 0) {
+      atomicMax(&ws.collect[row_index].boundary, static_cast<unsigned long long>(unlisted));
+    }
+  } else {
+    for_each_slot(tile, task, [&](float z, uint32_t id, bool valid) {
+      if (!valid) return;
+      const uint32_t key = logit_key(z);
+      best_rank = max(best_rank, rank_of(key, id));
+      inverted_min_key = max(inverted_min_key, uint64_t(~key) | (uint64_t(z != z) << 32));
+    });
+  }
+  best_rank = block_reduce<kSegmentThreads, true>(best_rank, shared.scratch);
+  inverted_min_key = block_reduce<kSegmentThreads, true>(inverted_min_key, shared.scratch);
+  if (threadIdx.x == 0) {
+    ws.extremes[row_index * segments + segment] = {best_rank, inverted_min_key};
+    if (segment == 0) ws.rows[row_index] = RowScratch{};
+    if (segment == 0 && row_index == 0) *ws.fallback_count = 0;
+  }
+  if (!collect || !arrive_last(ws.collect[row_index].arrived, segments, shared)) return;
+  finish_collected_row(p, row_index, segments, task.vocab, out, ws, shared, collect_words);
+}
 
 // Launched with PDL after segment_extremes_kernel. Before pdl_wait it reads only the logits and the
 // parameters: segment_extremes_kernel was launched without PDL, so whatever wrote them (the forward,
@@ -1074,8 +1219,8 @@ size_t segment_shared_bytes() { return size_t(kBins + kSortCapacity) * sizeof(ui
 // start before it did. It lets the cluster kernel launch at once: that one waits (pdl_wait) before
 // it reads the rows left to it, and all of this kernel's blocks are running by then, so its
 // clusters take no SM that this kernel still needs.
-// Four blocks per SM (64 registers): ptxas spills 4 bytes there; at 80 registers (three blocks)
-// none, but a quarter fewer warps hide the loads.
+// Four blocks per SM (64 registers, no spills); three (80 registers) would hide the loads with a
+// quarter fewer warps.
 __global__ void __launch_bounds__(kSegmentThreads, 4)
     sample_segments_kernel(SegmentTask task, RowOutput out, SegmentWorkspace ws) {
   pdl_launch_dependents();
@@ -1084,7 +1229,7 @@ __global__ void __launch_bounds__(kSegmentThreads, 4)
   const int row_index = task.row_index(), segments = int(gridDim.x);
   const SamplingParams p = out.params[row_index];
   // Greedy and unfiltered rows need no pass here: the block of segment 0 alone finishes them.
-  const bool scans = cut_by_rank(p, task.vocab);
+  const bool scans = cut_by_rank(p, task.vocab) && !collects_candidates(p, task.vocab, segments);
   if (!scans && task.segment() != 0) return;
   SegmentTile tile;
   if (scans) load_tile(task, tile);
@@ -1096,7 +1241,7 @@ __global__ void __launch_bounds__(kSegmentThreads, 4)
     offer_segment(tile, task, row, p, segments, scratch,
                   ws.candidates + int64_t(row_index) * kRowCandidates, shared, segment_words);
   }
-  if (scans && !arrive_last(scratch, segments, shared)) return;
+  if (scans && !arrive_last(scratch.arrived, segments, shared)) return;
   finish_row(row, p, row_index, out, ws, shared, segment_words);
 }
 
@@ -1118,6 +1263,8 @@ CudaSampler::CudaSampler(int64_t max_vocab) : max_vocab_(max_vocab) {
   row_scratch_ = DeviceBuffer(size_t(kChunkRows) * sizeof(RowScratch));
   candidates_ = DeviceBuffer(size_t(kChunkRows) * kRowCandidates * sizeof(uint64_t));
   fallback_ = DeviceBuffer(size_t(kChunkRows + 1) * sizeof(int));
+  collect_ = DeviceBuffer(size_t(kChunkRows) * sizeof(CollectScratch));
+  G4_CUDA(cudaMemset(collect_.data(), 0, collect_.bytes()));  // the kernels leave it zero from here on
 }
 
 CudaSampler::~CudaSampler() = default;
@@ -1140,11 +1287,14 @@ void CudaSampler::sample(const CudaSampleBatch& batch, CUstream_st* stream) cons
 void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream) const {
   const int segments = segments_per_row(batch.vocab, batch.rows);
   const SegmentWorkspace ws{extremes_.as<SegmentExtremes>(), row_scratch_.as<RowScratch>(), candidates_.as<uint64_t>(),
-                            fallback_.as<int>() + 1, fallback_.as<int>()};
+                            fallback_.as<int>() + 1, fallback_.as<int>(), collect_.as<CollectScratch>()};
   const dim3 grid(unsigned(segments), unsigned(batch.rows));
-  launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, 0, stream, Pdl::kOff,
-                SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, false}, ws);
   const RowOutput out{batch.params, batch.tokens, batch.advance_seed};
+  // Only collected rows' last blocks use the shared words (collects_candidates: more than
+  // kMaxUncollectedRows rows).
+  const size_t collect_bytes = batch.rows > int64_t(kMaxUncollectedRows) ? segment_shared_bytes() : 0;
+  launch_kernel("segment_extremes_kernel", segment_extremes_kernel, grid, kSegmentThreads, collect_bytes, stream,
+                Pdl::kOff, SegmentTask{batch.logits, batch.logits_row_stride, batch.vocab, false}, out, ws);
   // PDL on streams g4 creates; the legacy default stream (nullptr) keeps plain stream order.
   const Pdl pdl = stream != nullptr ? Pdl::kOn : Pdl::kOff;
   launch_kernel("sample_segments_kernel", sample_segments_kernel, grid, kSegmentThreads, segment_shared_bytes(), stream,

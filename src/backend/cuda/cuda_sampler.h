@@ -57,6 +57,7 @@ class CudaSampler {
   DeviceBuffer row_scratch_;
   DeviceBuffer candidates_;
   DeviceBuffer fallback_;     // int count, then the rows left to the cluster kernel
+  DeviceBuffer collect_;      // per row: the first kernel's bound and arrivals
 };
 
 }  // namespace g4

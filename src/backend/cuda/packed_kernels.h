@@ -66,6 +66,13 @@ void with_token_tiles(int64_t T, F&& f) {
 // (the backend gives it more than kMaxGemvTokens; fewer pad the first 16 mma columns), K a
 // multiple of 128.
 bool packed_matmul_fits(int64_t T, int64_t K);
+// Fewest rows of a forward that need not be batch invariant the packed matmul takes from the GEMV:
+// the GEMV's time grows with the rows, the matmul's hardly changes below 16 (docs/PERF.md, "Few rows").
+inline constexpr int64_t kPackedMatmulFromRows = 5;
+// Whether T rows of a K-wide packed weight run the GEMV (else the packed matmul or a larger path).
+inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
+  return T <= kMaxGemvTokens && (batch_invariant || T < kPackedMatmulFromRows || !packed_matmul_fits(T, K));
+}
 // The float workspace launch_packed_matmul needs for an [N, K] weight (its slices of K's partial
 // sums for kMaxPackedMatmulTokens tokens; 0 when one slice covers K).
 size_t packed_matmul_workspace_bytes(int64_t N, int64_t K);
