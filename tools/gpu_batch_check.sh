@@ -10,7 +10,7 @@
 # `concurrency` runs continuous batching at issue 16's 1, 8, 32 and 64 sequences (q4_0 batch
 # invariant and not, bf16 not); `steady` the steady state of 16 and 64 sequences per weight type,
 # not invariant; `crossover` times a layer's GEMVs against the packed tensor-core matmul at 2..8
-# rows (where a non-invariant forward of few rows should switch). Logs in one archive,
+# rows (what sets kPackedMatmulFromRows, where a non-invariant forward switches). Logs in one archive,
 # $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover]
 set -uo pipefail
 set -f  # the gtest filters below ('*Cuda*') are not file names
@@ -29,7 +29,7 @@ if want tests; then
     G4_REQUIRE_GPU=1 timeout 150 "./build-gpu/tests/$1" --gtest_filter="$2" > "$OUT/$1.log" 2>&1; echo "$1 rc=$?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|FAILED  \]" "$OUT/$1.log" | head -12
   done
-  timeout 60 ./build-gpu/bench/bench_sampling > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
+  timeout 90 ./build-gpu/bench/bench_sampling 1,8,16,32,64 > "$OUT/bench_sampling.log" 2>&1; head -12 "$OUT/bench_sampling.log"
   timeout 90 ./build-gpu/bench/bench_packed_gemv_cuda > "$OUT/bench_packed_gemv.log" 2>&1; cat "$OUT/bench_packed_gemv.log"
   for shape in "50 25 24 24" "130 65 3 40"; do timeout 30 ./build-gpu/bench/bench_l2_prefetch_cuda $shape; done
   timeout 60 ./build-gpu/bench/bench_layer_chain_cuda 8
