@@ -1,0 +1,244 @@
+// The first measurement of docs/DESIGN.md §7's plan "The way out of the invariance tax": can a
+// tensor-core kernel stream 4-bit weights at one to eight tokens as fast as the dp2a GEMV (2.85 TB/s
+// inside a decode step), so that one arithmetic — bf16 weights rounded once, bf16 activations, mma
+// float sums in a fixed order — could serve every row count, batch invariant by construction?
+//
+// The weights are Q4_0 numbers in a tile-interleaved layout (the Marlin idea): for each 16-row tile
+// and each 64 values of K, a 576-byte record — 32 lanes × 16 bytes of quants, each lane's 16 bytes
+// exactly its A-fragment nibbles for four mma.m16n8k16 steps, then the 16 rows' two fp16 scales —
+// so a lane loads its weights with one 16-byte load and dequantizes them straight into registers,
+// with no shared memory and no shuffles. A warp takes one tile over a slice of K; the slices' float
+// sums are added in slice order (launch_add_slices), the tokens are the mma's 8 columns.
+//
+// Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 4 and 8 tokens (weights rotated
+// through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
+// from the same layout. Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
+//   bench_mma_gemv_cuda
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/packed_kernels.h"
+#include "cuda_timing.h"
+#include "util/half.h"
+
+namespace {
+
+using g4::bench::check;
+
+constexpr int kTileRows = 16, kChunk = 64;                 // a record: 16 rows × 64 values of K
+constexpr int kQuantBytes = 32 * 16, kRecordBytes = kQuantBytes + kTileRows * 2 * 2;  // 576
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kUnroll = 4;                                 // records a lane loads before using them
+constexpr int kTargetWarps = 132 * 32;                     // slices of K until about this many warps
+constexpr size_t kRotationBytes = size_t(600) << 20;
+constexpr int kReps = 40;
+
+// Where value k of row n sits: lane, word (k-step s) and nibble of its record. Lane l = 4g + c holds
+// the A fragments of rows g and g + 8 at k = 16s + 2c, 2c + 1, 2c + 8, 2c + 9 (mma.cuh's layout);
+// word s, nibbles 0-3 for row g at those k, 4-7 for row g + 8.
+struct Place {
+  int lane, word, nibble;
+};
+Place place_of(int row_in_tile, int k_in_chunk) {
+  const int s = k_in_chunk / 16, r = k_in_chunk % 16, c = (r % 8) / 2;
+  const int g = row_in_tile % 8, half = row_in_tile / 8;
+  return {4 * g + c, s, 4 * half + (r >= 8 ? 2 : 0) + r % 2};
+}
+
+size_t layout_bytes(int64_t N, int64_t K) { return size_t(N / kTileRows) * size_t(K / kChunk) * kRecordBytes; }
+
+// Random quants and scales in the layout (scales like a small model's: fp16 in [0.001, 0.01)).
+std::vector<uint8_t> random_layout(int64_t N, int64_t K, uint64_t seed) {
+  std::vector<uint8_t> bytes(layout_bytes(N, K));
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&bytes[i], &v, std::min<size_t>(8, bytes.size() - i));
+  }
+  std::uniform_real_distribution<float> scale(0.001f, 0.01f);
+  for (size_t r = 0; r < bytes.size() / kRecordBytes; ++r) {
+    for (int j = 0; j < kTileRows * 2; ++j) {
+      const uint16_t h = g4::f32_to_f16(scale(rng));
+      std::memcpy(&bytes[r * kRecordBytes + kQuantBytes + 2 * j], &h, 2);
+    }
+  }
+  return bytes;
+}
+
+// The weight the kernel multiplies: bf16((q - 8) · d), d the fp16 scale of its row's block of 32.
+float weight_at(const std::vector<uint8_t>& layout, int64_t K, int64_t n, int64_t k) {
+  const int64_t record = (n / kTileRows) * (K / kChunk) + k / kChunk;
+  const uint8_t* r = layout.data() + record * kRecordBytes;
+  const Place p = place_of(int(n % kTileRows), int(k % kChunk));
+  uint32_t word;
+  std::memcpy(&word, r + 16 * p.lane + 4 * p.word, 4);
+  uint16_t h;
+  std::memcpy(&h, r + kQuantBytes + 4 * (n % kTileRows) + 2 * ((k % kChunk) / 32), 2);
+  const float q = float(int((word >> (4 * p.nibble)) & 15u) - 8);
+  return g4::bf16_to_f32(g4::f32_to_bf16(q * g4::f16_to_f32(h)));
+}
+
+__device__ inline float centred_nibble(uint32_t word, int i) {  // q - 8, exactly
+  return __uint_as_float(0x4B000000u | ((word >> (4 * i)) & 15u)) - 8388616.0f;
+}
+
+// partial[slice][T][N] for T <= 8 tokens of x [T, K] (bf16) and the layout's [N, K] weights.
+__global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
+                                                             int T, int N, int K, int chunks_per_slice) {
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (tile >= N / kTileRows) return;
+  const int chunks = K / kChunk, first = blockIdx.y * chunks_per_slice,
+            end = min(chunks, first + chunks_per_slice);
+  const int g = lane / 4, c = lane % 4;
+  const bool has_token = g < T;
+  const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
+  const uint8_t* records = w + size_t(tile) * chunks * kRecordBytes;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int chunk = first; chunk < end; chunk += kUnroll) {
+    uint4 quants[kUnroll];
+    uint32_t scales[kUnroll][2];  // rows g and g + 8: their two blocks' fp16 scales
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool valid = chunk + u < end;
+      const uint8_t* r = records + size_t(valid ? chunk + u : first) * kRecordBytes;
+      quants[u] = __ldcs(reinterpret_cast<const uint4*>(r) + lane);
+      scales[u][0] = __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g);
+      scales[u][1] = __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g + 8);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (chunk + u >= end) break;
+      const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&scales[u][0]));
+      const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&scales[u][1]));
+      const uint32_t words[4] = {quants[u].x, quants[u].y, quants[u].z, quants[u].w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const float a_scale = s < 2 ? s_g.x : s_g.y, b_scale = s < 2 ? s_g8.x : s_g8.y;
+        const uint32_t word = words[s];
+        const uint32_t a[4] = {
+            g4::pack_bf16x2(a_scale * centred_nibble(word, 0), a_scale * centred_nibble(word, 1)),
+            g4::pack_bf16x2(b_scale * centred_nibble(word, 4), b_scale * centred_nibble(word, 5)),
+            g4::pack_bf16x2(a_scale * centred_nibble(word, 2), a_scale * centred_nibble(word, 3)),
+            g4::pack_bf16x2(b_scale * centred_nibble(word, 6), b_scale * centred_nibble(word, 7))};
+        const int k = (chunk + u) * kChunk + 16 * s + 2 * c;
+        const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
+        g4::mma_bf16(d, a, b0, b1);
+      }
+    }
+  }
+  float* out = partial + size_t(blockIdx.y) * T * N;
+  const int row = tile * kTileRows + g;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = 2 * c + h;
+    if (t < T) {
+      out[size_t(t) * N + row] = d[h];
+      out[size_t(t) * N + row + 8] = d[2 + h];
+    }
+  }
+}
+
+struct Shape {
+  const char* name;
+  int64_t N, K;
+};
+// The 31B's matrices: hidden 5 376, MLP 21 504, queries 8 192.
+constexpr Shape kShapes[] = {{"q_proj", 8192, 5376}, {"o_proj", 5376, 8192}, {"gate", 21504, 5376}, {"down", 5376, 21504}};
+
+int slices_for(const Shape& s) {
+  const int64_t tiles = s.N / kTileRows, chunks = s.K / kChunk;
+  return int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
+}
+
+struct Run {
+  const Shape& shape;
+  int slices, chunks_per_slice;
+  float* partial;
+  __nv_bfloat16* y;
+  void launch(const uint8_t* w, const __nv_bfloat16* x, int T) const {
+    const dim3 grid(unsigned((shape.N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
+    mma_gemv_kernel<<<grid, kThreads>>>(w, x, partial, T, int(shape.N), int(shape.K), chunks_per_slice);
+    g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
+  }
+};
+
+// Largest relative error over sampled rows against sum_k w·x in double (x and w as the kernel sees them).
+double max_relative_error(const Run& run, const std::vector<uint8_t>& layout, const std::vector<uint16_t>& x_bits,
+                          int T) {
+  std::vector<uint16_t> y_bits(size_t(T * run.shape.N));
+  check(cudaMemcpy(y_bits.data(), run.y, y_bits.size() * 2, cudaMemcpyDeviceToHost), "copy y");
+  double worst = 0;
+  for (int64_t n = 0; n < run.shape.N; n += 97) {
+    for (int t = 0; t < T; ++t) {
+      double want = 0, scale = 0;
+      for (int64_t k = 0; k < run.shape.K; ++k) {
+        const double term = double(weight_at(layout, run.shape.K, n, k)) *
+                            double(g4::bf16_to_f32(x_bits[size_t(t * run.shape.K + k)]));
+        want += term;
+        scale += std::fabs(term);
+      }
+      const double got = g4::bf16_to_f32(y_bits[size_t(t * run.shape.N + n)]);
+      worst = std::max(worst, std::fabs(got - want) / std::max(scale, 1e-30));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("bench_mma_gemv_cuda: no GPU present, skipped\n");
+    return 0;
+  }
+  constexpr int kMaxT = 8;
+  std::printf("Q4_0 numbers in a tile-interleaved layout, mma.m16n8k16 at 1..8 tokens (µs per matrix)\n");
+  for (const Shape& shape : kShapes) {
+    const std::vector<uint8_t> layout = random_layout(shape.N, shape.K, 7);
+    const size_t bytes = layout.size(), copies = std::max<size_t>(2, (kRotationBytes + bytes - 1) / bytes);
+    std::vector<uint8_t*> w(copies);
+    for (uint8_t*& p : w) {
+      check(cudaMalloc(&p, bytes), "cudaMalloc weights");
+      check(cudaMemcpy(p, layout.data(), bytes, cudaMemcpyHostToDevice), "copy weights");
+    }
+    std::vector<uint16_t> x_bits(size_t(kMaxT * shape.K));
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (uint16_t& b : x_bits) b = g4::f32_to_bf16(uniform(rng));
+    __nv_bfloat16* x = nullptr;
+    check(cudaMalloc(&x, x_bits.size() * 2), "cudaMalloc x");
+    check(cudaMemcpy(x, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice), "copy x");
+    const int slices = slices_for(shape);
+    Run run{shape, slices, int((shape.K / kChunk + slices - 1) / slices), nullptr, nullptr};
+    check(cudaMalloc(&run.partial, size_t(slices) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
+    check(cudaMalloc(&run.y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
+    for (int T : {1, 2, 4, 8}) {
+      run.launch(w[0], x, T);
+      check(cudaDeviceSynchronize(), "kernel");
+      const double error = T == 1 || T == 8 ? max_relative_error(run, layout, x_bits, T) : -1.0;
+      const double us =
+          1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
+      std::printf("%-7s [%6lld, %5lld] T=%d  %8.2f us  %5.2f TB/s  %d slices", shape.name,
+                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, us,
+                  double(bytes) / (us * 1e-6) / 1e12, slices);
+      if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
+      std::printf("\n");
+    }
+    for (uint8_t* p : w) cudaFree(p);
+    cudaFree(x);
+    cudaFree(run.partial);
+    cudaFree(run.y);
+  }
+  return 0;
+}
