@@ -10,6 +10,12 @@
 // with no shared memory and no shuffles. A warp takes one tile over a slice of K; the slices' float
 // sums are added in slice order (launch_add_slices), the tokens are the mma's 8 columns.
 //
+// Two dequantizations, the same bf16 weights (bf16 of scale · (q − 8), the packed matmul's): in
+// float (as packed_matmul.cu), and in bf16 pairs — the two nibbles of a fragment register sit 16
+// bits apart, so one mask makes the pair 128 + q, and with the scale split as d = hi + lo (hi its
+// bf16, lo exact in 3 bits) fma.rn.bf16x2(q − 8, hi, (q − 8)·lo) rounds (q − 8)·d once (docs/DESIGN.md
+// §3), about half the instructions.
+//
 // Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 4 and 8 tokens (weights rotated
 // through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
 // from the same layout. Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
@@ -43,16 +49,17 @@ constexpr int kTargetWarps = 132 * 32;                     // slices of K until 
 constexpr size_t kRotationBytes = size_t(600) << 20;
 constexpr int kReps = 40;
 
-// Where value k of row n sits: lane, word (k-step s) and nibble of its record. Lane l = 4g + c holds
-// the A fragments of rows g and g + 8 at k = 16s + 2c, 2c + 1, 2c + 8, 2c + 9 (mma.cuh's layout);
-// word s, nibbles 0-3 for row g at those k, 4-7 for row g + 8.
+// Where value k of row n sits: lane, word (k-step s) and bit of its record. Lane l = 4g + c holds
+// the A fragments of rows g and g + 8 at k = 16s + 2c, 2c + 1, 2c + 8, 2c + 9 (mma.cuh's layout):
+// word s holds register j's pair (j = 0: row g, k 2c and 2c + 1; 1: row g + 8; 2: row g, k 2c + 8
+// and 2c + 9; 3: row g + 8) at bits 4j (even k) and 16 + 4j (odd k).
 struct Place {
-  int lane, word, nibble;
+  int lane, word, shift;
 };
 Place place_of(int row_in_tile, int k_in_chunk) {
   const int s = k_in_chunk / 16, r = k_in_chunk % 16, c = (r % 8) / 2;
-  const int g = row_in_tile % 8, half = row_in_tile / 8;
-  return {4 * g + c, s, 4 * half + (r >= 8 ? 2 : 0) + r % 2};
+  const int g = row_in_tile % 8, j = row_in_tile / 8 + (r >= 8 ? 2 : 0);
+  return {4 * g + c, s, 4 * j + 16 * (r % 2)};
 }
 
 size_t layout_bytes(int64_t N, int64_t K) { return size_t(N / kTileRows) * size_t(K / kChunk) * kRecordBytes; }
@@ -84,15 +91,40 @@ float weight_at(const std::vector<uint8_t>& layout, int64_t K, int64_t n, int64_
   std::memcpy(&word, r + 16 * p.lane + 4 * p.word, 4);
   uint16_t h;
   std::memcpy(&h, r + kQuantBytes + 4 * (n % kTileRows) + 2 * ((k % kChunk) / 32), 2);
-  const float q = float(int((word >> (4 * p.nibble)) & 15u) - 8);
+  const float q = float(int((word >> p.shift) & 15u) - 8);
   return g4::bf16_to_f32(g4::f32_to_bf16(q * g4::f16_to_f32(h)));
 }
 
-__device__ inline float centred_nibble(uint32_t word, int i) {  // q - 8, exactly
-  return __uint_as_float(0x4B000000u | ((word >> (4 * i)) & 15u)) - 8388616.0f;
+__device__ inline float centred_nibble(uint32_t word, int shift) {  // q - 8, exactly
+  return __uint_as_float(0x4B000000u | ((word >> shift) & 15u)) - 8388616.0f;
+}
+
+__device__ inline __nv_bfloat162 as_bf162(uint32_t v) { return *reinterpret_cast<const __nv_bfloat162*>(&v); }
+__device__ inline uint32_t as_u32(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// A scale d split as hi + lo: hi = bf16(d), lo = d - hi (exact in bf16: an fp16's 11 bits leave 3).
+struct SplitScale {
+  __nv_bfloat162 hi, lo;
+};
+__device__ inline SplitScale split_scale(float d) {
+  const __nv_bfloat16 hi = __float2bfloat16_rn(d);
+  return {__bfloat162bfloat162(hi), __bfloat162bfloat162(__float2bfloat16_rn(d - __bfloat162float(hi)))};
+}
+
+// Fragment register j of `word`: the bf16 pair of scale · (q - 8), low element the even k.
+template <bool kBf16Pairs>
+__device__ inline uint32_t weight_pair(uint32_t word, int j, float scale, const SplitScale& split) {
+  if constexpr (kBf16Pairs) {
+    const __nv_bfloat162 biased = as_bf162(((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u);  // 128 + q
+    const __nv_bfloat162 q = __hsub2(biased, __float2bfloat162_rn(136.0f));               // exact
+    return as_u32(__hfma2(q, split.hi, __hmul2(q, split.lo)));  // q·lo exact: one rounding of q·d
+  } else {
+    return g4::pack_bf16x2(scale * centred_nibble(word, 4 * j), scale * centred_nibble(word, 16 + 4 * j));
+  }
 }
 
 // partial[slice][T][N] for T <= 8 tokens of x [T, K] (bf16) and the layout's [N, K] weights.
+template <bool kBf16Pairs>
 __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
                                                              int T, int N, int K, int chunks_per_slice) {
   const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -118,18 +150,24 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (chunk + u >= end) break;
+      // Rows g and g + 8, blocks 0 and 1 (k-steps 0-1 and 2-3).
       const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&scales[u][0]));
       const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&scales[u][1]));
+      SplitScale split[2][2];
+      if constexpr (kBf16Pairs) {
+        split[0][0] = split_scale(s_g.x), split[0][1] = split_scale(s_g.y);
+        split[1][0] = split_scale(s_g8.x), split[1][1] = split_scale(s_g8.y);
+      }
       const uint32_t words[4] = {quants[u].x, quants[u].y, quants[u].z, quants[u].w};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const float a_scale = s < 2 ? s_g.x : s_g.y, b_scale = s < 2 ? s_g8.x : s_g8.y;
+        const int block = s / 2;
+        const float g_scale = block == 0 ? s_g.x : s_g.y, g8_scale = block == 0 ? s_g8.x : s_g8.y;
         const uint32_t word = words[s];
-        const uint32_t a[4] = {
-            g4::pack_bf16x2(a_scale * centred_nibble(word, 0), a_scale * centred_nibble(word, 1)),
-            g4::pack_bf16x2(b_scale * centred_nibble(word, 4), b_scale * centred_nibble(word, 5)),
-            g4::pack_bf16x2(a_scale * centred_nibble(word, 2), a_scale * centred_nibble(word, 3)),
-            g4::pack_bf16x2(b_scale * centred_nibble(word, 6), b_scale * centred_nibble(word, 7))};
+        const uint32_t a[4] = {weight_pair<kBf16Pairs>(word, 0, g_scale, split[0][block]),
+                               weight_pair<kBf16Pairs>(word, 1, g8_scale, split[1][block]),
+                               weight_pair<kBf16Pairs>(word, 2, g_scale, split[0][block]),
+                               weight_pair<kBf16Pairs>(word, 3, g8_scale, split[1][block])};
         const int k = (chunk + u) * kChunk + 16 * s + 2 * c;
         const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
         g4::mma_bf16(d, a, b0, b1);
@@ -165,9 +203,13 @@ struct Run {
   int slices, chunks_per_slice;
   float* partial;
   __nv_bfloat16* y;
-  void launch(const uint8_t* w, const __nv_bfloat16* x, int T) const {
+  void launch(const uint8_t* w, const __nv_bfloat16* x, int T, bool bf16_pairs) const {
     const dim3 grid(unsigned((shape.N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
-    mma_gemv_kernel<<<grid, kThreads>>>(w, x, partial, T, int(shape.N), int(shape.K), chunks_per_slice);
+    if (bf16_pairs) {
+      mma_gemv_kernel<true><<<grid, kThreads>>>(w, x, partial, T, int(shape.N), int(shape.K), chunks_per_slice);
+    } else {
+      mma_gemv_kernel<false><<<grid, kThreads>>>(w, x, partial, T, int(shape.N), int(shape.K), chunks_per_slice);
+    }
     g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
   }
 };
@@ -223,17 +265,19 @@ int main() {
     Run run{shape, slices, int((shape.K / kChunk + slices - 1) / slices), nullptr, nullptr};
     check(cudaMalloc(&run.partial, size_t(slices) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
     check(cudaMalloc(&run.y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
-    for (int T : {1, 2, 4, 8}) {
-      run.launch(w[0], x, T);
-      check(cudaDeviceSynchronize(), "kernel");
-      const double error = T == 1 || T == 8 ? max_relative_error(run, layout, x_bits, T) : -1.0;
-      const double us =
-          1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
-      std::printf("%-7s [%6lld, %5lld] T=%d  %8.2f us  %5.2f TB/s  %d slices", shape.name,
-                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, us,
-                  double(bytes) / (us * 1e-6) / 1e12, slices);
-      if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
-      std::printf("\n");
+    for (bool bf16_pairs : {false, true}) {
+      for (int T : {1, 2, 4, 8}) {
+        run.launch(w[0], x, T, bf16_pairs);
+        check(cudaDeviceSynchronize(), "kernel");
+        const double error = T == 1 || T == 8 ? max_relative_error(run, layout, x_bits, T) : -1.0;
+        const double us = 1e3 * g4::bench::ms_per_launch(
+                                    [&](int i) { run.launch(w[size_t(i) % copies], x, T, bf16_pairs); }, 3, kReps);
+        std::printf("%-7s [%6lld, %5lld] T=%d  %-10s %8.2f us  %5.2f TB/s  %d slices", shape.name,
+                    static_cast<long long>(shape.N), static_cast<long long>(shape.K), T,
+                    bf16_pairs ? "bf16 pairs" : "float", us, double(bytes) / (us * 1e-6) / 1e12, slices);
+        if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
+        std::printf("\n");
+      }
     }
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);
