@@ -63,8 +63,8 @@ void with_token_tiles(int64_t T, F&& f) {
   f(std::integral_constant<int, 8>{});
 }
 // Whether launch_packed_matmul takes T tokens of a K-wide weight: 1 <= T <= kMaxPackedMatmulTokens
-// (the backend gives it more than kMaxGemvTokens; fewer pad the first 16 mma columns), K a
-// multiple of 128.
+// (the backend gives it kPackedMatmulFromRows or more without invariance, else more than
+// kMaxGemvTokens; fewer than 16 pad the first 16 mma columns), K a multiple of 128.
 bool packed_matmul_fits(int64_t T, int64_t K);
 // Fewest rows of a forward that need not be batch invariant the packed matmul takes from the GEMV:
 // the GEMV's time grows with the rows, the matmul's hardly changes below 16 (docs/PERF.md, "Few rows").
