@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "backend/cuda/packed_blocks.h"
-#include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/row_routing.h"
 #include "model/gguf_export.h"
 #include "model/hf_checkpoint.h"
 #include "model/loader.h"

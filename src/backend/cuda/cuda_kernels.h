@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/row_routing.h"
 #include "util/dtype.h"
 
 namespace g4 {
@@ -52,9 +53,8 @@ void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions,
 void launch_fill_uniform(bf16* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
 void launch_fill_uniform(float* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
 
-// y_i[T, N_i] = x[T, K] · w_i[N_i, K]^T for small T (1..kMaxGemvTokens) and up to kMaxGemvTargets
+// y_i[T, N_i] = x[T, K] · w_i[N_i, K]^T for small T (1..kMaxGemvTokens, row_routing.h) and up to kMaxGemvTargets
 // matrices sharing x (the q/k/v projections): one memory-bound weight stream, one launch.
-inline constexpr int kMaxGemvTokens = 8;
 inline constexpr int kMaxGemvTargets = 3;
 struct GemvTarget {
   const bf16* w;

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/packed_blocks.h"
+#include "backend/cuda/row_routing.h"
 
 namespace g4 {
 
@@ -51,9 +52,6 @@ void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targ
                         SumOrder order, cudaStream_t stream);
 // ---- packed_matmul.cu ----
 
-// Tokens up to which launch_packed_matmul runs (a decode batch, a short prefill chunk); more go
-// through dequantized rows and cuBLAS.
-inline constexpr int kMaxPackedMatmulTokens = 64;
 // Calls f(std::integral_constant<int, n>{}) with n the 8-column tiles compiled for T tokens of the
 // tensor-core kernels over 9..kMaxPackedMatmulTokens tokens: 2, 4 or 8.
 template <typename F>
@@ -61,17 +59,6 @@ void with_token_tiles(int64_t T, F&& f) {
   if (T <= 16) return f(std::integral_constant<int, 2>{});
   if (T <= 32) return f(std::integral_constant<int, 4>{});
   f(std::integral_constant<int, 8>{});
-}
-// Whether launch_packed_matmul takes T tokens of a K-wide weight: 1 <= T <= kMaxPackedMatmulTokens
-// (the backend gives it kPackedMatmulFromRows or more without invariance, else more than
-// kMaxGemvTokens; fewer than 16 pad the first 16 mma columns), K a multiple of 128.
-bool packed_matmul_fits(int64_t T, int64_t K);
-// Fewest rows of a forward that need not be batch invariant the packed matmul takes from the GEMV:
-// the GEMV's time grows with the rows, the matmul's hardly changes below 16 (docs/PERF.md, "Few rows").
-inline constexpr int64_t kPackedMatmulFromRows = 5;
-// Whether T rows of a K-wide packed weight run the GEMV (else the packed matmul or a larger path).
-inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
-  return T <= kMaxGemvTokens && (batch_invariant || T < kPackedMatmulFromRows || !packed_matmul_fits(T, K));
 }
 // The float workspace launch_packed_matmul needs for an [N, K] weight (its slices of K's partial
 // sums for kMaxPackedMatmulTokens tokens; 0 when one slice covers K).

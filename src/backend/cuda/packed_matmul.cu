@@ -34,12 +34,12 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 // share a multiprocessor. Measured on the H200 against two tiles a warp (128 registers, two CTAs):
 // a 64-sequence Q4_0 step 35.4 against 38.3 ms (docs/PERF.md).
 constexpr int kWarpTiles = 1, kRowsPerWarp = 16 * kWarpTiles, kRowsPerCta = kWarps * kRowsPerWarp;
-constexpr int kChunk = 128;               // k values per shared-memory stage
+constexpr int kChunk = kPackedMatmulChunk;  // k values per shared-memory stage
 constexpr int kChunkBlocks = kChunk / kBlock;
-constexpr int kXStride = kChunk + 16;     // bf16 per staged row: 288 bytes, so a warp's 8 rows of
-                                          // fragment loads fall in distinct banks per half-warp
-constexpr int kTargetCtas = 384;          // slices of K are added until a matrix has about this many CTAs
-                                          // (three per multiprocessor; 384 measured faster than 256 and 512)
+constexpr int kXStride = kChunk + 16;       // bf16 per staged row: 288 bytes, so a warp's 8 rows of
+                                            // fragment loads fall in distinct banks per half-warp
+constexpr int kTargetCtas = 384;            // slices of K are added until a matrix has about this many CTAs
+                                            // (three per multiprocessor; 384 measured faster than 256 and 512)
 constexpr int kMaxTokens = kMaxPackedMatmulTokens;
 
 // 8 bytes global -> shared (zeros when !valid: src unread).
@@ -242,8 +242,6 @@ std::pair<int, int> slicing(int64_t N, int64_t K) {
 }
 
 }  // namespace
-
-bool packed_matmul_fits(int64_t T, int64_t K) { return T >= 1 && T <= kMaxTokens && K % kChunk == 0; }
 
 size_t packed_matmul_workspace_bytes(int64_t N, int64_t K) {
   if (K % kChunk != 0) return 0;

@@ -1,0 +1,30 @@
+// Which CUDA kernel takes how many rows of a matmul: the bounds of the decode GEMVs and of the
+// tensor-core packed matmul, and the rule between them. Host-only (no CUDA header), so tests built
+// without CUDA choose their tolerances by the same rule the backend follows.
+#pragma once
+#include <cstdint>
+
+namespace g4 {
+
+// Tokens up to which the decode GEMVs (bf16 and packed) run.
+inline constexpr int kMaxGemvTokens = 8;
+// Tokens up to which the packed matmul runs (a decode batch, a short prefill chunk); more go
+// through dequantized rows and cuBLAS.
+inline constexpr int kMaxPackedMatmulTokens = 64;
+// k values per shared-memory stage of the packed matmul: K must be a multiple of it.
+inline constexpr int kPackedMatmulChunk = 128;
+// Whether the packed matmul takes T tokens of a K-wide weight: 1 <= T <= kMaxPackedMatmulTokens
+// (the backend gives it kPackedMatmulFromRows or more without invariance, else more than
+// kMaxGemvTokens; fewer than 16 pad the first 16 mma columns), K a multiple of kPackedMatmulChunk.
+inline bool packed_matmul_fits(int64_t T, int64_t K) {
+  return T >= 1 && T <= kMaxPackedMatmulTokens && K % kPackedMatmulChunk == 0;
+}
+// Fewest rows of a forward that need not be batch invariant the packed matmul takes from the GEMV:
+// the GEMV's time grows with the rows, the matmul's hardly changes below 16 (docs/PERF.md, "Few rows").
+inline constexpr int64_t kPackedMatmulFromRows = 5;
+// Whether T rows of a K-wide packed weight run the GEMV (else the packed matmul or a larger path).
+inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
+  return T <= kMaxGemvTokens && (batch_invariant || T < kPackedMatmulFromRows || !packed_matmul_fits(T, K));
+}
+
+}  // namespace g4
