@@ -2,6 +2,7 @@
 // the batch — alone, or among 2, 5, 8 or 13 sequences, in any slot, with different prefill chunk
 // sizes and arrival orders (CPU; on CUDA for decode batches) — every running sequence decodes in
 // one batched forward (batch_invariant = false: whole forwards past the backend's invariant rows),
+// recorded decode steps (cuda_graphs) give the tokens of eager ones,
 // the KV budget bounds admission, cancel frees memory at once, a finished sequence's caches serve
 // the next turn, 10 000 requests cancelled at every stage leave the pool empty, a NaN in one
 // sequence's logits fails that sequence alone, and bad requests are clear errors.
@@ -77,6 +78,7 @@ struct Run {
   std::map<RequestId, std::vector<int32_t>> tokens;
   int64_t widest_decode = 0;  // the most decode rows one step ran
   int64_t widest_decode_forwards = 0;  // the forwards that step took
+  int64_t replayed_forwards = 0;       // forwards that replayed a recording, over all steps
 };
 
 // Adds requests[order[k]] after arrival_step[k] steps; steps until idle.
@@ -92,6 +94,7 @@ Run run(Scheduler& scheduler, const std::vector<SchedulerRequest>& rs, const std
       EXPECT_NE(e.drawn.stop, StopReason::kStopToken);
       result.tokens[e.id].push_back(e.drawn.token);
     }
+    result.replayed_forwards += scheduler.last_step().replayed_forwards;
     if (scheduler.last_step().decode_rows > result.widest_decode) {
       result.widest_decode = scheduler.last_step().decode_rows;
       result.widest_decode_forwards = scheduler.last_step().decode_forwards;
@@ -103,8 +106,10 @@ Run run(Scheduler& scheduler, const std::vector<SchedulerRequest>& rs, const std
 }
 
 // The batch-invariance check over batch sizes, slots, chunk sizes and arrival orders. With
-// fresh_pool, no run reuses an earlier run's prefixes (see KvPool::drop_kept).
-void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks, bool fresh_pool = false) {
+// fresh_pool, no run reuses an earlier run's prefixes (see KvPool::drop_kept); with cuda_graphs,
+// the schedulers replay recorded decode steps, and every run must have replayed some.
+void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks, bool fresh_pool = false,
+                             bool cuda_graphs = false) {
   const std::vector<SchedulerRequest> all = requests();
   const std::vector<std::vector<int32_t>> want = alone(engine, all, fresh_pool);
   for (size_t batch : {2u, 5u, 8u, 13u}) {
@@ -118,7 +123,8 @@ void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks,
         if (arrival == 2)
           for (size_t i = 0; i < batch; ++i) when[i] = int(i % 4);
         if (fresh_pool) engine.kv_pool().drop_kept();
-        Scheduler scheduler(engine.runner(), SchedulerOptions{.prefill_tokens_per_step = chunk});
+        Scheduler scheduler(engine.runner(),
+                            SchedulerOptions{.prefill_tokens_per_step = chunk, .cuda_graphs = cuda_graphs});
         std::vector<RequestId> ids;
         const Run got = run(scheduler, rs, order, when, &ids);
         for (size_t i = 0; i < batch; ++i)
@@ -127,6 +133,7 @@ void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks,
         if (arrival == 0 && engine.backend().batch_invariant_rows() >= int64_t(batch))
           EXPECT_EQ(got.widest_decode_forwards, 1) << "every decode row of a step in one forward";
         EXPECT_GE(got.widest_decode, int64_t(std::min<size_t>(batch, 2)));
+        if (cuda_graphs) EXPECT_GT(got.replayed_forwards, 0) << "batch " << batch << ", arrival " << arrival;
       }
     }
   }
@@ -147,6 +154,21 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
   // cuBLAS when its chunk had more than 64 rows, which a fresh prefill would not reproduce bit for
   // bit (the first H200 run failed this way, 2026-12-01).
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
+}
+
+// With cuda_graphs, a step that only decodes replays the recording for its batch size, recorded
+// again (the CUDA graph updated in place) as sequences join and leave: every sequence still draws
+// the tokens it draws alone, in batches of 2 to 13, staggered arrivals included.
+TEST(Scheduler, RecordedDecodeStepsAreInvariantOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine = demo_engine(13, "cuda");
+  expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true, /*cuda_graphs=*/true);
+}
+
+TEST(Scheduler, RecordedDecodeStepsNeedABackendWithGraphs) {
+  auto engine = demo_engine(1);
+  EXPECT_EQ(test::error_of([&] { Scheduler scheduler(engine->runner(), SchedulerOptions{.cuda_graphs = true}); }),
+            "CUDA graph decoding (--cuda_graph) needs a backend with graphs (--backend cuda); the cpu backend has none");
 }
 
 // A CPU backend that promises row-by-row equality only up to 4 rows, as CUDA's GEMV does up to 8:
@@ -179,19 +201,30 @@ TEST(Scheduler, BatchInvariantFalseFillsWholeForwards) {
 // On CUDA without batch invariance: the decode batch in one forward (the packed tensor-core matmul
 // over the demo's quantized weights, the batched decode attention), each request generating all
 // its tokens. Its tokens are not compared with alone: that matmul rounds a row differently from
-// the GEMV, which is what batch_invariant trades.
+// the GEMV, which is what batch_invariant trades. Replaying recorded decode steps gives the tokens
+// of eager steps (the same kernels on the same rows).
 TEST(Scheduler, BatchInvariantFalseRunsTheDecodeBatchInOneForwardOnCuda) {
   G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
   auto engine = demo_engine(13, "cuda");
   const std::vector<SchedulerRequest> rs = requests();
   std::vector<size_t> order(rs.size());
   for (size_t i = 0; i < rs.size(); ++i) order[i] = i;
-  Scheduler scheduler(engine->runner(), SchedulerOptions{.batch_invariant = false});
-  std::vector<RequestId> ids;
-  const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
-  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(int64_t(got.tokens.at(ids[i]).size()), rs[i].max_new_tokens);
-  EXPECT_EQ(got.widest_decode, 13);
-  EXPECT_EQ(got.widest_decode_forwards, 1);
+  std::vector<std::vector<int32_t>> eager;
+  for (bool graphs : {false, true}) {
+    engine->kv_pool().drop_kept();
+    Scheduler scheduler(engine->runner(), SchedulerOptions{.batch_invariant = false, .cuda_graphs = graphs});
+    std::vector<RequestId> ids;
+    const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const std::vector<int32_t>& tokens = got.tokens.at(ids[i]);
+      EXPECT_EQ(int64_t(tokens.size()), rs[i].max_new_tokens);
+      if (graphs) EXPECT_EQ(tokens, eager[i]) << "request " << i << ": replayed steps against eager ones";
+      if (!graphs) eager.push_back(tokens);
+    }
+    EXPECT_EQ(got.widest_decode, 13);
+    EXPECT_EQ(got.widest_decode_forwards, 1);
+    EXPECT_EQ(got.replayed_forwards > 0, graphs);
+  }
 }
 
 // A request arriving while another decodes: the step runs the decode row and the new prompt's
@@ -258,8 +291,9 @@ void expect_a_nan_fails_only_its_sequence(const std::string& backend, bool graph
 
   KvPool& pool = engine->kv_pool();
   pool.drop_kept();
-  // Each prompt in one chunk, as alone (on CUDA prefill is not invariant to chunking, §7).
-  Scheduler scheduler(engine->runner(), SchedulerOptions{.prefill_tokens_per_step = 127});
+  // Each prompt in one chunk, as alone (on CUDA prefill is not invariant to chunking, §7); where
+  // the backend has graphs, steps that only decode replay recordings.
+  Scheduler scheduler(engine->runner(), SchedulerOptions{.prefill_tokens_per_step = 127, .cuda_graphs = graphs});
   const RequestId drawer_id = scheduler.add(drawer);
   std::vector<RequestId> good_ids = {scheduler.add(good[0]), scheduler.add(good[1])};
   const RequestId reader_id = scheduler.add(reader);

@@ -31,7 +31,8 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   ro.max_batch_sequences = n;
   ro.kv_budget_bytes = size_t(n) * kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), ro.max_seq_len);
   ModelRunner runner(model, backend, ro);
-  Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n), .batch_invariant = b.batch_invariant});
+  Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n), .batch_invariant = b.batch_invariant,
+                                               .cuda_graphs = b.cuda_graphs});
   std::mt19937 rng(unsigned(b.seed));
   std::map<RequestId, Clock::time_point> first, last;
   std::map<RequestId, int64_t> tokens;
@@ -47,7 +48,7 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   }
   // Full decode steps: every sequence running and none of them prefilling (each step's event is a
   // sequence's second or later token): the steady state that gen >> the admission steps approaches.
-  int64_t steps = 0, full_decode_steps = 0;
+  int64_t steps = 0, full_decode_steps = 0, replayed_steps = 0;
   double full_decode_s = 0;
   Clock::time_point step_start = start;
   while (!scheduler.idle()) {
@@ -55,6 +56,7 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
     backend.synchronize();
     const Clock::time_point now = Clock::now();
     ++steps;
+    replayed_steps += scheduler.last_step().replayed_forwards > 0 ? 1 : 0;
     const bool full_decode = int64_t(events.size()) == n && std::all_of(events.begin(), events.end(), [&](const SequenceEvent& e) {
                                return first.count(e.id) > 0;
                              });
@@ -87,7 +89,8 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
           {"per_sequence_decode_tok_s", mean_decode},
           {"ttft_p50_s", quantile(ttft, 0.5)},
           {"ttft_p99_s", quantile(ttft, 0.99)},
-          {"full_decode_steps", full_decode_steps}};
+          {"full_decode_steps", full_decode_steps},
+          {"replayed_steps", replayed_steps}};
   if (full_decode_steps > 0) {
     run["full_decode_step_ms"] = 1e3 * full_decode_s / double(full_decode_steps);
     run["full_decode_tok_s"] = double(n * full_decode_steps) / full_decode_s;
@@ -122,6 +125,7 @@ nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const Co
   return {{"backend", backend.name()},
           {"prompt_len", b.prompt_len},
           {"batch_invariant", b.batch_invariant},
+          {"cuda_graphs", b.cuda_graphs},
           {"gen", b.gen},
           {"runs", runs},
           {"sampler_rows", widest},

@@ -16,6 +16,7 @@ struct ConcurrencyBench {
   int64_t prompt_len = 0, gen = 0;   // per sequence
   uint64_t seed = 1;
   bool batch_invariant = true;       // SchedulerOptions::batch_invariant
+  bool cuda_graphs = false;          // SchedulerOptions::cuda_graphs
 };
 
 // One JSON object per sequence count; every sequence samples with top-k 64 / top-p 0.95 and its own seed.

@@ -139,7 +139,7 @@ void listen(const ServeOptions& o, const serve::ServerOptions& so, const serve::
 }
 
 serve::WorkerOptions worker_options(const ServeOptions& o) {
-  return {o.max_sessions, o.max_waiting, o.batch_invariant};
+  return {o.max_sessions, o.max_waiting, o.batch_invariant, o.gen.cuda_graph};
 }
 
 void serve_one_rank(const ServeOptions& o, ShutdownSignals& signals) {
@@ -187,7 +187,6 @@ void serve_split(const ServeOptions& o, ShutdownSignals& signals) {
 
 void serve(const ServeOptions& o) {
   check_generation_flags(o.gen);
-  G4_CHECK(!o.gen.cuda_graph, "--cuda_graph applies to g4 run and g4 chat; g4 serve batches requests with the scheduler");
   G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
   G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));
 

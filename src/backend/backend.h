@@ -144,14 +144,24 @@ class Backend {
   // take the fastest kernels. Backends whose every op is row by row ignore it.
   virtual void set_batch_invariant(bool) {}
 
-  // ---- graphs: one decode step captured once, replayed with token and position on the device ----
+  // ---- graphs: a step recorded once, replayed with its inputs in backend memory ----
+  // A recorded step (a CUDA graph), owned by whoever recorded it; replays read the memory it was
+  // recorded over (inputs, caches, outputs), so the owner records again when that memory changes.
+  class RecordedStep {
+   public:
+    virtual ~RecordedStep() = default;
+  };
   // Ops issued between begin_capture() and end_capture() are recorded instead of run; replay() runs
-  // the recorded step (one at a time per backend). A sample() recorded in a capture also advances
+  // a recorded step (in order with the other ops). A sample() recorded in a capture also advances
   // each row's seed in `params` after its draw, so replays follow the seed schedule (token j uses
-  // seed + j). Backends without graphs throw g4::Error.
+  // seed + j). Backends without graphs (records_steps() false) throw g4::Error.
+  virtual bool records_steps() const { return false; }
   virtual void begin_capture() = 0;
-  virtual void end_capture() = 0;
-  virtual void replay() = 0;
+  // Ends the capture into `step`: a new recording when it is empty; else `step` itself, updated in
+  // place when the ops are the same launches with other arguments (cheaper than a new one), or
+  // replaced.
+  virtual void end_capture(std::unique_ptr<RecordedStep>& step) = 0;
+  virtual void replay(const RecordedStep& step) = 0;
   // The step advance that ends a captured step: ids[0] = int32(token[0]); positions[0] += 1. After
   // a kNanLogitsToken the ids are no token: the caller must not replay again (DecodeGraph::next).
   virtual void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) = 0;

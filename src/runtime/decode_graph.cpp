@@ -4,14 +4,43 @@
 
 namespace g4 {
 
-DecodeGraph::DecodeGraph(Session& session) : session_(session) {
-  G4_CHECK(!session.runner().model().communicator(),
+namespace {
+
+// Records `work` into `step` (new, or updated in place). A failed capture is ended before the
+// error goes on, so the backend runs ops again.
+void record(Backend& be, std::unique_ptr<Backend::RecordedStep>& step, const std::function<void()>& work) {
+  be.begin_capture();
+  try {
+    work();
+  } catch (...) {
+    std::unique_ptr<Backend::RecordedStep> discarded;
+    try {
+      be.end_capture(discarded);
+    } catch (...) {  // the first error is the one worth reporting
+    }
+    throw;
+  }
+  be.end_capture(step);
+}
+
+}  // namespace
+
+std::vector<uintptr_t> cache_layout(std::span<const std::vector<KvCache>* const> sequences) {
+  std::vector<uintptr_t> out;
+  for (const std::vector<KvCache>* caches : sequences)
+    for (const KvCache& c : *caches)
+      out.insert(out.end(), {uintptr_t(c.k.data), uintptr_t(c.v.data), uintptr_t(c.capacity)});
+  return out;
+}
+
+void check_graphs_run(const ModelRunner& runner) {
+  G4_CHECK(runner.backend().records_steps(), "CUDA graph decoding (--cuda_graph) needs a backend with graphs (--backend "
+                                             "cuda); the " + runner.backend().name() + " backend has none");
+  G4_CHECK(!runner.model().communicator(),
            "CUDA graph decoding (--cuda_graph) does not run with --tp > 1 yet: decode eagerly");
 }
 
-DecodeGraph::~DecodeGraph() {
-  if (session_.runner().graph_owner() == this) session_.runner().set_graph_owner(nullptr);
-}
+DecodeGraph::DecodeGraph(Session& session) : session_(session) { check_graphs_run(session.runner()); }
 
 void DecodeGraph::start(int32_t token, const Sampler& sampler, int64_t j) {
   Session& s = session_;
@@ -23,8 +52,8 @@ void DecodeGraph::start(int32_t token, const Sampler& sampler, int64_t j) {
   be.upload(&token, step.id);
   be.upload(&position, step.position);
   be.upload(&params, step.params);
-  const void* caches = s.kv().caches().front().k.data;
-  if (s.runner().graph_owner() != this || recorded_caches_ != caches) record();
+  const std::vector<KvCache>* caches = &s.kv().caches();
+  if (!recorded_ || recorded_caches_ != cache_layout(std::span(&caches, 1))) record();
   started_ = true;
   input_ = token;
 }
@@ -32,29 +61,20 @@ void DecodeGraph::start(int32_t token, const Sampler& sampler, int64_t j) {
 void DecodeGraph::record() {
   Backend& be = session_.backend();
   const DecodeStepTensors& step = session_.decode_step_tensors();
-  be.begin_capture();
-  try {
+  g4::record(be, recorded_, [&] {
     session_.enqueue_decode_step();
     be.advance_step(step.token, step.id, step.position);
-  } catch (...) {
-    try {
-      be.end_capture();
-    } catch (...) {  // the first error is the one worth reporting
-    }
-    throw;
-  }
-  be.end_capture();
-  session_.runner().set_graph_owner(this);
-  recorded_caches_ = session_.kv().caches().front().k.data;
+  });
+  const std::vector<KvCache>* caches = &session_.kv().caches();
+  recorded_caches_ = cache_layout(std::span(&caches, 1));
 }
 
 int64_t DecodeGraph::next() {
   Session& s = session_;
   G4_CHECK(started_, "DecodeGraph::next before start");
   G4_CHECK(s.position() < s.max_seq_len(), "context full (" + std::to_string(s.max_seq_len()) + " tokens)");
-  G4_CHECK(s.runner().graph_owner() == this, "DecodeGraph::next: another graph was recorded since start");
   Backend& be = s.backend();
-  be.replay();
+  be.replay(*recorded_);
   int64_t token = 0;
   be.download(s.decode_step_tensors().token, &token);
   // The replay made kNanLogitsToken the next input id: only a new start() may replay again.
@@ -63,6 +83,28 @@ int64_t DecodeGraph::next() {
   input_ = int32_t(checked_token(token));
   s.note_fed(fed);
   return token;
+}
+
+DecodeBatchGraphs::DecodeBatchGraphs(const ModelRunner& runner) : backend_(runner.backend()) {
+  check_graphs_run(runner);
+}
+
+bool DecodeBatchGraphs::run(int64_t forward, std::span<const std::vector<KvCache>* const> sequences,
+                            const std::function<void()>& work) {
+  auto [at, first] = recordings_.try_emplace(std::pair(forward, sequences.size()));
+  if (first) {
+    work();
+    return false;
+  }
+  Recording& r = at->second;
+  std::vector<uintptr_t> caches = cache_layout(sequences);
+  if (!r.step || r.caches != caches) {
+    r.caches.clear();  // until the recording below succeeds
+    record(backend_, r.step, work);
+    r.caches = std::move(caches);
+  }
+  backend_.replay(*r.step);
+  return true;
 }
 
 }  // namespace g4

@@ -87,11 +87,11 @@ void ModelRunner::check_tokens(std::span<const int32_t> tokens, int64_t start, i
                std::to_string(tokens.size()) + " more requested");
 }
 
-void ModelRunner::forward(std::span<const SequenceChunk> chunks, const LogitsOutput& out) {
+ModelRunner::StagedInputs ModelRunner::stage_inputs(std::span<const SequenceChunk> chunks) {
   std::vector<int32_t> ids, positions;
-  std::vector<SequenceRows> rows;
+  StagedInputs staged;
   for (const SequenceChunk& c : chunks) {
-    rows.push_back(SequenceRows{&c.kv->caches(), int64_t(ids.size()), int64_t(c.tokens.size()), c.out_rows});
+    staged.rows.push_back(SequenceRows{&c.kv->caches(), int64_t(ids.size()), int64_t(c.tokens.size()), c.out_rows});
     ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
     positions.resize(ids.size());
     std::iota(positions.end() - int64_t(c.tokens.size()), positions.end(), int32_t(c.kv->position()));
@@ -99,11 +99,39 @@ void ModelRunner::forward(std::span<const SequenceChunk> chunks, const LogitsOut
   const int64_t T = int64_t(ids.size());
   G4_CHECK(T >= 1 && T <= max_prefill_chunk(), "a forward of " + std::to_string(T) + " tokens; the workspace holds " +
                                                    std::to_string(max_prefill_chunk()));
-  const Tensor id_rows = ids_.rows_view(0, T), position_rows = positions_.rows_view(0, T);
-  backend_.upload(ids.data(), id_rows);
-  backend_.upload(positions.data(), position_rows);
-  enqueue(rows, id_rows, position_rows, out);
+  staged.ids = ids_.rows_view(0, T);
+  staged.positions = positions_.rows_view(0, T);
+  backend_.upload(ids.data(), staged.ids);
+  backend_.upload(positions.data(), staged.positions);
+  return staged;
+}
+
+void ModelRunner::forward(std::span<const SequenceChunk> chunks, const LogitsOutput& out) {
+  const StagedInputs in = stage_inputs(chunks);
+  enqueue(in.rows, in.ids, in.positions, out);
   for (const SequenceChunk& c : chunks) c.kv->append(c.tokens);
+}
+
+std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChunk> chunks,
+                                                     std::span<const SamplingParams> params,
+                                                     const std::function<void(const std::function<void()>& work)>& run) {
+  const int64_t n = int64_t(params.size());
+  int64_t out_rows = 0;
+  for (const SequenceChunk& c : chunks) out_rows += c.out_rows;
+  G4_CHECK(n >= 1 && n <= max_batch_sequences() && out_rows == n,
+           "forward_and_sample: one SamplingParams per output row (" + std::to_string(out_rows) + " rows, " +
+               std::to_string(n) + " given), at most " + std::to_string(max_batch_sequences()));
+  const StagedInputs in = stage_inputs(chunks);
+  backend_.upload(params.data(), params_.rows_view(0, n));
+  const LogitsOutput out = workspace_logits(n);
+  run([&] {
+    enqueue(in.rows, in.ids, in.positions, out);
+    backend_.sample(out.logits, params_.rows_view(0, n), tokens_.rows_view(0, n));
+  });
+  std::vector<int64_t> drawn(size_t(n), 0);
+  backend_.download(tokens_.rows_view(0, n), drawn.data());
+  for (const SequenceChunk& c : chunks) c.kv->append(c.tokens);
+  return std::vector<int32_t>(drawn.begin(), drawn.end());
 }
 
 void ModelRunner::enqueue(std::span<const SequenceRows> sequences, const Tensor& ids, const Tensor& positions,
@@ -136,17 +164,6 @@ LogitsOutput ModelRunner::workspace_logits(int64_t rows) const {
                                                            " output rows; the workspace holds " +
                                                            std::to_string(max_batch_sequences()));
   return {buffers_.out_normed.rows_view(0, rows), buffers_.logits_act.rows_view(0, rows), logits_.rows_view(0, rows)};
-}
-
-std::vector<int32_t> ModelRunner::sample(const Tensor& logits, std::span<const SamplingParams> params) {
-  const int64_t n = int64_t(params.size());
-  G4_CHECK(n >= 1 && n <= max_batch_sequences() && logits.rows == n,
-           "sample: one logits row per sampled row, at most " + std::to_string(max_batch_sequences()));
-  backend_.upload(params.data(), params_.rows_view(0, n));
-  backend_.sample(logits, params_.rows_view(0, n), tokens_.rows_view(0, n));
-  std::vector<int64_t> drawn(size_t(n), 0);
-  backend_.download(tokens_.rows_view(0, n), drawn.data());
-  return std::vector<int32_t>(drawn.begin(), drawn.end());
 }
 
 }  // namespace g4

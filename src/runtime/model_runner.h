@@ -5,6 +5,7 @@
 // Single-threaded: one forward at a time.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -59,31 +60,38 @@ class ModelRunner {
 
   // Runs the chunks in one forward (at most max_prefill_chunk tokens, max_batch_sequences output
   // rows): uploads their ids and positions, then enqueue(); appends each chunk's tokens to its
-  // sequence. Output rows land in `out` in chunk order.
+  // sequence. Output rows land in `out` in chunk order. forward_and_sample below also draws.
   void forward(std::span<const SequenceChunk> chunks, const LogitsOutput& out);
   // The forward of `sequences` over ids and positions already in backend memory, with the logits
   // of every output row into `out`, in row order. Enqueues only: it uploads, reads back and
   // allocates nothing (a graph capture records it).
   void enqueue(std::span<const SequenceRows> sequences, const Tensor& ids, const Tensor& positions,
                const LogitsOutput& out);
+  // One forward of `chunks` whose output rows (params.size() of them, in chunk order) are drawn on
+  // the backend, row r with params[r]: uploads the ids, positions and parameters, then calls
+  // run(work), where `work` enqueues the forward (its logits into workspace_logits(n)) and the
+  // draws, and `run` calls it or replays a recording of it (DecodeBatchGraphs); then reads back the
+  // tokens and appends each chunk's tokens to its sequence. The logits stay in the workspace.
+  std::vector<int32_t> forward_and_sample(std::span<const SequenceChunk> chunks,
+                                          std::span<const SamplingParams> params,
+                                          const std::function<void(const std::function<void()>& work)>& run);
   // The workspace's first `rows` logits rows (rows <= max_batch_sequences).
   LogitsOutput workspace_logits(int64_t rows) const;
-  // Draws row r of F32 `logits` [n, vocab] with params[r], on the backend (one launch).
-  std::vector<int32_t> sample(const Tensor& logits, std::span<const SamplingParams> params);
-
-  // The backend keeps one recorded graph; a DecodeGraph notes that it recorded it, and records
-  // again when another graph has replaced it since.
-  const void* graph_owner() const { return graph_owner_; }
-  void set_graph_owner(const void* owner) { graph_owner_ = owner; }
 
  private:
+  // A forward's inputs, uploaded: its sequences' rows and the ids and positions of its tokens.
+  struct StagedInputs {
+    std::vector<SequenceRows> rows;
+    Tensor ids, positions;
+  };
+  StagedInputs stage_inputs(std::span<const SequenceChunk> chunks);
+
   const Gemma4& model_;
   Backend& backend_;
   int64_t max_seq_len_;
   KvPool pool_;
   ForwardBuffers buffers_;
   Tensor ids_, positions_, logits_, params_, tokens_;
-  const void* graph_owner_ = nullptr;
 };
 
 }  // namespace g4

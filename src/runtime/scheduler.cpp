@@ -1,6 +1,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "sampling/sampler.h"
 #include "util/error.h"
@@ -11,7 +12,8 @@ Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
     : runner_(runner),
       prefill_per_step_(options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step
                                                             : runner.max_prefill_chunk()),
-      max_waiting_(options.max_waiting) {
+      max_waiting_(options.max_waiting),
+      graphs_(options.cuda_graphs ? std::make_unique<DecodeBatchGraphs>(runner) : nullptr) {
   runner.backend().set_batch_invariant(options.batch_invariant);
   forward_rows_ = options.batch_invariant ? std::min(runner.backend().batch_invariant_rows(), runner.max_prefill_chunk())
                                           : runner.max_prefill_chunk();
@@ -85,12 +87,10 @@ std::vector<float> Scheduler::logprob_rows(std::span<Sequence* const> rows, cons
   return host;
 }
 
-void Scheduler::draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events) {
-  std::vector<SamplingParams> params;
-  for (const Sequence* s : rows) params.push_back(s->generation.next_params());
+void Scheduler::record_draws(std::span<Sequence* const> rows, std::span<const int32_t> tokens,
+                             std::vector<SequenceEvent>& events) {
   const Tensor logits = runner_.workspace_logits(int64_t(rows.size())).logits;
-  const std::vector<float> host_logits = logprob_rows(rows, logits);  // read before the draw
-  const std::vector<int32_t> tokens = runner_.sample(logits, params);
+  const std::vector<float> host_logits = logprob_rows(rows, logits);
   for (size_t i = 0; i < rows.size(); ++i) {
     Sequence& s = *rows[i];
     if (tokens[i] == kNanLogitsToken) {
@@ -166,8 +166,21 @@ void Scheduler::run_forward(std::span<const Work> work, std::vector<SequenceEven
     (decode ? stats_.decode_rows : stats_.prefill_rows) += w.tokens;
     (decode ? decodes : prefills) = true;
   }
-  runner_.forward(chunks, runner_.workspace_logits(std::max<int64_t>(1, int64_t(drawing.size()))));
-  if (!drawing.empty()) draw(drawing, events);
+  if (drawing.empty()) {
+    runner_.forward(chunks, runner_.workspace_logits(1));
+  } else {
+    std::vector<SamplingParams> params;
+    for (const Sequence* s : drawing) params.push_back(s->generation.next_params());
+    std::vector<const std::vector<KvCache>*> caches;
+    for (const SequenceChunk& c : chunks) caches.push_back(&c.kv->caches());
+    // A forward that only decodes may replay a recording of itself (stats_.forwards: this forward's
+    // number in the step).
+    auto run = [&](const std::function<void()>& work) {
+      if (!graphs_ || prefills) return work();
+      if (graphs_->run(stats_.forwards, caches, work)) ++stats_.replayed_forwards;
+    };
+    record_draws(drawing, runner_.forward_and_sample(chunks, params, run), events);
+  }
   stats_.decode_forwards += decodes ? 1 : 0;
   stats_.prefill_forwards += prefills ? 1 : 0;
   ++stats_.forwards;

@@ -3,7 +3,8 @@
 // batched forwards (of at most the rows the backend computes row by row alike:
 // batch_invariant_rows, unless SchedulerOptions::batch_invariant is false), and draws each
 // sequence's token with its own parameters and seed on the backend. Sequences join and leave
-// between steps. A sequence's tokens do not depend on what else is in the batch.
+// between steps. A sequence's tokens do not depend on what else is in the batch. With cuda_graphs,
+// steps that only decode replay a recording of themselves (DecodeBatchGraphs).
 //
 //   Scheduler scheduler(engine.runner());
 //   RequestId id = scheduler.add({prompt, params, max_new_tokens, stop_ids});
@@ -12,10 +13,12 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/decode_graph.h"
 #include "runtime/generation.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_runner.h"
@@ -55,12 +58,16 @@ struct SchedulerOptions {
   // to the workspace's rows; a sequence's tokens may then depend on what runs beside it where large
   // matmuls run differently from small ones (CUDA) (docs/DESIGN.md §7).
   bool batch_invariant = true;
+  // Steps that only decode replay a recorded forward per batch size (DecodeBatchGraphs: CUDA
+  // graphs; a backend with graphs, one device), with the tokens of eager steps.
+  bool cuda_graphs = false;
 };
 
 // What the last step ran (for tests and reports); a forward with decode and prefill rows counts in
 // both forward counts.
 struct StepStats {
   int64_t decode_rows = 0, decode_forwards = 0, prefill_rows = 0, prefill_forwards = 0, forwards = 0;
+  int64_t replayed_forwards = 0;  // forwards that replayed a recording (SchedulerOptions::cuda_graphs)
 };
 
 class Scheduler {
@@ -106,8 +113,9 @@ class Scheduler {
   std::vector<Work> plan_prefill();
   // One forward over `work` (its sequences' tokens at their next positions), then the draws.
   void run_forward(std::span<const Work> work, std::vector<SequenceEvent>& events);
-  // Draws the token of each row of `rows`, from the logits the last forward left in the workspace.
-  void draw(std::span<Sequence* const> rows, std::vector<SequenceEvent>& events);
+  // Records the tokens drawn for `rows` (in row order) as their events.
+  void record_draws(std::span<Sequence* const> rows, std::span<const int32_t> tokens,
+                    std::vector<SequenceEvent>& events);
   // Ends `s` with `error`, keeping nothing of its caches (as cancel does).
   static SequenceEvent fail(Sequence& s, const std::string& error);
   // The logits rows of the rows that asked for log-probabilities, read back from the backend
@@ -122,6 +130,7 @@ class Scheduler {
   RequestId next_id_ = 1;
   std::deque<Sequence> waiting_;
   std::list<Sequence> running_;  // admitted (caches held), in arrival order; stable addresses
+  std::unique_ptr<DecodeBatchGraphs> graphs_;  // with SchedulerOptions::cuda_graphs
   StepStats stats_;
 };
 

@@ -59,6 +59,7 @@ SchedulerOptions EngineWorker::scheduler_options(const WorkerOptions& options) {
   // submit() bounds the queue first, so add() never answers "busy".
   so.max_waiting = size_t(options.max_sessions + options.max_waiting);
   so.batch_invariant = options.batch_invariant;
+  so.cuda_graphs = options.cuda_graphs;
   return so;
 }
 

@@ -56,6 +56,7 @@ struct WorkerOptions {
   int64_t max_sessions = 4;  // sequences running at once (their KV caches are reserved)
   int64_t max_waiting = 64;  // requests waiting beyond those; more get "busy" (HTTP 429)
   bool batch_invariant = true;  // SchedulerOptions::batch_invariant
+  bool cuda_graphs = false;     // SchedulerOptions::cuda_graphs
 };
 
 class EngineWorker {

@@ -324,8 +324,8 @@ void CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tensor
 
 static void no_graphs() { throw Error("the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }
 void CpuBackend::begin_capture() { no_graphs(); }
-void CpuBackend::end_capture() { no_graphs(); }
-void CpuBackend::replay() { no_graphs(); }
+void CpuBackend::end_capture(std::unique_ptr<RecordedStep>&) { no_graphs(); }
+void CpuBackend::replay(const RecordedStep&) { no_graphs(); }
 
 void CpuBackend::advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) {
   ids.as<int32_t>()[0] = int32_t(token.as<int64_t>()[0]);

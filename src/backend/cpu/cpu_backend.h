@@ -42,8 +42,8 @@ class CpuBackend : public Backend {
   // attention per query row), whatever the row count.
   int64_t batch_invariant_rows() const override { return std::numeric_limits<int64_t>::max(); }
   void begin_capture() override;
-  void end_capture() override;
-  void replay() override;
+  void end_capture(std::unique_ptr<RecordedStep>& step) override;
+  void replay(const RecordedStep& step) override;
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override;
 
  private:

@@ -1,6 +1,6 @@
 // The CUDA backend: bf16 activations, bf16 or packed block-quantized weights (packed_blocks.h),
 // float32 accumulation, every op enqueued on one stream (download is the only synchronisation),
-// on-device sampling, and one capturable graph.
+// on-device sampling, and steps recorded as CUDA graphs.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -70,6 +70,14 @@ const float* optional_f32(const Tensor& t, const char* what) {
   return static_cast<const float*>(t.data);
 }
 
+// A recorded step: an executable CUDA graph (destroyed unchecked: a destructor must not throw).
+struct CudaGraph final : Backend::RecordedStep {
+  cudaGraphExec_t exec = nullptr;
+  ~CudaGraph() override {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
@@ -86,7 +94,6 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     cudaStreamSynchronize(dequantize_stream_);
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     sampler_.reset();
     cublasDestroy(cublas_);
     for (cudaEvent_t e : {stream_point_, chunk_ready_[0], chunk_ready_[1], chunk_read_[0], chunk_read_[1]})
@@ -445,29 +452,35 @@ class CudaBackend final : public Backend {
   void* stream_handle() const override { return stream_; }
   size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
 
+  bool records_steps() const override { return true; }
   void begin_capture() override {
-    if (graph_exec_) {
-      G4_CUDA(cudaGraphExecDestroy(graph_exec_));
-      graph_exec_ = nullptr;
-    }
     // Relaxed: a first decode may allocate its attention workspace while being captured.
     G4_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
   }
 
-  void end_capture() override {
+  void end_capture(std::unique_ptr<RecordedStep>& step) override {
     G4_CHECK(capturing_, "end_capture without begin_capture");
     capturing_ = false;
     cudaGraph_t graph = nullptr;
     G4_CUDA(cudaStreamEndCapture(stream_, &graph));
-    const cudaError_t status = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    auto* recorded = dynamic_cast<CudaGraph*>(step.get());
+    cudaGraphExecUpdateResultInfo update{};
+    cudaError_t status = recorded ? cudaGraphExecUpdate(recorded->exec, graph, &update) : cudaErrorGraphExecUpdateFailure;
+    if (status != cudaSuccess) {  // another topology (or none yet): a new executable graph
+      cudaGetLastError();
+      auto fresh = std::make_unique<CudaGraph>();
+      status = cudaGraphInstantiate(&fresh->exec, graph, 0);
+      if (status == cudaSuccess) step = std::move(fresh);
+    }
     cudaGraphDestroy(graph);
     G4_CUDA(status);
   }
 
-  void replay() override {
-    G4_CHECK(graph_exec_, "replay: no captured graph");
-    G4_CUDA(cudaGraphLaunch(graph_exec_, stream_));
+  void replay(const RecordedStep& step) override {
+    const auto* recorded = dynamic_cast<const CudaGraph*>(&step);
+    G4_CHECK(recorded && recorded->exec, "replay: not a step this backend recorded");
+    G4_CUDA(cudaGraphLaunch(recorded->exec, stream_));
     dequantize_must_wait_ = true;  // a captured forward may use the dequantized scratches
   }
 
@@ -700,7 +713,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;
-  cudaGraphExec_t graph_exec_ = nullptr;
 };
 
 }  // namespace
