@@ -1,14 +1,19 @@
 // The first measurement of docs/DESIGN.md §7's plan "The way out of the invariance tax": can a
 // tensor-core kernel stream 4-bit weights at one to eight tokens as fast as the dp2a GEMV (2.85 TB/s
-// inside a decode step), so that one arithmetic — bf16 weights rounded once, bf16 activations, mma
-// float sums in a fixed order — could serve every row count, batch invariant by construction?
+// inside a decode step), and at 16 to 64 tokens as fast as the packed matmul, so that one
+// arithmetic — bf16 weights rounded once, bf16 activations, mma float sums in a fixed order — could
+// serve every row count, batch invariant by construction?
 //
 // The weights are Q4_0 numbers in a tile-interleaved layout (the Marlin idea): for each 16-row tile
 // and each 64 values of K, a 576-byte record — 32 lanes × 16 bytes of quants, each lane's 16 bytes
 // exactly its A-fragment nibbles for four mma.m16n8k16 steps, then the 16 rows' two fp16 scales —
 // so a lane loads its weights with one 16-byte load and dequantizes them straight into registers,
-// with no shared memory and no shuffles. A warp takes one tile over a slice of K; the slices' float
-// sums are added in slice order (launch_add_slices), the tokens are the mma's 8 columns.
+// with no shared memory and no shuffles. A warp takes one tile over a slice of K (slices fixed by
+// the shape alone); the slices' float sums are added in slice order (launch_add_slices). Up to 8
+// tokens are one mma's 8 columns, read from global memory (mma_gemv_kernel); 16, 32 or 64 tokens
+// are 2, 4 or 8 column tiles, staged per record in shared memory by cp.async for the block's 8
+// warps and read by ldmatrix (mma_matmul_kernel). Both dequantize by the same function and add in
+// the same order, so a token's outputs should have the same bits at any token count: checked.
 //
 // Two dequantizations, the same bf16 weights (bf16 of scale · (q − 8), the packed matmul's): in
 // float (as packed_matmul.cu), and in bf16 pairs — the two nibbles of a fragment register sit 16
@@ -16,9 +21,10 @@
 // bf16, lo exact in 3 bits) fma.rn.bf16x2(q − 8, hi, (q − 8)·lo) rounds (q − 8)·d once (docs/DESIGN.md
 // §3), about half the instructions.
 //
-// Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 4 and 8 tokens (weights rotated
-// through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
-// from the same layout. Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
+// Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 4, 8, 16, 32 and 64 tokens (weights
+// rotated through 600 MB so L2 holds none), after checking sampled rows against a host reference
+// computed from the same layout, and the bits of tokens at 8 and 64 against the same tokens alone.
+// Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
 //   bench_mma_gemv_cuda
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,7 +50,11 @@ using g4::bench::check;
 constexpr int kTileRows = 16, kChunk = 64;                 // a record: 16 rows × 64 values of K
 constexpr int kQuantBytes = 32 * 16, kRecordBytes = kQuantBytes + kTileRows * 2 * 2;  // 576
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kUnroll = 4;                                 // records a lane loads before using them
+constexpr int kUnroll = 4;                                 // records a lane loads before using them (≤ 8 tokens)
+constexpr int kAhead = 2;                                  // records a lane loads ahead of use (16-64 tokens)
+constexpr int kXStride = kChunk + 8;                       // bf16 per staged token: 144 bytes, so ldmatrix's
+                                                           // 8 rows fall in distinct 16-byte bank groups
+constexpr int kXStages = 4;                                // staged records of tokens in the ring
 constexpr int kTargetWarps = 132 * 32;                     // slices of K until about this many warps
 constexpr size_t kRotationBytes = size_t(600) << 20;
 constexpr int kReps = 40;
@@ -123,67 +133,158 @@ __device__ inline uint32_t weight_pair(uint32_t word, int j, float scale, const 
   }
 }
 
+// A lane's share of one record: its 16 bytes of quants and the fp16 scale pairs of rows g, g + 8.
+struct Record {
+  uint4 quants;
+  uint32_t scales[2];
+};
+__device__ inline Record load_record(const uint8_t* records, int chunk, int lane) {
+  const uint8_t* r = records + size_t(chunk) * kRecordBytes;
+  const int g = lane / 4;
+  return {__ldcs(reinterpret_cast<const uint4*>(r) + lane), {__ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g),
+                                                             __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g + 8)}};
+}
+
+// Calls step(s, a) for the record's four k-steps s with a = the lane's A fragment of weights: the
+// one dequantization both kernels use.
+template <bool kBf16Pairs, typename Step>
+__device__ inline void for_each_step(const Record& r, Step&& step) {
+  // Rows g and g + 8, blocks 0 and 1 (k-steps 0-1 and 2-3).
+  const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
+  const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
+  SplitScale split[2][2];
+  if constexpr (kBf16Pairs) {
+    split[0][0] = split_scale(s_g.x), split[0][1] = split_scale(s_g.y);
+    split[1][0] = split_scale(s_g8.x), split[1][1] = split_scale(s_g8.y);
+  }
+  const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int block = s / 2;
+    const float g_scale = block == 0 ? s_g.x : s_g.y, g8_scale = block == 0 ? s_g8.x : s_g8.y;
+    const uint32_t a[4] = {weight_pair<kBf16Pairs>(words[s], 0, g_scale, split[0][block]),
+                           weight_pair<kBf16Pairs>(words[s], 1, g8_scale, split[1][block]),
+                           weight_pair<kBf16Pairs>(words[s], 2, g_scale, split[0][block]),
+                           weight_pair<kBf16Pairs>(words[s], 3, g8_scale, split[1][block])};
+    step(s, a);
+  }
+}
+
+// The lane's accumulators (column tiles of 8 tokens) into partial[slice][T][N].
+template <int kTokenTiles>
+__device__ inline void store_partial(const float (&d)[kTokenTiles][4], float* partial, int T, int N, int tile, int lane) {
+  float* out = partial + size_t(blockIdx.y) * T * N;
+  const int g = lane / 4, c = lane % 4, row = tile * kTileRows + g;
+#pragma unroll
+  for (int i = 0; i < kTokenTiles; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = 8 * i + 2 * c + h;
+      if (t < T) {
+        out[size_t(t) * N + row] = d[i][h];
+        out[size_t(t) * N + row + 8] = d[i][2 + h];
+      }
+    }
+  }
+}
+
+// The K chunks of slice blockIdx.y: [first, end).
+struct SliceChunks {
+  int first, end;
+};
+__device__ inline SliceChunks slice_chunks(int K, int chunks_per_slice) {
+  const int first = blockIdx.y * chunks_per_slice;
+  return {first, min(K / kChunk, first + chunks_per_slice)};
+}
+
 // partial[slice][T][N] for T <= 8 tokens of x [T, K] (bf16) and the layout's [N, K] weights.
 template <bool kBf16Pairs>
 __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
                                                              int T, int N, int K, int chunks_per_slice) {
   const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
   if (tile >= N / kTileRows) return;
-  const int chunks = K / kChunk, first = blockIdx.y * chunks_per_slice,
-            end = min(chunks, first + chunks_per_slice);
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
   const int g = lane / 4, c = lane % 4;
   const bool has_token = g < T;
   const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
-  const uint8_t* records = w + size_t(tile) * chunks * kRecordBytes;
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int chunk = first; chunk < end; chunk += kUnroll) {
-    uint4 quants[kUnroll];
-    uint32_t scales[kUnroll][2];  // rows g and g + 8: their two blocks' fp16 scales
+    Record r[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool valid = chunk + u < end;
-      const uint8_t* r = records + size_t(valid ? chunk + u : first) * kRecordBytes;
-      quants[u] = __ldcs(reinterpret_cast<const uint4*>(r) + lane);
-      scales[u][0] = __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g);
-      scales[u][1] = __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g + 8);
-    }
+    for (int u = 0; u < kUnroll; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (chunk + u >= end) break;
-      // Rows g and g + 8, blocks 0 and 1 (k-steps 0-1 and 2-3).
-      const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&scales[u][0]));
-      const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&scales[u][1]));
-      SplitScale split[2][2];
-      if constexpr (kBf16Pairs) {
-        split[0][0] = split_scale(s_g.x), split[0][1] = split_scale(s_g.y);
-        split[1][0] = split_scale(s_g8.x), split[1][1] = split_scale(s_g8.y);
-      }
-      const uint32_t words[4] = {quants[u].x, quants[u].y, quants[u].z, quants[u].w};
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int block = s / 2;
-        const float g_scale = block == 0 ? s_g.x : s_g.y, g8_scale = block == 0 ? s_g8.x : s_g8.y;
-        const uint32_t word = words[s];
-        const uint32_t a[4] = {weight_pair<kBf16Pairs>(word, 0, g_scale, split[0][block]),
-                               weight_pair<kBf16Pairs>(word, 1, g8_scale, split[1][block]),
-                               weight_pair<kBf16Pairs>(word, 2, g_scale, split[0][block]),
-                               weight_pair<kBf16Pairs>(word, 3, g8_scale, split[1][block])};
+      for_each_step<kBf16Pairs>(r[u], [&](int s, const uint32_t(&a)[4]) {
         const int k = (chunk + u) * kChunk + 16 * s + 2 * c;
         const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
-        g4::mma_bf16(d, a, b0, b1);
+        g4::mma_bf16(d[0], a, b0, b1);
+      });
+    }
+  }
+  store_partial<1>(d, partial, T, N, tile, lane);
+}
+
+// partial[slice][T][N] for 8 < T <= 8 · kTokenTiles tokens: as mma_gemv_kernel, the block's tokens
+// staged record by record in shared memory (a ring of kXStages, cp.async) and read by ldmatrix, the
+// weights loaded kAhead records ahead of use.
+template <bool kBf16Pairs, int kTokenTiles>
+__global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
+                                                               int T, int N, int K, int chunks_per_slice) {
+  static_assert(kTokenTiles % 2 == 0, "ldmatrix.x4 reads two column tiles");
+  constexpr int kTokens = 8 * kTokenTiles;
+  __shared__ __align__(16) __nv_bfloat16 xs[kXStages][kTokens * kXStride];
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  const bool has_tile = tile < N / kTileRows;  // a warp without a tile still stages tokens
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  const int count = end - first;
+  // Record i of the slice's tokens into buffer i % kXStages; one commit per call, empty or not, so
+  // that the wait below counts alike in every iteration.
+  auto stage = [&](int i) {
+    if (i < count) {
+      const size_t k0 = size_t(first + i) * kChunk;
+      for (int piece = threadIdx.x; piece < kTokens * kChunk / 8; piece += kThreads) {
+        const int t = piece / (kChunk / 8), part = piece % (kChunk / 8);
+        g4::cp_async16(g4::shared_addr(&xs[i % kXStages][t * kXStride + 8 * part]),
+                       x + size_t(min(t, T - 1)) * K + k0 + 8 * part, t < T);
       }
     }
-  }
-  float* out = partial + size_t(blockIdx.y) * T * N;
-  const int row = tile * kTileRows + g;
+    g4::cp_async_commit();
+  };
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int t = 2 * c + h;
-    if (t < T) {
-      out[size_t(t) * N + row] = d[h];
-      out[size_t(t) * N + row + 8] = d[2 + h];
+  for (int i = 0; i < kXStages - 1; ++i) stage(i);
+  const uint8_t* records = w + size_t(has_tile ? tile : 0) * (K / kChunk) * kRecordBytes;
+  Record r[kAhead + 1];
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
+  float d[kTokenTiles][4] = {};
+  // ldmatrix.x4 over two column tiles: lanes 0-7 address tokens 0-7 at k 0-7 of the step, lanes
+  // 8-15 the same tokens at k 8-15, lanes 16-31 the next tile's tokens likewise.
+  const int ld_token = (lane / 16) * 8 + lane % 8, ld_k = ((lane / 8) % 2) * 8;
+  for (int i0 = 0; i0 < count; i0 += kAhead + 1) {
+#pragma unroll
+    for (int u = 0; u <= kAhead; ++u) {
+      const int i = i0 + u;
+      if (i >= count) break;  // the same for the whole block: the barriers stay aligned
+      r[(u + kAhead) % (kAhead + 1)] = load_record(records, first + min(i + kAhead, count - 1), lane);
+      g4::cp_async_wait_group<kXStages - 2>();  // record i's tokens have landed
+      __syncthreads();                           // ... for every thread; record i - 1's buffer is free
+      stage(i + kXStages - 1);
+      if (!has_tile) continue;
+      const uint32_t base = g4::shared_addr(&xs[i % kXStages][ld_token * kXStride + ld_k]);
+      for_each_step<kBf16Pairs>(r[u], [&](int s, const uint32_t(&a)[4]) {
+#pragma unroll
+        for (int p = 0; p < kTokenTiles / 2; ++p) {
+          uint32_t b[4];
+          g4::ldmatrix_x4(b, base + uint32_t((16 * p * kXStride + 16 * s) * 2));
+          g4::mma_bf16(d[2 * p], a, b[0], b[1]);
+          g4::mma_bf16(d[2 * p + 1], a, b[2], b[3]);
+        }
+      });
     }
   }
+  if (has_tile) store_partial<kTokenTiles>(d, partial, T, N, tile, lane);
 }
 
 struct Shape {
@@ -198,27 +299,41 @@ int slices_for(const Shape& s) {
   return int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
 }
 
+template <bool kBf16Pairs>
+void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, int T, int N, int K, int slices,
+                   int chunks_per_slice) {
+  const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
+  if (T <= 8) mma_gemv_kernel<kBf16Pairs><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  else if (T <= 16) mma_matmul_kernel<kBf16Pairs, 2><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  else if (T <= 32) mma_matmul_kernel<kBf16Pairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  else mma_matmul_kernel<kBf16Pairs, 8><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+}
+
 struct Run {
   const Shape& shape;
   int slices, chunks_per_slice;
   float* partial;
   __nv_bfloat16* y;
   void launch(const uint8_t* w, const __nv_bfloat16* x, int T, bool bf16_pairs) const {
-    const dim3 grid(unsigned((shape.N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
+    const int N = int(shape.N), K = int(shape.K);
     if (bf16_pairs) {
-      mma_gemv_kernel<true><<<grid, kThreads>>>(w, x, partial, T, int(shape.N), int(shape.K), chunks_per_slice);
+      launch_kernel<true>(w, x, partial, T, N, K, slices, chunks_per_slice);
     } else {
-      mma_gemv_kernel<false><<<grid, kThreads>>>(w, x, partial, T, int(shape.N), int(shape.K), chunks_per_slice);
+      launch_kernel<false>(w, x, partial, T, N, K, slices, chunks_per_slice);
     }
     g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
+  }
+  std::vector<uint16_t> y_bits(int T) const {
+    std::vector<uint16_t> bits(size_t(T * shape.N));
+    check(cudaMemcpy(bits.data(), y, bits.size() * 2, cudaMemcpyDeviceToHost), "copy y");
+    return bits;
   }
 };
 
 // Largest relative error over sampled rows against sum_k w·x in double (x and w as the kernel sees them).
 double max_relative_error(const Run& run, const std::vector<uint8_t>& layout, const std::vector<uint16_t>& x_bits,
                           int T) {
-  std::vector<uint16_t> y_bits(size_t(T * run.shape.N));
-  check(cudaMemcpy(y_bits.data(), run.y, y_bits.size() * 2, cudaMemcpyDeviceToHost), "copy y");
+  const std::vector<uint16_t> y_bits = run.y_bits(T);
   double worst = 0;
   for (int64_t n = 0; n < run.shape.N; n += 97) {
     for (int t = 0; t < T; ++t) {
@@ -236,6 +351,20 @@ double max_relative_error(const Run& run, const std::vector<uint8_t>& layout, co
   return worst;
 }
 
+// Tokens of the last T-token run (y_all) whose outputs differ in any bit from the same token run
+// alone (T = 1), over a few tokens.
+int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16* x, int T, bool bf16_pairs) {
+  const std::vector<uint16_t> all = run.y_bits(T);
+  int differing = 0;
+  for (int t : {0, 1, 7, T / 2 + 1, T - 1}) {
+    if (t >= T) continue;
+    run.launch(w, x + size_t(t) * run.shape.K, 1, bf16_pairs);
+    const std::vector<uint16_t> alone = run.y_bits(1);
+    differing += std::equal(alone.begin(), alone.end(), all.begin() + size_t(t) * run.shape.N) ? 0 : 1;
+  }
+  return differing;
+}
+
 }  // namespace
 
 int main() {
@@ -244,8 +373,8 @@ int main() {
     std::printf("bench_mma_gemv_cuda: no GPU present, skipped\n");
     return 0;
   }
-  constexpr int kMaxT = 8;
-  std::printf("Q4_0 numbers in a tile-interleaved layout, mma.m16n8k16 at 1..8 tokens (µs per matrix)\n");
+  constexpr int kMaxT = 64;
+  std::printf("Q4_0 numbers in a tile-interleaved layout, mma.m16n8k16 at 1..64 tokens (µs per matrix)\n");
   for (const Shape& shape : kShapes) {
     const std::vector<uint8_t> layout = random_layout(shape.N, shape.K, 7);
     const size_t bytes = layout.size(), copies = std::max<size_t>(2, (kRotationBytes + bytes - 1) / bytes);
@@ -266,16 +395,19 @@ int main() {
     check(cudaMalloc(&run.partial, size_t(slices) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
     check(cudaMalloc(&run.y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
     for (bool bf16_pairs : {false, true}) {
-      for (int T : {1, 2, 4, 8}) {
+      for (int T : {1, 2, 4, 8, 16, 32, 64}) {
         run.launch(w[0], x, T, bf16_pairs);
         check(cudaDeviceSynchronize(), "kernel");
-        const double error = T == 1 || T == 8 ? max_relative_error(run, layout, x_bits, T) : -1.0;
+        const bool checked = T == 1 || T == 8 || T == 64;
+        const double error = checked ? max_relative_error(run, layout, x_bits, T) : -1.0;
+        const int other_bits = T == 8 || T == 64 ? tokens_with_other_bits(run, w[0], x, T, bf16_pairs) : 0;
         const double us = 1e3 * g4::bench::ms_per_launch(
                                     [&](int i) { run.launch(w[size_t(i) % copies], x, T, bf16_pairs); }, 3, kReps);
-        std::printf("%-7s [%6lld, %5lld] T=%d  %-10s %8.2f us  %5.2f TB/s  %d slices", shape.name,
+        std::printf("%-7s [%6lld, %5lld] T=%-2d %-10s %8.2f us  %5.2f TB/s  %d slices", shape.name,
                     static_cast<long long>(shape.N), static_cast<long long>(shape.K), T,
                     bf16_pairs ? "bf16 pairs" : "float", us, double(bytes) / (us * 1e-6) / 1e12, slices);
         if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
+        if (T == 8 || T == 64) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
         std::printf("\n");
       }
     }

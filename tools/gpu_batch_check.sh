@@ -9,10 +9,10 @@
 # `suite` runs `g4 bench --suite` on the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16);
 # `concurrency` runs continuous batching at issue 16's 1, 8, 32 and 64 sequences (q4_0 batch
 # invariant and not, bf16 not); `steady` the steady state of 16 and 64 sequences per weight type,
-# not invariant; `crossover` times a layer's GEMVs against the packed tensor-core matmul at 2..8
-# rows (what sets kPackedMatmulFromRows, where a non-invariant forward switches), and the tile-interleaved
-# mma kernel of bench_mma_gemv_cuda at 1..8 tokens. Logs in one archive,
-# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover]
+# not invariant; `crossover` times a layer's Q4_0 GEMVs and packed tensor-core matmul at 2..64
+# rows, and the tile-interleaved mma kernels of bench_mma_gemv_cuda at 1..64 tokens; `graphs` the scheduler's decode steps eager
+# and replayed as CUDA graphs (--cuda_graph) at 1, 8 and 64 sequences. Logs in one archive,
+# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover] [graphs]
 set -uo pipefail
 set -f  # the gtest filters below ('*Cuda*') are not file names
 parts="$*"
@@ -20,12 +20,13 @@ OUT=${OUT:-/tmp/g4-gpu-batch}
 mkdir -p "$OUT"
 started=$SECONDS
 cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sampling_cuda \
+cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sessions test_sampling_cuda \
   bench_sampling bench_packed_gemv_cuda bench_mma_gemv_cuda bench_l2_prefetch_cuda bench_layer_chain_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $((SECONDS - started)) s"
 want() { [ -z "$parts" ] || [[ " $parts " == *" $1 "* ]]; }
 if want tests; then
-  for t in "test_sampling_cuda *" "test_cuda_quant *" "test_cuda_backend CudaOps.*:CudaDemoModel.*" "test_scheduler *Cuda*"; do
+  for t in "test_sampling_cuda *" "test_cuda_quant *" "test_cuda_backend CudaOps.*:CudaDemoModel.*" "test_scheduler *Cuda*" \
+           "test_sessions *Cuda*"; do
     set -- $t
     G4_REQUIRE_GPU=1 timeout 150 "./build-gpu/tests/$1" --gtest_filter="$2" > "$OUT/$1.log" 2>&1; echo "$1 rc=$?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|FAILED  \]" "$OUT/$1.log" | head -12
@@ -72,12 +73,27 @@ if want steady; then
 fi
 # Few rows: the GEMVs as the backend runs them against the packed tensor-core matmul.
 if want crossover; then
-  for t in 2 3 4 5 6 8; do
-    timeout 60 ./build-gpu/bench/bench_packed_gemv_cuda q4_0,q4_k,q8_0 $t > "$OUT/crossover_$t.log" 2>&1
-    grep -E "layer|error" "$OUT/crossover_$t.log"
+  for t in 2 4 5 8 16 32 64; do
+    timeout 60 ./build-gpu/bench/bench_packed_gemv_cuda q4_0 $t > "$OUT/crossover_$t.log" 2>&1
+    grep -E " us|error" "$OUT/crossover_$t.log"
   done
-  # The invariance plan's tensor-core kernel at 1..8 tokens (docs/DESIGN.md §7).
+  # The invariance plan's tensor-core kernels at 1..64 tokens (docs/DESIGN.md §7).
   timeout 120 ./build-gpu/bench/bench_mma_gemv_cuda > "$OUT/mma_gemv.log" 2>&1; cat "$OUT/mma_gemv.log"
+fi
+# The scheduler's decode steps eager and replayed, alternating, each mode twice (q4_0).
+if want graphs; then
+  for run in "true 1,8" "false 1,8,64" "true 1,8" "false 1,8,64"; do
+    set -- $run
+    for graph in "" "--cuda_graph"; do
+      left=$((585 - (SECONDS - started)))
+      [ $left -gt 30 ] || { echo "no time left for graphs $run $graph"; continue; }
+      log="$OUT/graphs_$1_${graph:-eager}_$SECONDS.json"
+      timeout $left ./build-gpu/g4 bench --synthetic 31b --weights q4_0 --batch_invariant $1 --concurrency $2 \
+        --prompt_len 128 --gen 64 $graph > "$log" 2>&1
+      tr -d ' \n' < "$log" | grep -oE '"(concurrency|full_decode_step_ms|full_decode_tok_s|replayed_steps)":[0-9.]+' | tr '\n' ' '
+      echo " [batch_invariant=$1 ${graph:-eager}]"
+    done
+  done
 fi
 echo "done in $((SECONDS - started)) s"
 (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)
