@@ -126,7 +126,7 @@ void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks,
         Scheduler scheduler(engine.runner(),
                             SchedulerOptions{.prefill_tokens_per_step = chunk, .cuda_graphs = cuda_graphs});
         std::vector<RequestId> ids;
-        const Run got = run(scheduler, rs, order, when, &ids);
+        const auto got = run(scheduler, rs, order, when, &ids);
         for (size_t i = 0; i < batch; ++i)
           EXPECT_EQ(got.tokens.at(ids[i]), want[i])
               << "request " << i << " in a batch of " << batch << ", chunk " << chunk << ", arrival " << arrival;
@@ -224,6 +224,43 @@ TEST(Scheduler, BatchInvariantFalseRunsTheDecodeBatchInOneForwardOnCuda) {
     EXPECT_EQ(got.widest_decode, 13);
     EXPECT_EQ(got.widest_decode_forwards, 1);
     EXPECT_EQ(got.replayed_forwards > 0, graphs);
+  }
+}
+
+// A recording also reads the backend's scratch buffers, which a longer forward replaces: here a
+// late request's long prompt (it asks one token, so it ends at its prefill and the decoding batch
+// keeps its sequences) grows them between two pure-decode steps of the same batch. The batch must
+// record again, and every request draws the tokens of eager steps, invariant or not.
+TEST(Scheduler, RecordedDecodeStepsOutliveReplacedScratchBuffersOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine = demo_engine(7, "cuda");
+  std::vector<SchedulerRequest> rs = requests();
+  rs.resize(6);  // prompts of 3 to 18 tokens: one first forward of 63 rows
+  for (SchedulerRequest& r : rs) r.max_new_tokens = 12;
+  SchedulerRequest late;
+  late.prompt = {2};
+  for (int t = 1; t < 120; ++t) late.prompt.push_back(int32_t((53 * t) % 4000 + 10));
+  late.sampling = SamplingParams{.temperature = 0.0f};
+  late.max_new_tokens = 1;
+  late.stop_ids = {};
+  rs.push_back(late);
+  std::vector<size_t> order(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) order[i] = i;
+  std::vector<int> when(rs.size(), 0);
+  when.back() = 4;  // after the 6-row batch's first replays
+  for (bool invariant : {true, false}) {
+    std::vector<std::vector<int32_t>> eager;
+    for (bool graphs : {false, true}) {
+      engine->kv_pool().drop_kept();
+      Scheduler scheduler(engine->runner(), SchedulerOptions{.batch_invariant = invariant, .cuda_graphs = graphs});
+      std::vector<RequestId> ids;
+      const auto got = run(scheduler, rs, order, when, &ids);
+      for (size_t i = 0; i < rs.size(); ++i) {
+        if (!graphs) eager.push_back(got.tokens.at(ids[i]));
+        if (graphs) EXPECT_EQ(got.tokens.at(ids[i]), eager[i]) << "request " << i << ", batch_invariant " << invariant;
+      }
+      EXPECT_EQ(got.replayed_forwards > 0, graphs);
+    }
   }
 }
 

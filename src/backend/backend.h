@@ -161,6 +161,9 @@ class Backend {
   // place when the ops are the same launches with other arguments (cheaper than a new one), or
   // replaced.
   virtual void end_capture(std::unique_ptr<RecordedStep>& step) = 0;
+  // Whether `step` still reads live buffers: a backend replaces its scratch buffers as forwards
+  // outgrow them, so its owner records again when this is false.
+  virtual bool replayable(const RecordedStep& /*step*/) const { return false; }
   virtual void replay(const RecordedStep& step) = 0;
   // The step advance that ends a captured step: ids[0] = int32(token[0]); positions[0] += 1. After
   // a kNanLogitsToken the ids are no token: the caller must not replay again (DecodeGraph::next).

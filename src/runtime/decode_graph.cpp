@@ -53,7 +53,7 @@ void DecodeGraph::start(int32_t token, const Sampler& sampler, int64_t j) {
   be.upload(&position, step.position);
   be.upload(&params, step.params);
   const std::vector<KvCache>* caches = &s.kv().caches();
-  if (!recorded_ || recorded_caches_ != cache_layout(std::span(&caches, 1))) record();
+  if (!recorded_ || !be.replayable(*recorded_) || recorded_caches_ != cache_layout(std::span(&caches, 1))) record();
   started_ = true;
   input_ = token;
 }
@@ -98,7 +98,7 @@ bool DecodeBatchGraphs::run(int64_t forward, std::span<const std::vector<KvCache
   }
   Recording& r = at->second;
   std::vector<uintptr_t> caches = cache_layout(sequences);
-  if (!r.step || r.caches != caches) {
+  if (!r.step || !backend_.replayable(*r.step) || r.caches != caches) {
     r.caches.clear();  // until the recording below succeeds
     record(backend_, r.step, work);
     r.caches = std::move(caches);

@@ -1,7 +1,8 @@
 // Graph decoding (docs/DESIGN.md §7): a decode step — forward, logits, on-device draws — recorded
 // once on the backend (a CUDA graph) and replayed per token, its inputs uploaded into backend
-// memory before each replay. A recording bakes in the addresses of the caches it ran over, so it is
-// recorded again (a CUDA graph updated in place) when they change.
+// memory before each replay. A recording bakes in the addresses of the caches it ran over and of
+// the backend's scratch buffers, so it is recorded again (a CUDA graph updated in place) when the
+// caches change or the backend replaced a scratch (Backend::replayable).
 //
 // DecodeGraph: one Session's step plus the device-side advance (next input id = the sampled token,
 // position + 1): token and position never leave the device; each step reads back only the 8-byte
@@ -47,7 +48,7 @@ class DecodeGraph {
   DecodeGraph& operator=(const DecodeGraph&) = delete;
 
   // Sets the next step's input token (fed at the session's position) and the draw's parameters,
-  // those of token j of `sampler`. Records the step when the session's caches changed since.
+  // those of token j of `sampler`. Records the step when the last recording cannot be replayed.
   void start(int32_t token, const Sampler& sampler, int64_t j = 0);
   // Runs one recorded step and returns the sampled token, which becomes the next step's input.
   int64_t next();
@@ -66,9 +67,9 @@ class DecodeGraph {
 // token each, and the draws of its B rows, recorded once per (forward of the step, B) and replayed
 // with ids, positions and sampling parameters uploaded before each replay
 // (ModelRunner::forward_and_sample). The recording bakes in the sequences' cache addresses, so a
-// forward whose sequences differ from the recording's records again, updating the CUDA graph in
-// place. The first forward of each key runs eagerly: it sizes whatever backend buffers that
-// forward needs (a capture cannot allocate).
+// forward whose sequences differ from the recording's (or after the backend replaced a scratch)
+// records again, updating the CUDA graph in place. The first forward of each key runs eagerly: it
+// sizes whatever backend buffers that forward needs (a capture cannot allocate).
 class DecodeBatchGraphs {
  public:
   explicit DecodeBatchGraphs(const ModelRunner& runner);

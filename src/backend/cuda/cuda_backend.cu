@@ -73,6 +73,7 @@ const float* optional_f32(const Tensor& t, const char* what) {
 // A recorded step: an executable CUDA graph (destroyed unchecked: a destructor must not throw).
 struct CudaGraph final : Backend::RecordedStep {
   cudaGraphExec_t exec = nullptr;
+  uint64_t allocations = 0;  // the backend's allocation count when it was recorded
   ~CudaGraph() override {
     if (exec) cudaGraphExecDestroy(exec);
   }
@@ -116,6 +117,7 @@ class CudaBackend final : public Backend {
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
     G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");
+    ++allocations_;
     Tensor t;
     t.dtype = dtype;
     t.rows = rows;
@@ -475,6 +477,15 @@ class CudaBackend final : public Backend {
     }
     cudaGraphDestroy(graph);
     G4_CUDA(status);
+    static_cast<CudaGraph&>(*step).allocations = allocations_;
+  }
+
+  // Any allocation since the recording may have replaced a scratch buffer it reads (they grow with
+  // the forwards: up_, rope_table_, the packed scratches): conservative, and allocations are rare
+  // once a server is warm.
+  bool replayable(const RecordedStep& step) const override {
+    const auto* recorded = dynamic_cast<const CudaGraph*>(&step);
+    return recorded && recorded->allocations == allocations_;
   }
 
   void replay(const RecordedStep& step) override {
@@ -713,6 +724,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;
+  uint64_t allocations_ = 0;  // alloc() calls so far (CudaGraph::allocations)
 };
 
 }  // namespace
