@@ -90,7 +90,7 @@ std::vector<float> Scheduler::logprob_rows(std::span<Sequence* const> rows, cons
 void Scheduler::record_draws(std::span<Sequence* const> rows, std::span<const int32_t> tokens,
                              std::vector<SequenceEvent>& events) {
   const Tensor logits = runner_.workspace_logits(int64_t(rows.size())).logits;
-  const std::vector<float> host_logits = logprob_rows(rows, logits);
+  const std::vector<float> host_logits = logprob_rows(rows, logits);  // the draws left them as they were
   for (size_t i = 0; i < rows.size(); ++i) {
     Sequence& s = *rows[i];
     if (tokens[i] == kNanLogitsToken) {

@@ -456,7 +456,8 @@ class CudaBackend final : public Backend {
 
   bool records_steps() const override { return true; }
   void begin_capture() override {
-    // Relaxed: a first decode may allocate its attention workspace while being captured.
+    // Relaxed: only this stream's work is recorded; alloc() refuses to run meanwhile (a recording
+    // must not allocate, so owners run a forward eagerly before recording it).
     G4_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
   }
