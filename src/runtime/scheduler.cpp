@@ -171,12 +171,12 @@ void Scheduler::run_forward(std::span<const Work> work, std::vector<SequenceEven
   } else {
     std::vector<SamplingParams> params;
     for (const Sequence* s : drawing) params.push_back(s->generation.next_params());
-    std::vector<const std::vector<KvCache>*> caches;
-    for (const SequenceChunk& c : chunks) caches.push_back(&c.kv->caches());
     // A forward that only decodes may replay a recording of itself (stats_.forwards: this forward's
     // number in the step).
     auto run = [&](const std::function<void()>& work) {
       if (!graphs_ || prefills) return work();
+      std::vector<const std::vector<KvCache>*> caches;
+      for (const SequenceChunk& c : chunks) caches.push_back(&c.kv->caches());
       if (graphs_->run(stats_.forwards, caches, work)) ++stats_.replayed_forwards;
     };
     record_draws(drawing, runner_.forward_and_sample(chunks, params, run), events);
