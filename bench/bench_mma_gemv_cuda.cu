@@ -25,7 +25,7 @@
 // rotated through 600 MB so L2 holds none), after checking sampled rows against a host reference
 // computed from the same layout, and the bits of tokens at 8 and 64 against the same tokens alone.
 // Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
-//   bench_mma_gemv_cuda
+//   bench_mma_gemv_cuda [q_proj|o_proj|gate|down [TARGET_WARPS]]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -55,7 +56,6 @@ constexpr int kAhead = 2;                                  // records a lane loa
 constexpr int kXStride = kChunk + 8;                       // bf16 per staged token: 144 bytes, so ldmatrix's
                                                            // 8 rows fall in distinct 16-byte bank groups
 constexpr int kXStages = 4;                                // staged records of tokens in the ring
-constexpr int kTargetWarps = 132 * 32;                     // slices of K until about this many warps
 constexpr size_t kRotationBytes = size_t(600) << 20;
 constexpr int kReps = 40;
 
@@ -226,6 +226,41 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
   store_partial<1>(d, partial, T, N, tile, lane);
 }
 
+// As mma_gemv_kernel, the records kAheadRecords ahead of use in a register ring, so that a warp's
+// next loads are in flight while it computes (mma_gemv_kernel waits for each batch of kUnroll).
+template <bool kBf16Pairs, int kAheadRecords>
+__global__ void __launch_bounds__(kThreads) mma_gemv_ring_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
+                                                                  int T, int N, int K, int chunks_per_slice) {
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (tile >= N / kTileRows) return;
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  const int count = end - first;
+  const int g = lane / 4, c = lane % 4;
+  const bool has_token = g < T;
+  const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
+  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  Record r[kAheadRecords + 1];
+#pragma unroll
+  for (int j = 0; j < kAheadRecords; ++j) {
+    if (j < count) r[j] = load_record(records, first + j, lane);
+  }
+  float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  for (int i0 = 0; i0 < count; i0 += kAheadRecords + 1) {
+#pragma unroll
+    for (int u = 0; u <= kAheadRecords; ++u) {
+      const int i = i0 + u;
+      if (i >= count) break;
+      if (i + kAheadRecords < count) r[(u + kAheadRecords) % (kAheadRecords + 1)] = load_record(records, first + i + kAheadRecords, lane);
+      for_each_step<kBf16Pairs>(r[u], [&](int s, const uint32_t(&a)[4]) {
+        const int k = (first + i) * kChunk + 16 * s + 2 * c;
+        const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
+        g4::mma_bf16(d[0], a, b0, b1);
+      });
+    }
+  }
+  store_partial<1>(d, partial, T, N, tile, lane);
+}
+
 // partial[slice][T][N] for 8 < T <= 8 · kTokenTiles tokens: as mma_gemv_kernel, the block's tokens
 // staged record by record in shared memory (a ring of kXStages, cp.async) and read by ldmatrix, the
 // weights loaded kAhead records ahead of use.
@@ -294,34 +329,41 @@ struct Shape {
 // The 31B's matrices: hidden 5 376, MLP 21 504, queries 8 192.
 constexpr Shape kShapes[] = {{"q_proj", 8192, 5376}, {"o_proj", 5376, 8192}, {"gate", 21504, 5376}, {"down", 5376, 21504}};
 
-int slices_for(const Shape& s) {
+int slices_for(const Shape& s, int target_warps) {
   const int64_t tiles = s.N / kTileRows, chunks = s.K / kChunk;
-  return int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
+  return int(std::clamp<int64_t>(target_warps / tiles, 1, chunks));
 }
 
-template <bool kBf16Pairs>
+// How one to eight tokens are run: mma_gemv_kernel, or the ring kernel with `ahead` records in flight.
+enum class Few { kBatched, kRing4, kRing6 };
+const char* name_of(Few f) { return f == Few::kBatched ? "batched4" : f == Few::kRing4 ? "ring4" : "ring6"; }
+
 void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, int T, int N, int K, int slices,
-                   int chunks_per_slice) {
+                   int chunks_per_slice, Few few) {
+  constexpr bool kPairs = true;  // bf16 pairs: faster than the float dequantization at every T (2026-12-02)
   const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
-  if (T <= 8) mma_gemv_kernel<kBf16Pairs><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
-  else if (T <= 16) mma_matmul_kernel<kBf16Pairs, 2><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
-  else if (T <= 32) mma_matmul_kernel<kBf16Pairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
-  else mma_matmul_kernel<kBf16Pairs, 8><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  if (T <= 8) {
+    if (few == Few::kBatched) mma_gemv_kernel<kPairs><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+    else if (few == Few::kRing4) mma_gemv_ring_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+    else mma_gemv_ring_kernel<kPairs, 6><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  } else if (T <= 16) {
+    mma_matmul_kernel<kPairs, 2><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  } else if (T <= 32) {
+    mma_matmul_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  } else {
+    mma_matmul_kernel<kPairs, 8><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  }
 }
 
 struct Run {
   const Shape& shape;
   int slices, chunks_per_slice;
+  Few few;
   float* partial;
   __nv_bfloat16* y;
-  void launch(const uint8_t* w, const __nv_bfloat16* x, int T, bool bf16_pairs) const {
-    const int N = int(shape.N), K = int(shape.K);
-    if (bf16_pairs) {
-      launch_kernel<true>(w, x, partial, T, N, K, slices, chunks_per_slice);
-    } else {
-      launch_kernel<false>(w, x, partial, T, N, K, slices, chunks_per_slice);
-    }
-    g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
+  void launch(const uint8_t* w, const __nv_bfloat16* x, int T, bool add = true) const {
+    launch_kernel(w, x, partial, T, int(shape.N), int(shape.K), slices, chunks_per_slice, few);
+    if (add) g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
   }
   std::vector<uint16_t> y_bits(int T) const {
     std::vector<uint16_t> bits(size_t(T * shape.N));
@@ -353,12 +395,12 @@ double max_relative_error(const Run& run, const std::vector<uint8_t>& layout, co
 
 // Tokens of the last T-token run (y_all) whose outputs differ in any bit from the same token run
 // alone (T = 1), over a few tokens.
-int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16* x, int T, bool bf16_pairs) {
+int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16* x, int T) {
   const std::vector<uint16_t> all = run.y_bits(T);
   int differing = 0;
   for (int t : {0, 1, 7, T / 2 + 1, T - 1}) {
     if (t >= T) continue;
-    run.launch(w, x + size_t(t) * run.shape.K, 1, bf16_pairs);
+    run.launch(w, x + size_t(t) * run.shape.K, 1);
     const std::vector<uint16_t> alone = run.y_bits(1);
     differing += std::equal(alone.begin(), alone.end(), all.begin() + size_t(t) * run.shape.N) ? 0 : 1;
   }
@@ -367,15 +409,20 @@ int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const char* only_shape = argc > 1 ? argv[1] : nullptr;  // e.g. "gate": that matrix alone
+  const int only_target = argc > 2 ? std::atoi(argv[2]) : 0;  // e.g. 3168: those target warps alone
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("bench_mma_gemv_cuda: no GPU present, skipped\n");
     return 0;
   }
   constexpr int kMaxT = 64;
-  std::printf("Q4_0 numbers in a tile-interleaved layout, mma.m16n8k16 at 1..64 tokens (µs per matrix)\n");
+  constexpr int kTargets[] = {132 * 16, 132 * 24, 132 * 32, 132 * 64};  // warps the slices of K aim at
+  std::printf("Q4_0 numbers in a tile-interleaved layout, bf16-pair dequantization, mma.m16n8k16 at 1..64 tokens\n"
+              "(us per matrix with the slices' sum; 'kernel' without it)\n");
   for (const Shape& shape : kShapes) {
+    if (only_shape && std::strcmp(only_shape, shape.name) != 0) continue;
     const std::vector<uint8_t> layout = random_layout(shape.N, shape.K, 7);
     const size_t bytes = layout.size(), copies = std::max<size_t>(2, (kRotationBytes + bytes - 1) / bytes);
     std::vector<uint8_t*> w(copies);
@@ -390,31 +437,44 @@ int main() {
     __nv_bfloat16* x = nullptr;
     check(cudaMalloc(&x, x_bits.size() * 2), "cudaMalloc x");
     check(cudaMemcpy(x, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice), "copy x");
-    const int slices = slices_for(shape);
-    Run run{shape, slices, int((shape.K / kChunk + slices - 1) / slices), nullptr, nullptr};
-    check(cudaMalloc(&run.partial, size_t(slices) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
-    check(cudaMalloc(&run.y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
-    for (bool bf16_pairs : {false, true}) {
-      for (int T : {1, 2, 4, 8, 16, 32, 64}) {
-        run.launch(w[0], x, T, bf16_pairs);
-        check(cudaDeviceSynchronize(), "kernel");
-        const bool checked = T == 1 || T == 8 || T == 64;
-        const double error = checked ? max_relative_error(run, layout, x_bits, T) : -1.0;
-        const int other_bits = T == 8 || T == 64 ? tokens_with_other_bits(run, w[0], x, T, bf16_pairs) : 0;
-        const double us = 1e3 * g4::bench::ms_per_launch(
-                                    [&](int i) { run.launch(w[size_t(i) % copies], x, T, bf16_pairs); }, 3, kReps);
-        std::printf("%-7s [%6lld, %5lld] T=%-2d %-10s %8.2f us  %5.2f TB/s  %d slices", shape.name,
-                    static_cast<long long>(shape.N), static_cast<long long>(shape.K), T,
-                    bf16_pairs ? "bf16 pairs" : "float", us, double(bytes) / (us * 1e-6) / 1e12, slices);
-        if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
-        if (T == 8 || T == 64) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
-        std::printf("\n");
+    float* partial = nullptr;
+    __nv_bfloat16* y = nullptr;
+    check(cudaMalloc(&partial, size_t(shape.K / kChunk) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
+    check(cudaMalloc(&y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
+    auto measure = [&](const Run& run, int T, bool check_bits) {
+      run.launch(w[0], x, T);
+      check(cudaDeviceSynchronize(), "kernel");
+      const double error = check_bits ? max_relative_error(run, layout, x_bits, T) : -1.0;
+      const int other_bits = check_bits && T > 1 ? tokens_with_other_bits(run, w[0], x, T) : 0;
+      const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
+      const double kernel_us =
+          1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T, false); }, 3, kReps);
+      std::printf("%-7s [%6lld, %5lld] T=%-2d %-8s %8.2f us (kernel %7.2f)  %5.2f TB/s  %2d slices", shape.name,
+                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, T <= 8 ? name_of(run.few) : "staged",
+                  us, kernel_us, double(bytes) / (us * 1e-6) / 1e12, run.slices);
+      if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
+      if (check_bits && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
+      std::printf("\n");
+    };
+    for (int target : kTargets) {
+      if (only_target && target != only_target) continue;
+      const int slices = slices_for(shape, target);
+      const int chunks_per_slice = int((shape.K / kChunk + slices - 1) / slices);
+      std::printf("-- %d target warps\n", target);
+      for (Few few : {Few::kBatched, Few::kRing4, Few::kRing6}) {
+        const Run run{shape, slices, chunks_per_slice, few, partial, y};
+        measure(run, 1, target == kTargets[2]);
+        if (few == Few::kRing4) {
+          for (int T : {2, 8}) measure(run, T, T == 8 && target == kTargets[2]);
+        }
       }
+      const Run staged{shape, slices, chunks_per_slice, Few::kRing4, partial, y};
+      for (int T : {16, 64}) measure(staged, T, T == 64 && target == kTargets[2]);
     }
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);
-    cudaFree(run.partial);
-    cudaFree(run.y);
+    cudaFree(partial);
+    cudaFree(y);
   }
   return 0;
 }
