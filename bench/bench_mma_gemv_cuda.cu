@@ -261,6 +261,52 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_ring_kernel(const uint8_t* 
   store_partial<1>(d, partial, T, N, tile, lane);
 }
 
+// As mma_gemv_ring_kernel, one tile a block: warp s of the block takes slice s of K, and the block
+// adds the slices' sums from 0 in slice order (as launch_add_slices does) and stores y itself.
+template <int kAheadRecords, int kSlices>
+__global__ void __launch_bounds__(32 * kSlices) mma_gemv_tile_kernel(const uint8_t* w, const __nv_bfloat16* x,
+                                                                      __nv_bfloat16* y, int T, int N, int K,
+                                                                      int chunks_per_slice) {
+  __shared__ float sums[kSlices][32][4];
+  const int lane = threadIdx.x % 32, slice = threadIdx.x / 32, tile = blockIdx.x;
+  const int first = slice * chunks_per_slice, count = max(0, min(K / kChunk, first + chunks_per_slice) - first);
+  const int g = lane / 4, c = lane % 4;
+  const bool has_token = g < T;
+  const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
+  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  Record r[kAheadRecords + 1];
+#pragma unroll
+  for (int j = 0; j < kAheadRecords; ++j) {
+    if (j < count) r[j] = load_record(records, first + j, lane);
+  }
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i0 = 0; i0 < count; i0 += kAheadRecords + 1) {
+#pragma unroll
+    for (int u = 0; u <= kAheadRecords; ++u) {
+      const int i = i0 + u;
+      if (i >= count) break;
+      if (i + kAheadRecords < count) r[(u + kAheadRecords) % (kAheadRecords + 1)] = load_record(records, first + i + kAheadRecords, lane);
+      for_each_step<true>(r[u], [&](int s, const uint32_t(&a)[4]) {
+        const int k = (first + i) * kChunk + 16 * s + 2 * c;
+        const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
+        g4::mma_bf16(d, a, b0, b1);
+      });
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) sums[slice][lane][j] = d[j];
+  __syncthreads();
+  if (slice != 0) return;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) sum += sums[s][lane][j];
+    const int t = 2 * c + j % 2, row = tile * kTileRows + g + 8 * (j / 2);
+    if (t < T) y[size_t(t) * N + row] = __float2bfloat16(sum);
+  }
+}
+
 // partial[slice][T][N] for 8 < T <= 8 · kTokenTiles tokens: as mma_gemv_kernel, the block's tokens
 // staged record by record in shared memory (a ring of kXStages, cp.async) and read by ldmatrix, the
 // weights loaded kAhead records ahead of use.
@@ -335,14 +381,23 @@ int slices_for(const Shape& s, int target_warps) {
 }
 
 // How one to eight tokens are run: mma_gemv_kernel, or the ring kernel with `ahead` records in flight.
-enum class Few { kBatched, kRing4, kRing6 };
-const char* name_of(Few f) { return f == Few::kBatched ? "batched4" : f == Few::kRing4 ? "ring4" : "ring6"; }
+enum class Few { kBatched, kRing4, kRing6, kTile4, kTile6 };  // kTile*: 8 slices added in the block
+constexpr int kTileSlices = 8;
+const char* name_of(Few f) {
+  constexpr const char* kNames[] = {"batched4", "ring4", "ring6", "tile4", "tile6"};
+  return kNames[int(f)];
+}
+bool adds_in_block(Few f) { return f == Few::kTile4 || f == Few::kTile6; }
 
-void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, int T, int N, int K, int slices,
-                   int chunks_per_slice, Few few) {
+void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, __nv_bfloat16* y, int T, int N, int K,
+                   int slices, int chunks_per_slice, Few few) {
   constexpr bool kPairs = true;  // bf16 pairs: faster than the float dequantization at every T (2026-12-02)
   const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
-  if (T <= 8) {
+  if (T <= 8 && adds_in_block(few)) {
+    const unsigned tiles = unsigned(N / kTileRows);
+    if (few == Few::kTile4) mma_gemv_tile_kernel<4, kTileSlices><<<tiles, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
+    else mma_gemv_tile_kernel<6, kTileSlices><<<tiles, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
+  } else if (T <= 8) {
     if (few == Few::kBatched) mma_gemv_kernel<kPairs><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
     else if (few == Few::kRing4) mma_gemv_ring_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
     else mma_gemv_ring_kernel<kPairs, 6><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
@@ -362,8 +417,8 @@ struct Run {
   float* partial;
   __nv_bfloat16* y;
   void launch(const uint8_t* w, const __nv_bfloat16* x, int T, bool add = true) const {
-    launch_kernel(w, x, partial, T, int(shape.N), int(shape.K), slices, chunks_per_slice, few);
-    if (add) g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
+    launch_kernel(w, x, partial, y, T, int(shape.N), int(shape.K), slices, chunks_per_slice, few);
+    if (add && !(T <= 8 && adds_in_block(few))) g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
   }
   std::vector<uint16_t> y_bits(int T) const {
     std::vector<uint16_t> bits(size_t(T * shape.N));
@@ -470,6 +525,16 @@ int main(int argc, char** argv) {
       }
       const Run staged{shape, slices, chunks_per_slice, Few::kRing4, partial, y};
       for (int T : {16, 64}) measure(staged, T, T == 64 && target == kTargets[2]);
+    }
+    if (!only_target) {
+      std::printf("-- one tile a block, %d slices added in the block\n", kTileSlices);
+      const int chunks_per_slice = int((shape.K / kChunk + kTileSlices - 1) / kTileSlices);
+      for (Few few : {Few::kTile4, Few::kTile6}) {
+        const Run run{shape, kTileSlices, chunks_per_slice, few, partial, y};
+        for (int T : {1, 2, 8}) measure(run, T, T != 2 && few == Few::kTile4);
+      }
+      const Run staged{shape, kTileSlices, chunks_per_slice, Few::kTile4, partial, y};
+      measure(staged, 64, true);  // the same slices: its tokens' bits equal the tile kernel's alone
     }
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);
