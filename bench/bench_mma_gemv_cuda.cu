@@ -9,8 +9,8 @@
 // exactly its A-fragment nibbles for four mma.m16n8k16 steps, then the 16 rows' two fp16 scales —
 // so a lane loads its weights with one 16-byte load and dequantizes them straight into registers,
 // with no shared memory and no shuffles. A warp takes one tile over a slice of K (slices fixed by
-// the shape alone); the slices' float sums are added in slice order (launch_add_slices). Up to 8
-// tokens are one mma's 8 columns, read from global memory (mma_gemv_kernel); 16, 32 or 64 tokens
+// the shape alone); the slices' float sums are added in slice order by the last block of a row
+// tile to finish (slice_sum.cuh). Up to 8 tokens are one mma's 8 columns, read from global memory (mma_gemv_kernel); 16, 32 or 64 tokens
 // are 2, 4 or 8 column tiles, staged per record in shared memory by cp.async for the block's 8
 // warps and read by ldmatrix (mma_matmul_kernel). Both dequantize by the same function and add in
 // the same order, so a token's outputs should have the same bits at any token count: checked.
@@ -41,6 +41,7 @@
 
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/slice_sum.cuh"
 #include "cuda_timing.h"
 #include "util/half.h"
 
@@ -170,22 +171,31 @@ __device__ inline void for_each_step(const Record& r, Step&& step) {
   }
 }
 
-// The lane's accumulators (column tiles of 8 tokens) into partial[slice][T][N].
+// The lane's accumulators (column tiles of 8 tokens): y itself for one slice, else the workspace's
+// partial[slice][T][N], which the row tile's last block to finish adds into y (slice_sum.cuh). Every
+// thread of the block calls it.
 template <int kTokenTiles>
-__device__ inline void store_partial(const float (&d)[kTokenTiles][4], float* partial, int T, int N, int tile, int lane) {
-  float* out = partial + size_t(blockIdx.y) * T * N;
+__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const g4::SliceWorkspace& ws, __nv_bfloat16* y,
+                                  int T, int N, int tile, int lane, bool has_tile) {
   const int g = lane / 4, c = lane % 4, row = tile * kTileRows + g;
+  float* out = ws.partial + size_t(blockIdx.y) * T * N;
 #pragma unroll
   for (int i = 0; i < kTokenTiles; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int t = 8 * i + 2 * c + h;
-      if (t < T) {
+      if (!has_tile || t >= T) continue;
+      if (gridDim.y == 1) {
+        y[size_t(t) * N + row] = __float2bfloat16(d[i][h]);
+        y[size_t(t) * N + row + 8] = __float2bfloat16(d[i][2 + h]);
+      } else {
         out[size_t(t) * N + row] = d[i][h];
         out[size_t(t) * N + row + 8] = d[i][2 + h];
       }
     }
   }
+  if (gridDim.y > 1 && g4::finished_last_slice(ws.arrivals))
+    g4::add_tile_slices(ws.partial, int(gridDim.y), T, N, int64_t(blockIdx.x) * g4::kSliceTileRows, y);
 }
 
 // The K chunks of slice blockIdx.y: [first, end).
@@ -199,10 +209,9 @@ __device__ inline SliceChunks slice_chunks(int K, int chunks_per_slice) {
 
 // partial[slice][T][N] for T <= 8 tokens of x [T, K] (bf16) and the layout's [N, K] weights.
 template <bool kBf16Pairs>
-__global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
-                                                             int T, int N, int K, int chunks_per_slice) {
-  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (tile >= N / kTileRows) return;
+__global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws,
+                                                             __nv_bfloat16* y, int T, int N, int K, int chunks_per_slice) {
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;  // < N / kTileRows (launch_kernel)
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
   const int g = lane / 4, c = lane % 4;
   const bool has_token = g < T;
@@ -223,16 +232,16 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
       });
     }
   }
-  store_partial<1>(d, partial, T, N, tile, lane);
+  store_sums<1>(d, ws, y, T, N, tile, lane, true);
 }
 
 // As mma_gemv_kernel, the records kAheadRecords ahead of use in a register ring, so that a warp's
 // next loads are in flight while it computes (mma_gemv_kernel waits for each batch of kUnroll).
 template <bool kBf16Pairs, int kAheadRecords>
-__global__ void __launch_bounds__(kThreads) mma_gemv_ring_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
-                                                                  int T, int N, int K, int chunks_per_slice) {
-  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (tile >= N / kTileRows) return;
+__global__ void __launch_bounds__(kThreads) mma_gemv_ring_kernel(const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws,
+                                                                  __nv_bfloat16* y, int T, int N, int K,
+                                                                  int chunks_per_slice) {
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;  // < N / kTileRows
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
   const int count = end - first;
   const int g = lane / 4, c = lane % 4;
@@ -258,11 +267,11 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_ring_kernel(const uint8_t* 
       });
     }
   }
-  store_partial<1>(d, partial, T, N, tile, lane);
+  store_sums<1>(d, ws, y, T, N, tile, lane, true);
 }
 
 // As mma_gemv_ring_kernel, one tile a block: warp s of the block takes slice s of K, and the block
-// adds the slices' sums from 0 in slice order (as launch_add_slices does) and stores y itself.
+// adds the slices' sums from 0 in slice order (as add_tile_slices does) and stores y itself.
 template <int kAheadRecords, int kSlices>
 __global__ void __launch_bounds__(32 * kSlices) mma_gemv_tile_kernel(const uint8_t* w, const __nv_bfloat16* x,
                                                                       __nv_bfloat16* y, int T, int N, int K,
@@ -311,8 +320,8 @@ __global__ void __launch_bounds__(32 * kSlices) mma_gemv_tile_kernel(const uint8
 // staged record by record in shared memory (a ring of kXStages, cp.async) and read by ldmatrix, the
 // weights loaded kAhead records ahead of use.
 template <bool kBf16Pairs, int kTokenTiles>
-__global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
-                                                               int T, int N, int K, int chunks_per_slice) {
+__global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws,
+                                                               __nv_bfloat16* y, int T, int N, int K, int chunks_per_slice) {
   static_assert(kTokenTiles % 2 == 0, "ldmatrix.x4 reads two column tiles");
   constexpr int kTokens = 8 * kTokenTiles;
   __shared__ __align__(16) __nv_bfloat16 xs[kXStages][kTokens * kXStride];
@@ -365,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, 
       });
     }
   }
-  if (has_tile) store_partial<kTokenTiles>(d, partial, T, N, tile, lane);
+  store_sums<kTokenTiles>(d, ws, y, T, N, tile, lane, has_tile);
 }
 
 struct Shape {
@@ -389,24 +398,26 @@ const char* name_of(Few f) {
 }
 bool adds_in_block(Few f) { return f == Few::kTile4 || f == Few::kTile6; }
 
-void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, __nv_bfloat16* y, int T, int N, int K,
+void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* workspace, __nv_bfloat16* y, int T, int N, int K,
                    int slices, int chunks_per_slice, Few few) {
   constexpr bool kPairs = true;  // bf16 pairs: faster than the float dequantization at every T (2026-12-02)
-  const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
+  check(N % (kTileRows * kWarps) == 0 ? cudaSuccess : cudaErrorInvalidValue, "rows: a multiple of 128");
+  const g4::SliceWorkspace ws = g4::slice_workspace(workspace);
+  const dim3 grid(unsigned(N / (kTileRows * kWarps)), unsigned(slices));
   if (T <= 8 && adds_in_block(few)) {
     const unsigned tiles = unsigned(N / kTileRows);
     if (few == Few::kTile4) mma_gemv_tile_kernel<4, kTileSlices><<<tiles, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
     else mma_gemv_tile_kernel<6, kTileSlices><<<tiles, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
   } else if (T <= 8) {
-    if (few == Few::kBatched) mma_gemv_kernel<kPairs><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
-    else if (few == Few::kRing4) mma_gemv_ring_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
-    else mma_gemv_ring_kernel<kPairs, 6><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+    if (few == Few::kBatched) mma_gemv_kernel<kPairs><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
+    else if (few == Few::kRing4) mma_gemv_ring_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
+    else mma_gemv_ring_kernel<kPairs, 6><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
   } else if (T <= 16) {
-    mma_matmul_kernel<kPairs, 2><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+    mma_matmul_kernel<kPairs, 2><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
   } else if (T <= 32) {
-    mma_matmul_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+    mma_matmul_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
   } else {
-    mma_matmul_kernel<kPairs, 8><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+    mma_matmul_kernel<kPairs, 8><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
   }
 }
 
@@ -414,11 +425,10 @@ struct Run {
   const Shape& shape;
   int slices, chunks_per_slice;
   Few few;
-  float* partial;
+  float* workspace;  // zeroed: slice_sum.cuh's counters, then the partial sums
   __nv_bfloat16* y;
-  void launch(const uint8_t* w, const __nv_bfloat16* x, int T, bool add = true) const {
-    launch_kernel(w, x, partial, y, T, int(shape.N), int(shape.K), slices, chunks_per_slice, few);
-    if (add && !(T <= 8 && adds_in_block(few))) g4::launch_add_slices(partial, slices, T * shape.N, reinterpret_cast<g4::bf16*>(y), nullptr);
+  void launch(const uint8_t* w, const __nv_bfloat16* x, int T) const {
+    launch_kernel(w, x, workspace, y, T, int(shape.N), int(shape.K), slices, chunks_per_slice, few);
   }
   std::vector<uint16_t> y_bits(int T) const {
     std::vector<uint16_t> bits(size_t(T * shape.N));
@@ -475,7 +485,7 @@ int main(int argc, char** argv) {
   constexpr int kMaxT = 64;
   constexpr int kTargets[] = {132 * 16, 132 * 24, 132 * 32, 132 * 64};  // warps the slices of K aim at
   std::printf("Q4_0 numbers in a tile-interleaved layout, bf16-pair dequantization, mma.m16n8k16 at 1..64 tokens\n"
-              "(us per matrix with the slices' sum; 'kernel' without it)\n");
+              "(us per matrix, the slices added by the last block of a row tile, or in the block: tile*)\n");
   for (const Shape& shape : kShapes) {
     if (only_shape && std::strcmp(only_shape, shape.name) != 0) continue;
     const std::vector<uint8_t> layout = random_layout(shape.N, shape.K, 7);
@@ -492,9 +502,11 @@ int main(int argc, char** argv) {
     __nv_bfloat16* x = nullptr;
     check(cudaMalloc(&x, x_bits.size() * 2), "cudaMalloc x");
     check(cudaMemcpy(x, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice), "copy x");
-    float* partial = nullptr;
+    float* workspace = nullptr;
     __nv_bfloat16* y = nullptr;
-    check(cudaMalloc(&partial, size_t(shape.K / kChunk) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
+    const size_t workspace_bytes = g4::slice_workspace_bytes(int(shape.K / kChunk), kMaxT, shape.N);
+    check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
+    check(cudaMemset(workspace, 0, workspace_bytes), "zero workspace");
     check(cudaMalloc(&y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
     auto measure = [&](const Run& run, int T, bool check_bits) {
       run.launch(w[0], x, T);
@@ -502,11 +514,9 @@ int main(int argc, char** argv) {
       const double error = check_bits ? max_relative_error(run, layout, x_bits, T) : -1.0;
       const int other_bits = check_bits && T > 1 ? tokens_with_other_bits(run, w[0], x, T) : 0;
       const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
-      const double kernel_us =
-          1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T, false); }, 3, kReps);
-      std::printf("%-7s [%6lld, %5lld] T=%-2d %-8s %8.2f us (kernel %7.2f)  %5.2f TB/s  %2d slices", shape.name,
+      std::printf("%-7s [%6lld, %5lld] T=%-2d %-8s %8.2f us  %5.2f TB/s  %2d slices", shape.name,
                   static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, T <= 8 ? name_of(run.few) : "staged",
-                  us, kernel_us, double(bytes) / (us * 1e-6) / 1e12, run.slices);
+                  us, double(bytes) / (us * 1e-6) / 1e12, run.slices);
       if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
       if (check_bits && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
       std::printf("\n");
@@ -517,28 +527,28 @@ int main(int argc, char** argv) {
       const int chunks_per_slice = int((shape.K / kChunk + slices - 1) / slices);
       std::printf("-- %d target warps\n", target);
       for (Few few : {Few::kBatched, Few::kRing4, Few::kRing6}) {
-        const Run run{shape, slices, chunks_per_slice, few, partial, y};
+        const Run run{shape, slices, chunks_per_slice, few, workspace, y};
         measure(run, 1, target == kTargets[2]);
         if (few == Few::kRing4) {
           for (int T : {2, 8}) measure(run, T, T == 8 && target == kTargets[2]);
         }
       }
-      const Run staged{shape, slices, chunks_per_slice, Few::kRing4, partial, y};
+      const Run staged{shape, slices, chunks_per_slice, Few::kRing4, workspace, y};
       for (int T : {16, 64}) measure(staged, T, T == 64 && target == kTargets[2]);
     }
     if (!only_target) {
       std::printf("-- one tile a block, %d slices added in the block\n", kTileSlices);
       const int chunks_per_slice = int((shape.K / kChunk + kTileSlices - 1) / kTileSlices);
       for (Few few : {Few::kTile4, Few::kTile6}) {
-        const Run run{shape, kTileSlices, chunks_per_slice, few, partial, y};
+        const Run run{shape, kTileSlices, chunks_per_slice, few, workspace, y};
         for (int T : {1, 2, 8}) measure(run, T, T != 2 && few == Few::kTile4);
       }
-      const Run staged{shape, kTileSlices, chunks_per_slice, Few::kTile4, partial, y};
+      const Run staged{shape, kTileSlices, chunks_per_slice, Few::kTile4, workspace, y};
       measure(staged, 64, true);  // the same slices: its tokens' bits equal the tile kernel's alone
     }
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);
-    cudaFree(partial);
+    cudaFree(workspace);
     cudaFree(y);
   }
   return 0;
