@@ -377,6 +377,77 @@ __global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, 
   store_sums<kTokenTiles>(d, ws, y, T, N, tile, lane, has_tile);
 }
 
+// As mma_matmul_kernel, the weights staged too: each stage holds one record of the block's tokens
+// and each warp's record of its tile (cp.async, kStages - 1 ahead), so that more weight bytes are in
+// flight than registers can hold, and no record waits in registers.
+template <int kTokenTiles, int kStages>
+__global__ void __launch_bounds__(kThreads) mma_matmul_async_kernel(const uint8_t* w, const __nv_bfloat16* x,
+                                                                     g4::SliceWorkspace ws, __nv_bfloat16* y, int T,
+                                                                     int N, int K, int chunks_per_slice) {
+  static_assert(kTokenTiles % 2 == 0, "ldmatrix.x4 reads two column tiles");
+  constexpr int kTokens = 8 * kTokenTiles;
+  constexpr int kXBytes = kTokens * kXStride * 2, kStageBytes = kXBytes + kWarps * kRecordBytes;
+  extern __shared__ __align__(16) uint8_t stages[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, tile = blockIdx.x * kWarps + warp;
+  const bool has_tile = tile < N / kTileRows;
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  const int count = end - first;
+  const uint8_t* records = w + size_t(has_tile ? tile : 0) * (K / kChunk) * kRecordBytes;
+  auto stage = [&](int i) {  // one commit per call, empty or not
+    if (i < count) {
+      uint8_t* at = stages + (i % kStages) * kStageBytes;
+      const size_t k0 = size_t(first + i) * kChunk;
+      for (int piece = threadIdx.x; piece < kTokens * kChunk / 8; piece += kThreads) {
+        const int t = piece / (kChunk / 8), part = piece % (kChunk / 8);
+        g4::cp_async16(g4::shared_addr(at + (t * kXStride + 8 * part) * 2), x + size_t(min(t, T - 1)) * K + k0 + 8 * part,
+                       t < T);
+      }
+      const uint8_t* record = records + size_t(first + i) * kRecordBytes;
+      uint8_t* mine = at + kXBytes + warp * kRecordBytes;
+      g4::cp_async16(g4::shared_addr(mine + 16 * lane), record + 16 * lane, has_tile);
+      if (lane < (kRecordBytes - kQuantBytes) / 16)
+        g4::cp_async16(g4::shared_addr(mine + kQuantBytes + 16 * lane), record + kQuantBytes + 16 * lane, has_tile);
+    }
+    g4::cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) stage(i);
+  float d[kTokenTiles][4] = {};
+  const int ld_token = (lane / 16) * 8 + lane % 8, ld_k = ((lane / 8) % 2) * 8, g = lane / 4;
+  for (int i = 0; i < count; ++i) {
+    g4::cp_async_wait_group<kStages - 2>();  // record i (tokens and weights) has landed
+    __syncthreads();                           // ... for every thread; record i - 1's buffer is free
+    stage(i + kStages - 1);
+    if (!has_tile) continue;
+    const uint8_t* at = stages + (i % kStages) * kStageBytes;
+    const uint8_t* mine = at + kXBytes + warp * kRecordBytes;
+    Record r;
+    r.quants = *reinterpret_cast<const uint4*>(mine + 16 * lane);
+    r.scales[0] = *reinterpret_cast<const uint32_t*>(mine + kQuantBytes + 4 * g);
+    r.scales[1] = *reinterpret_cast<const uint32_t*>(mine + kQuantBytes + 4 * (g + 8));
+    const uint32_t base = g4::shared_addr(at + (ld_token * kXStride + ld_k) * 2);
+    for_each_step<true>(r, [&](int s, const uint32_t(&a)[4]) {
+#pragma unroll
+      for (int p = 0; p < kTokenTiles / 2; ++p) {
+        uint32_t b[4];
+        g4::ldmatrix_x4(b, base + uint32_t((16 * p * kXStride + 16 * s) * 2));
+        g4::mma_bf16(d[2 * p], a, b[0], b[1]);
+        g4::mma_bf16(d[2 * p + 1], a, b[2], b[3]);
+      }
+    });
+  }
+  store_sums<kTokenTiles>(d, ws, y, T, N, tile, lane, has_tile);
+}
+
+template <int kTokenTiles, int kStages>
+void launch_async(dim3 grid, const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws, __nv_bfloat16* y, int T,
+                  int N, int K, int chunks_per_slice) {
+  constexpr int kBytes = kStages * (8 * kTokenTiles * kXStride * 2 + kWarps * kRecordBytes);
+  auto kernel = mma_matmul_async_kernel<kTokenTiles, kStages>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes), "smem attribute");
+  kernel<<<grid, kThreads, kBytes>>>(w, x, ws, y, T, N, K, chunks_per_slice);
+}
+
 struct Shape {
   const char* name;
   int64_t N, K;
@@ -390,10 +461,12 @@ int slices_for(const Shape& s, int target_warps) {
 }
 
 // How one to eight tokens are run: mma_gemv_kernel, or the ring kernel with `ahead` records in flight.
-enum class Few { kBatched, kRing4, kRing6, kTile4, kTile6 };  // kTile*: 8 slices added in the block
+enum class Few { kBatched, kRing4, kRing6, kTile4, kTile6, kAsync4, kAsync6 };  // kTile*: 8 slices added in the
+                                                                              // block; kAsync*: 16-64 tokens, weights
+                                                                              // staged (stages)
 constexpr int kTileSlices = 8;
 const char* name_of(Few f) {
-  constexpr const char* kNames[] = {"batched4", "ring4", "ring6", "tile4", "tile6"};
+  constexpr const char* kNames[] = {"batched4", "ring4", "ring6", "tile4", "tile6", "async4", "async6"};
   return kNames[int(f)];
 }
 bool adds_in_block(Few f) { return f == Few::kTile4 || f == Few::kTile6; }
@@ -412,6 +485,11 @@ void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* workspace, _
     if (few == Few::kBatched) mma_gemv_kernel<kPairs><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
     else if (few == Few::kRing4) mma_gemv_ring_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
     else mma_gemv_ring_kernel<kPairs, 6><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
+  } else if (few == Few::kAsync4 || few == Few::kAsync6) {
+    const bool six = few == Few::kAsync6;
+    if (T <= 16) six ? launch_async<2, 6>(grid, w, x, ws, y, T, N, K, chunks_per_slice) : launch_async<2, 4>(grid, w, x, ws, y, T, N, K, chunks_per_slice);
+    else if (T <= 32) six ? launch_async<4, 6>(grid, w, x, ws, y, T, N, K, chunks_per_slice) : launch_async<4, 4>(grid, w, x, ws, y, T, N, K, chunks_per_slice);
+    else six ? launch_async<8, 6>(grid, w, x, ws, y, T, N, K, chunks_per_slice) : launch_async<8, 4>(grid, w, x, ws, y, T, N, K, chunks_per_slice);
   } else if (T <= 16) {
     mma_matmul_kernel<kPairs, 2><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
   } else if (T <= 32) {
@@ -515,7 +593,8 @@ int main(int argc, char** argv) {
       const int other_bits = check_bits && T > 1 ? tokens_with_other_bits(run, w[0], x, T) : 0;
       const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
       std::printf("%-7s [%6lld, %5lld] T=%-2d %-8s %8.2f us  %5.2f TB/s  %2d slices", shape.name,
-                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, T <= 8 ? name_of(run.few) : "staged",
+                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T,
+                  T <= 8 || run.few == Few::kAsync4 || run.few == Few::kAsync6 ? name_of(run.few) : "staged",
                   us, double(bytes) / (us * 1e-6) / 1e12, run.slices);
       if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
       if (check_bits && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
@@ -535,6 +614,10 @@ int main(int argc, char** argv) {
       }
       const Run staged{shape, slices, chunks_per_slice, Few::kRing4, workspace, y};
       for (int T : {16, 64}) measure(staged, T, T == 64 && target == kTargets[2]);
+      for (Few few : {Few::kAsync4, Few::kAsync6}) {
+        const Run async{shape, slices, chunks_per_slice, few, workspace, y};  // alone: the ring4 kernel's bits
+        for (int T : {16, 64}) measure(async, T, T == 64 && target == kTargets[2]);
+      }
     }
     if (!only_target) {
       std::printf("-- one tile a block, %d slices added in the block\n", kTileSlices);
