@@ -1,31 +1,36 @@
-// The first measurement of docs/DESIGN.md §7's plan "The way out of the invariance tax": can a
+// The measurement of docs/DESIGN.md §7's plan "The way out of the invariance tax": can a
 // tensor-core kernel stream 4-bit weights at one to eight tokens as fast as the dp2a GEMV (2.85 TB/s
 // inside a decode step), and at 16 to 64 tokens as fast as the packed matmul, so that one
-// arithmetic — bf16 weights rounded once, bf16 activations, mma float sums in a fixed order — could
-// serve every row count, batch invariant by construction?
+// arithmetic could serve every row count, batch invariant by construction?
 //
 // The weights are Q4_0 numbers in a tile-interleaved layout (the Marlin idea): for each 16-row tile
 // and each 64 values of K, a 576-byte record — 32 lanes × 16 bytes of quants, each lane's 16 bytes
 // exactly its A-fragment nibbles for four mma.m16n8k16 steps, then the 16 rows' two fp16 scales —
-// so a lane loads its weights with one 16-byte load and dequantizes them straight into registers,
+// so a lane loads its weights with one 16-byte load and turns them into fragments in registers,
 // with no shared memory and no shuffles. A warp takes one tile over a slice of K (slices fixed by
-// the shape alone); the slices' float sums are added in slice order by the last block of a row
-// tile to finish (slice_sum.cuh). Up to 8 tokens are one mma's 8 columns, read from global memory (mma_gemv_kernel); 16, 32 or 64 tokens
-// are 2, 4 or 8 column tiles, staged per record in shared memory by cp.async for the block's 8
-// warps and read by ldmatrix (mma_matmul_kernel). Both dequantize by the same function and add in
-// the same order, so a token's outputs should have the same bits at any token count: checked.
+// the shape alone), and the slices' float sums are added from 0 in slice order: by a second kernel
+// (launch_add_slices) or, with one tile a block and a slice a warp, in the block ("tile"). Up to 8
+// tokens are one mma's 8 columns, read from global memory; 16, 32 or 64 tokens are 2, 4 or 8
+// column tiles, staged per record in shared memory by cp.async for the block's 8 warps and read by
+// ldmatrix. Every kernel adds in the same order, so a token's outputs should have the same bits at
+// any token count: checked.
 //
-// Two dequantizations, the same bf16 weights (bf16 of scale · (q − 8), the packed matmul's): in
-// float (as packed_matmul.cu), and in bf16 pairs — the two nibbles of a fragment register sit 16
-// bits apart, so one mask makes the pair 128 + q, and with the scale split as d = hi + lo (hi its
-// bf16, lo exact in 3 bits) fma.rn.bf16x2(q − 8, hi, (q − 8)·lo) rounds (q − 8)·d once (docs/DESIGN.md
-// §3), about half the instructions.
+// Three arithmetics (Arith):
+//   rounded       the packed matmul's: weights bf16(d · (q − 8)) — the two nibbles of a fragment
+//                 register sit 16 bits apart, so one mask makes the bf16 pair 128 + q, and with d =
+//                 hi + lo (hi its bf16, lo exact in 3 bits) fma.rn.bf16x2(q − 8, hi, (q − 8)·lo)
+//                 rounds once (docs/DESIGN.md §3);
+//   post-scaled   the fragments are q − 8 exactly (the mask, one bf16x2 subtraction); the tensor
+//                 cores sum a block of 32's products, which its scale then multiplies in float:
+//                 d · Σ (q − 8)·x, no weight rounding, no scale in the inner loop;
+//   post-scaled, mma for the offset  the fragments are the masked 128 + q as is, and a second pair
+//                 of mma with a constant −136 fragment takes 136 · Σ x off the block's sum.
 //
-// Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 4, 8, 16, 32 and 64 tokens (weights
-// rotated through 600 MB so L2 holds none), after checking sampled rows against a host reference
-// computed from the same layout, and the bits of tokens at 8 and 64 against the same tokens alone.
+// Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 8, 16 and 64 tokens (weights rotated
+// through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
+// from the same layout, and the bits of tokens at 8 and 64 against the same tokens alone.
 // Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
-//   bench_mma_gemv_cuda [q_proj|o_proj|gate|down [TARGET_WARPS]]
+//   bench_mma_gemv_cuda [q_proj|o_proj|gate|down]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,7 +46,6 @@
 
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/packed_kernels.h"
-#include "backend/cuda/slice_sum.cuh"
 #include "cuda_timing.h"
 #include "util/half.h"
 
@@ -57,8 +61,15 @@ constexpr int kAhead = 2;                                  // records a lane loa
 constexpr int kXStride = kChunk + 8;                       // bf16 per staged token: 144 bytes, so ldmatrix's
                                                            // 8 rows fall in distinct 16-byte bank groups
 constexpr int kXStages = 4;                                // staged records of tokens in the ring
+constexpr int kTargetWarps = 132 * 32;                     // slices of K until about this many warps
+constexpr int kTileSlices = 8;                             // "tile": a warp a slice, one tile a block
 constexpr size_t kRotationBytes = size_t(600) << 20;
 constexpr int kReps = 40;
+
+enum class Arith { kRounded, kPostScaled, kPostScaledMma };
+const char* name_of(Arith a) {
+  return a == Arith::kRounded ? "rounded" : a == Arith::kPostScaled ? "post-scaled" : "post-scaled, mma offset";
+}
 
 // Where value k of row n sits: lane, word (k-step s) and bit of its record. Lane l = 4g + c holds
 // the A fragments of rows g and g + 8 at k = 16s + 2c, 2c + 1, 2c + 8, 2c + 9 (mma.cuh's layout):
@@ -93,8 +104,9 @@ std::vector<uint8_t> random_layout(int64_t N, int64_t K, uint64_t seed) {
   return bytes;
 }
 
-// The weight the kernel multiplies: bf16((q - 8) · d), d the fp16 scale of its row's block of 32.
-float weight_at(const std::vector<uint8_t>& layout, int64_t K, int64_t n, int64_t k) {
+// The weight the kernel multiplies: (q - 8) · d, d the fp16 scale of its row's block of 32; rounded
+// to bf16 by the rounded arithmetic.
+double weight_at(const std::vector<uint8_t>& layout, int64_t K, int64_t n, int64_t k, Arith arith) {
   const int64_t record = (n / kTileRows) * (K / kChunk) + k / kChunk;
   const uint8_t* r = layout.data() + record * kRecordBytes;
   const Place p = place_of(int(n % kTileRows), int(k % kChunk));
@@ -102,12 +114,8 @@ float weight_at(const std::vector<uint8_t>& layout, int64_t K, int64_t n, int64_
   std::memcpy(&word, r + 16 * p.lane + 4 * p.word, 4);
   uint16_t h;
   std::memcpy(&h, r + kQuantBytes + 4 * (n % kTileRows) + 2 * ((k % kChunk) / 32), 2);
-  const float q = float(int((word >> p.shift) & 15u) - 8);
-  return g4::bf16_to_f32(g4::f32_to_bf16(q * g4::f16_to_f32(h)));
-}
-
-__device__ inline float centred_nibble(uint32_t word, int shift) {  // q - 8, exactly
-  return __uint_as_float(0x4B000000u | ((word >> shift) & 15u)) - 8388616.0f;
+  const float w = float(int((word >> p.shift) & 15u) - 8) * g4::f16_to_f32(h);
+  return arith == Arith::kRounded ? double(g4::bf16_to_f32(g4::f32_to_bf16(w))) : double(w);
 }
 
 __device__ inline __nv_bfloat162 as_bf162(uint32_t v) { return *reinterpret_cast<const __nv_bfloat162*>(&v); }
@@ -122,17 +130,17 @@ __device__ inline SplitScale split_scale(float d) {
   return {__bfloat162bfloat162(hi), __bfloat162bfloat162(__float2bfloat16_rn(d - __bfloat162float(hi)))};
 }
 
-// Fragment register j of `word`: the bf16 pair of scale · (q - 8), low element the even k.
-template <bool kBf16Pairs>
-__device__ inline uint32_t weight_pair(uint32_t word, int j, float scale, const SplitScale& split) {
-  if constexpr (kBf16Pairs) {
-    const __nv_bfloat162 biased = as_bf162(((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u);  // 128 + q
-    const __nv_bfloat162 q = __hsub2(biased, __float2bfloat162_rn(136.0f));               // exact
-    return as_u32(__hfma2(q, split.hi, __hmul2(q, split.lo)));  // q·lo exact: one rounding of q·d
-  } else {
-    return g4::pack_bf16x2(scale * centred_nibble(word, 4 * j), scale * centred_nibble(word, 16 + 4 * j));
-  }
+// Fragment register j of `word` as the bf16 pair 128 + q (low element the even k), and as q - 8.
+__device__ inline uint32_t biased_pair(uint32_t word, int j) { return ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u; }
+__device__ inline __nv_bfloat162 centred_pair(uint32_t word, int j) {
+  return __hsub2(as_bf162(biased_pair(word, j)), __float2bfloat162_rn(136.0f));  // exact
 }
+// ... and as the bf16 pair of d · (q - 8), rounded once: q·lo is exact.
+__device__ inline uint32_t rounded_pair(uint32_t word, int j, const SplitScale& d) {
+  const __nv_bfloat162 q = centred_pair(word, j);
+  return as_u32(__hfma2(q, d.hi, __hmul2(q, d.lo)));
+}
+constexpr uint32_t kMinus136Pair = 0xC308C308u;  // the bf16 pair (-136, -136)
 
 // A lane's share of one record: its 16 bytes of quants and the fp16 scale pairs of rows g, g + 8.
 struct Record {
@@ -146,56 +154,89 @@ __device__ inline Record load_record(const uint8_t* records, int chunk, int lane
                                                              __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g + 8)}};
 }
 
-// Calls step(s, a) for the record's four k-steps s with a = the lane's A fragment of weights: the
-// one dequantization both kernels use.
-template <bool kBf16Pairs, typename Step>
-__device__ inline void for_each_step(const Record& r, Step&& step) {
+// d[p] += the record's products for column tile p (8 tokens), in the arithmetic kArith; load_b(s, b)
+// fills b[p] with k-step s's B fragment of every column tile. The one multiplication all kernels use.
+template <Arith kArith, int kTiles, typename LoadB>
+__device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&d)[kTiles][4]) {
   // Rows g and g + 8, blocks 0 and 1 (k-steps 0-1 and 2-3).
   const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
   const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
-  SplitScale split[2][2];
-  if constexpr (kBf16Pairs) {
-    split[0][0] = split_scale(s_g.x), split[0][1] = split_scale(s_g.y);
-    split[1][0] = split_scale(s_g8.x), split[1][1] = split_scale(s_g8.y);
-  }
   const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
+  if constexpr (kArith == Arith::kRounded) {
+    const SplitScale split[2][2] = {{split_scale(s_g.x), split_scale(s_g.y)}, {split_scale(s_g8.x), split_scale(s_g8.y)}};
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int block = s / 2;
-    const float g_scale = block == 0 ? s_g.x : s_g.y, g8_scale = block == 0 ? s_g8.x : s_g8.y;
-    const uint32_t a[4] = {weight_pair<kBf16Pairs>(words[s], 0, g_scale, split[0][block]),
-                           weight_pair<kBf16Pairs>(words[s], 1, g8_scale, split[1][block]),
-                           weight_pair<kBf16Pairs>(words[s], 2, g_scale, split[0][block]),
-                           weight_pair<kBf16Pairs>(words[s], 3, g8_scale, split[1][block])};
-    step(s, a);
+    for (int s = 0; s < 4; ++s) {
+      const int blk = s / 2;
+      const uint32_t a[4] = {rounded_pair(words[s], 0, split[0][blk]), rounded_pair(words[s], 1, split[1][blk]),
+                             rounded_pair(words[s], 2, split[0][blk]), rounded_pair(words[s], 3, split[1][blk])};
+      uint32_t b[kTiles][2];
+      load_b(s, b);
+#pragma unroll
+      for (int p = 0; p < kTiles; ++p) g4::mma_bf16(d[p], a, b[p][0], b[p][1]);
+    }
+  } else {
+    constexpr uint32_t kOffset[4] = {kMinus136Pair, kMinus136Pair, kMinus136Pair, kMinus136Pair};
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      uint32_t a[2][4], b[2][kTiles][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          a[h][j] = kArith == Arith::kPostScaled ? as_u32(centred_pair(words[2 * blk + h], j)) : biased_pair(words[2 * blk + h], j);
+        load_b(2 * blk + h, b[h]);
+      }
+      const float scale_g = blk == 0 ? s_g.x : s_g.y, scale_g8 = blk == 0 ? s_g8.x : s_g8.y;
+#pragma unroll
+      for (int p = 0; p < kTiles; ++p) {
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          g4::mma_bf16(t, a[h], b[h][p][0], b[h][p][1]);
+          if constexpr (kArith == Arith::kPostScaledMma) g4::mma_bf16(t, kOffset, b[h][p][0], b[h][p][1]);
+        }
+        d[p][0] = fmaf(t[0], scale_g, d[p][0]);
+        d[p][1] = fmaf(t[1], scale_g, d[p][1]);
+        d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
+        d[p][3] = fmaf(t[3], scale_g8, d[p][3]);
+      }
+    }
   }
 }
 
-// The lane's accumulators (column tiles of 8 tokens): y itself for one slice, else the workspace's
-// partial[slice][T][N], which the row tile's last block to finish adds into y (slice_sum.cuh). Every
-// thread of the block calls it.
+// k-step s of record `chunk`'s B fragment for up to 8 tokens read from global memory (x_pairs: the
+// lane's token g, or no token: zeros).
+struct GlobalB {
+  const uint32_t* x_pairs;
+  bool has_token;
+  int c;
+  __device__ void operator()(int chunk, int s, uint32_t (&b)[1][2]) const {
+    const int k = chunk * kChunk + 16 * s + 2 * c;
+    b[0][0] = has_token ? __ldg(x_pairs + k / 2) : 0u;
+    b[0][1] = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
+  }
+};
+__device__ inline GlobalB global_b(const __nv_bfloat16* x, int T, int K, int lane) {
+  const int g = lane / 4;
+  return {reinterpret_cast<const uint32_t*>(x + size_t(g < T ? g : 0) * K), g < T, lane % 4};
+}
+
+// The lane's accumulators (column tiles of 8 tokens) into partial[slice][T][N].
 template <int kTokenTiles>
-__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const g4::SliceWorkspace& ws, __nv_bfloat16* y,
-                                  int T, int N, int tile, int lane, bool has_tile) {
+__device__ inline void store_partial(const float (&d)[kTokenTiles][4], float* partial, int T, int N, int tile, int lane) {
+  float* out = partial + size_t(blockIdx.y) * T * N;
   const int g = lane / 4, c = lane % 4, row = tile * kTileRows + g;
-  float* out = ws.partial + size_t(blockIdx.y) * T * N;
 #pragma unroll
   for (int i = 0; i < kTokenTiles; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int t = 8 * i + 2 * c + h;
-      if (!has_tile || t >= T) continue;
-      if (gridDim.y == 1) {
-        y[size_t(t) * N + row] = __float2bfloat16(d[i][h]);
-        y[size_t(t) * N + row + 8] = __float2bfloat16(d[i][2 + h]);
-      } else {
+      if (t < T) {
         out[size_t(t) * N + row] = d[i][h];
         out[size_t(t) * N + row + 8] = d[i][2 + h];
       }
     }
   }
-  if (gridDim.y > 1 && g4::finished_last_slice(ws.arrivals))
-    g4::add_tile_slices(ws.partial, int(gridDim.y), T, N, int64_t(blockIdx.x) * g4::kSliceTileRows, y);
 }
 
 // The K chunks of slice blockIdx.y: [first, end).
@@ -208,14 +249,13 @@ __device__ inline SliceChunks slice_chunks(int K, int chunks_per_slice) {
 }
 
 // partial[slice][T][N] for T <= 8 tokens of x [T, K] (bf16) and the layout's [N, K] weights.
-template <bool kBf16Pairs>
-__global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws,
-                                                             __nv_bfloat16* y, int T, int N, int K, int chunks_per_slice) {
-  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;  // < N / kTileRows (launch_kernel)
+template <Arith kArith>
+__global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
+                                                             int T, int N, int K, int chunks_per_slice) {
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (tile >= N / kTileRows) return;
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
-  const int g = lane / 4, c = lane % 4;
-  const bool has_token = g < T;
-  const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
+  const GlobalB b_of = global_b(x, T, K, lane);
   const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int chunk = first; chunk < end; chunk += kUnroll) {
@@ -225,92 +265,44 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (chunk + u >= end) break;
-      for_each_step<kBf16Pairs>(r[u], [&](int s, const uint32_t(&a)[4]) {
-        const int k = (chunk + u) * kChunk + 16 * s + 2 * c;
-        const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
-        g4::mma_bf16(d[0], a, b0, b1);
-      });
+      multiply_record<kArith, 1>(r[u], [&](int s, uint32_t(&b)[1][2]) { b_of(chunk + u, s, b); }, d);
     }
   }
-  store_sums<1>(d, ws, y, T, N, tile, lane, true);
+  store_partial<1>(d, partial, T, N, tile, lane);
 }
 
-// As mma_gemv_kernel, the records kAheadRecords ahead of use in a register ring, so that a warp's
-// next loads are in flight while it computes (mma_gemv_kernel waits for each batch of kUnroll).
-template <bool kBf16Pairs, int kAheadRecords>
-__global__ void __launch_bounds__(kThreads) mma_gemv_ring_kernel(const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws,
-                                                                  __nv_bfloat16* y, int T, int N, int K,
-                                                                  int chunks_per_slice) {
-  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;  // < N / kTileRows
-  const auto [first, end] = slice_chunks(K, chunks_per_slice);
-  const int count = end - first;
-  const int g = lane / 4, c = lane % 4;
-  const bool has_token = g < T;
-  const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
-  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
-  Record r[kAheadRecords + 1];
-#pragma unroll
-  for (int j = 0; j < kAheadRecords; ++j) {
-    if (j < count) r[j] = load_record(records, first + j, lane);
-  }
-  float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-  for (int i0 = 0; i0 < count; i0 += kAheadRecords + 1) {
-#pragma unroll
-    for (int u = 0; u <= kAheadRecords; ++u) {
-      const int i = i0 + u;
-      if (i >= count) break;
-      if (i + kAheadRecords < count) r[(u + kAheadRecords) % (kAheadRecords + 1)] = load_record(records, first + i + kAheadRecords, lane);
-      for_each_step<kBf16Pairs>(r[u], [&](int s, const uint32_t(&a)[4]) {
-        const int k = (first + i) * kChunk + 16 * s + 2 * c;
-        const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
-        g4::mma_bf16(d[0], a, b0, b1);
-      });
-    }
-  }
-  store_sums<1>(d, ws, y, T, N, tile, lane, true);
-}
-
-// As mma_gemv_ring_kernel, one tile a block: warp s of the block takes slice s of K, and the block
-// adds the slices' sums from 0 in slice order (as add_tile_slices does) and stores y itself.
-template <int kAheadRecords, int kSlices>
-__global__ void __launch_bounds__(32 * kSlices) mma_gemv_tile_kernel(const uint8_t* w, const __nv_bfloat16* x,
-                                                                      __nv_bfloat16* y, int T, int N, int K,
-                                                                      int chunks_per_slice) {
-  __shared__ float sums[kSlices][32][4];
+// y[T][N] for T <= 8 tokens, one tile a block: warp s takes slice s of kTileSlices, and the block adds
+// the slices' sums from 0 in slice order (as launch_add_slices does) and stores y itself.
+template <Arith kArith>
+__global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const uint8_t* w, const __nv_bfloat16* x,
+                                                                          __nv_bfloat16* y, int T, int N, int K,
+                                                                          int chunks_per_slice) {
+  __shared__ float sums[kTileSlices][32][4];
   const int lane = threadIdx.x % 32, slice = threadIdx.x / 32, tile = blockIdx.x;
-  const int first = slice * chunks_per_slice, count = max(0, min(K / kChunk, first + chunks_per_slice) - first);
-  const int g = lane / 4, c = lane % 4;
-  const bool has_token = g < T;
-  const uint32_t* x_pairs = reinterpret_cast<const uint32_t*>(x + size_t(has_token ? g : 0) * K);
+  const int first = slice * chunks_per_slice, end = min(K / kChunk, first + chunks_per_slice);
+  const GlobalB b_of = global_b(x, T, K, lane);
   const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
-  Record r[kAheadRecords + 1];
+  float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  for (int chunk = first; chunk < end; chunk += kUnroll) {
+    Record r[kUnroll];
 #pragma unroll
-  for (int j = 0; j < kAheadRecords; ++j) {
-    if (j < count) r[j] = load_record(records, first + j, lane);
-  }
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i0 = 0; i0 < count; i0 += kAheadRecords + 1) {
+    for (int u = 0; u < kUnroll; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
 #pragma unroll
-    for (int u = 0; u <= kAheadRecords; ++u) {
-      const int i = i0 + u;
-      if (i >= count) break;
-      if (i + kAheadRecords < count) r[(u + kAheadRecords) % (kAheadRecords + 1)] = load_record(records, first + i + kAheadRecords, lane);
-      for_each_step<true>(r[u], [&](int s, const uint32_t(&a)[4]) {
-        const int k = (first + i) * kChunk + 16 * s + 2 * c;
-        const uint32_t b0 = has_token ? __ldg(x_pairs + k / 2) : 0u, b1 = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
-        g4::mma_bf16(d, a, b0, b1);
-      });
+    for (int u = 0; u < kUnroll; ++u) {
+      if (chunk + u >= end) break;
+      multiply_record<kArith, 1>(r[u], [&](int s, uint32_t(&b)[1][2]) { b_of(chunk + u, s, b); }, d);
     }
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) sums[slice][lane][j] = d[j];
+  for (int j = 0; j < 4; ++j) sums[slice][lane][j] = d[0][j];
   __syncthreads();
   if (slice != 0) return;
+  const int g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float sum = 0.0f;
 #pragma unroll
-    for (int s = 0; s < kSlices; ++s) sum += sums[s][lane][j];
+    for (int s = 0; s < kTileSlices; ++s) sum += sums[s][lane][j];
     const int t = 2 * c + j % 2, row = tile * kTileRows + g + 8 * (j / 2);
     if (t < T) y[size_t(t) * N + row] = __float2bfloat16(sum);
   }
@@ -319,9 +311,9 @@ __global__ void __launch_bounds__(32 * kSlices) mma_gemv_tile_kernel(const uint8
 // partial[slice][T][N] for 8 < T <= 8 · kTokenTiles tokens: as mma_gemv_kernel, the block's tokens
 // staged record by record in shared memory (a ring of kXStages, cp.async) and read by ldmatrix, the
 // weights loaded kAhead records ahead of use.
-template <bool kBf16Pairs, int kTokenTiles>
-__global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws,
-                                                               __nv_bfloat16* y, int T, int N, int K, int chunks_per_slice) {
+template <Arith kArith, int kTokenTiles>
+__global__ void __launch_bounds__(kThreads, 2) mma_matmul_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
+                                                               int T, int N, int K, int chunks_per_slice) {
   static_assert(kTokenTiles % 2 == 0, "ldmatrix.x4 reads two column tiles");
   constexpr int kTokens = 8 * kTokenTiles;
   __shared__ __align__(16) __nv_bfloat16 xs[kXStages][kTokens * kXStride];
@@ -363,89 +355,17 @@ __global__ void __launch_bounds__(kThreads) mma_matmul_kernel(const uint8_t* w, 
       stage(i + kXStages - 1);
       if (!has_tile) continue;
       const uint32_t base = g4::shared_addr(&xs[i % kXStages][ld_token * kXStride + ld_k]);
-      for_each_step<kBf16Pairs>(r[u], [&](int s, const uint32_t(&a)[4]) {
+      multiply_record<kArith, kTokenTiles>(r[u], [&](int s, uint32_t(&b)[kTokenTiles][2]) {
 #pragma unroll
         for (int p = 0; p < kTokenTiles / 2; ++p) {
-          uint32_t b[4];
-          g4::ldmatrix_x4(b, base + uint32_t((16 * p * kXStride + 16 * s) * 2));
-          g4::mma_bf16(d[2 * p], a, b[0], b[1]);
-          g4::mma_bf16(d[2 * p + 1], a, b[2], b[3]);
+          uint32_t m[4];
+          g4::ldmatrix_x4(m, base + uint32_t((16 * p * kXStride + 16 * s) * 2));
+          b[2 * p][0] = m[0], b[2 * p][1] = m[1], b[2 * p + 1][0] = m[2], b[2 * p + 1][1] = m[3];
         }
-      });
+      }, d);
     }
   }
-  store_sums<kTokenTiles>(d, ws, y, T, N, tile, lane, has_tile);
-}
-
-// As mma_matmul_kernel, the weights staged too: each stage holds one record of the block's tokens
-// and each warp's record of its tile (cp.async, kStages - 1 ahead), so that more weight bytes are in
-// flight than registers can hold, and no record waits in registers.
-template <int kTokenTiles, int kStages>
-__global__ void __launch_bounds__(kThreads) mma_matmul_async_kernel(const uint8_t* w, const __nv_bfloat16* x,
-                                                                     g4::SliceWorkspace ws, __nv_bfloat16* y, int T,
-                                                                     int N, int K, int chunks_per_slice) {
-  static_assert(kTokenTiles % 2 == 0, "ldmatrix.x4 reads two column tiles");
-  constexpr int kTokens = 8 * kTokenTiles;
-  constexpr int kXBytes = kTokens * kXStride * 2, kStageBytes = kXBytes + kWarps * kRecordBytes;
-  extern __shared__ __align__(16) uint8_t stages[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, tile = blockIdx.x * kWarps + warp;
-  const bool has_tile = tile < N / kTileRows;
-  const auto [first, end] = slice_chunks(K, chunks_per_slice);
-  const int count = end - first;
-  const uint8_t* records = w + size_t(has_tile ? tile : 0) * (K / kChunk) * kRecordBytes;
-  auto stage = [&](int i) {  // one commit per call, empty or not
-    if (i < count) {
-      uint8_t* at = stages + (i % kStages) * kStageBytes;
-      const size_t k0 = size_t(first + i) * kChunk;
-      for (int piece = threadIdx.x; piece < kTokens * kChunk / 8; piece += kThreads) {
-        const int t = piece / (kChunk / 8), part = piece % (kChunk / 8);
-        g4::cp_async16(g4::shared_addr(at + (t * kXStride + 8 * part) * 2), x + size_t(min(t, T - 1)) * K + k0 + 8 * part,
-                       t < T);
-      }
-      const uint8_t* record = records + size_t(first + i) * kRecordBytes;
-      uint8_t* mine = at + kXBytes + warp * kRecordBytes;
-      g4::cp_async16(g4::shared_addr(mine + 16 * lane), record + 16 * lane, has_tile);
-      if (lane < (kRecordBytes - kQuantBytes) / 16)
-        g4::cp_async16(g4::shared_addr(mine + kQuantBytes + 16 * lane), record + kQuantBytes + 16 * lane, has_tile);
-    }
-    g4::cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) stage(i);
-  float d[kTokenTiles][4] = {};
-  const int ld_token = (lane / 16) * 8 + lane % 8, ld_k = ((lane / 8) % 2) * 8, g = lane / 4;
-  for (int i = 0; i < count; ++i) {
-    g4::cp_async_wait_group<kStages - 2>();  // record i (tokens and weights) has landed
-    __syncthreads();                           // ... for every thread; record i - 1's buffer is free
-    stage(i + kStages - 1);
-    if (!has_tile) continue;
-    const uint8_t* at = stages + (i % kStages) * kStageBytes;
-    const uint8_t* mine = at + kXBytes + warp * kRecordBytes;
-    Record r;
-    r.quants = *reinterpret_cast<const uint4*>(mine + 16 * lane);
-    r.scales[0] = *reinterpret_cast<const uint32_t*>(mine + kQuantBytes + 4 * g);
-    r.scales[1] = *reinterpret_cast<const uint32_t*>(mine + kQuantBytes + 4 * (g + 8));
-    const uint32_t base = g4::shared_addr(at + (ld_token * kXStride + ld_k) * 2);
-    for_each_step<true>(r, [&](int s, const uint32_t(&a)[4]) {
-#pragma unroll
-      for (int p = 0; p < kTokenTiles / 2; ++p) {
-        uint32_t b[4];
-        g4::ldmatrix_x4(b, base + uint32_t((16 * p * kXStride + 16 * s) * 2));
-        g4::mma_bf16(d[2 * p], a, b[0], b[1]);
-        g4::mma_bf16(d[2 * p + 1], a, b[2], b[3]);
-      }
-    });
-  }
-  store_sums<kTokenTiles>(d, ws, y, T, N, tile, lane, has_tile);
-}
-
-template <int kTokenTiles, int kStages>
-void launch_async(dim3 grid, const uint8_t* w, const __nv_bfloat16* x, g4::SliceWorkspace ws, __nv_bfloat16* y, int T,
-                  int N, int K, int chunks_per_slice) {
-  constexpr int kBytes = kStages * (8 * kTokenTiles * kXStride * 2 + kWarps * kRecordBytes);
-  auto kernel = mma_matmul_async_kernel<kTokenTiles, kStages>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes), "smem attribute");
-  kernel<<<grid, kThreads, kBytes>>>(w, x, ws, y, T, N, K, chunks_per_slice);
+  if (has_tile) store_partial<kTokenTiles>(d, partial, T, N, tile, lane);
 }
 
 struct Shape {
@@ -455,58 +375,36 @@ struct Shape {
 // The 31B's matrices: hidden 5 376, MLP 21 504, queries 8 192.
 constexpr Shape kShapes[] = {{"q_proj", 8192, 5376}, {"o_proj", 5376, 8192}, {"gate", 21504, 5376}, {"down", 5376, 21504}};
 
-int slices_for(const Shape& s, int target_warps) {
-  const int64_t tiles = s.N / kTileRows, chunks = s.K / kChunk;
-  return int(std::clamp<int64_t>(target_warps / tiles, 1, chunks));
-}
+// How the slices of K are added: a second kernel, or in the block ("tile", up to 8 tokens).
+enum class Adding { kSecondKernel, kInBlock };
 
-// How one to eight tokens are run: mma_gemv_kernel, or the ring kernel with `ahead` records in flight.
-enum class Few { kBatched, kRing4, kRing6, kTile4, kTile6, kAsync4, kAsync6 };  // kTile*: 8 slices added in the
-                                                                              // block; kAsync*: 16-64 tokens, weights
-                                                                              // staged (stages)
-constexpr int kTileSlices = 8;
-const char* name_of(Few f) {
-  constexpr const char* kNames[] = {"batched4", "ring4", "ring6", "tile4", "tile6", "async4", "async6"};
-  return kNames[int(f)];
-}
-bool adds_in_block(Few f) { return f == Few::kTile4 || f == Few::kTile6; }
-
-void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* workspace, __nv_bfloat16* y, int T, int N, int K,
-                   int slices, int chunks_per_slice, Few few) {
-  constexpr bool kPairs = true;  // bf16 pairs: faster than the float dequantization at every T (2026-12-02)
-  check(N % (kTileRows * kWarps) == 0 ? cudaSuccess : cudaErrorInvalidValue, "rows: a multiple of 128");
-  const g4::SliceWorkspace ws = g4::slice_workspace(workspace);
-  const dim3 grid(unsigned(N / (kTileRows * kWarps)), unsigned(slices));
-  if (T <= 8 && adds_in_block(few)) {
-    const unsigned tiles = unsigned(N / kTileRows);
-    if (few == Few::kTile4) mma_gemv_tile_kernel<4, kTileSlices><<<tiles, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
-    else mma_gemv_tile_kernel<6, kTileSlices><<<tiles, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
-  } else if (T <= 8) {
-    if (few == Few::kBatched) mma_gemv_kernel<kPairs><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
-    else if (few == Few::kRing4) mma_gemv_ring_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
-    else mma_gemv_ring_kernel<kPairs, 6><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
-  } else if (few == Few::kAsync4 || few == Few::kAsync6) {
-    const bool six = few == Few::kAsync6;
-    if (T <= 16) six ? launch_async<2, 6>(grid, w, x, ws, y, T, N, K, chunks_per_slice) : launch_async<2, 4>(grid, w, x, ws, y, T, N, K, chunks_per_slice);
-    else if (T <= 32) six ? launch_async<4, 6>(grid, w, x, ws, y, T, N, K, chunks_per_slice) : launch_async<4, 4>(grid, w, x, ws, y, T, N, K, chunks_per_slice);
-    else six ? launch_async<8, 6>(grid, w, x, ws, y, T, N, K, chunks_per_slice) : launch_async<8, 4>(grid, w, x, ws, y, T, N, K, chunks_per_slice);
-  } else if (T <= 16) {
-    mma_matmul_kernel<kPairs, 2><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
-  } else if (T <= 32) {
-    mma_matmul_kernel<kPairs, 4><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
-  } else {
-    mma_matmul_kernel<kPairs, 8><<<grid, kThreads>>>(w, x, ws, y, T, N, K, chunks_per_slice);
+template <Arith kArith>
+void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, __nv_bfloat16* y, int T, int N, int K,
+                   int slices, int chunks_per_slice, Adding adding) {
+  if (T <= 8 && adding == Adding::kInBlock) {
+    mma_gemv_tile_kernel<kArith><<<unsigned(N / kTileRows), 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
+    return;
   }
+  const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
+  if (T <= 8) mma_gemv_kernel<kArith><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  else if (T <= 16) mma_matmul_kernel<kArith, 2><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  else if (T <= 32) mma_matmul_kernel<kArith, 4><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  else mma_matmul_kernel<kArith, 8><<<grid, kThreads>>>(w, x, partial, T, N, K, chunks_per_slice);
+  g4::launch_add_slices(partial, slices, int64_t(T) * N, reinterpret_cast<g4::bf16*>(y), nullptr);
 }
 
 struct Run {
   const Shape& shape;
+  Arith arith;
+  Adding adding;
   int slices, chunks_per_slice;
-  Few few;
-  float* workspace;  // zeroed: slice_sum.cuh's counters, then the partial sums
+  float* partial;
   __nv_bfloat16* y;
   void launch(const uint8_t* w, const __nv_bfloat16* x, int T) const {
-    launch_kernel(w, x, workspace, y, T, int(shape.N), int(shape.K), slices, chunks_per_slice, few);
+    const int N = int(shape.N), K = int(shape.K);
+    if (arith == Arith::kRounded) launch_kernel<Arith::kRounded>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
+    else if (arith == Arith::kPostScaled) launch_kernel<Arith::kPostScaled>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
+    else launch_kernel<Arith::kPostScaledMma>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
   }
   std::vector<uint16_t> y_bits(int T) const {
     std::vector<uint16_t> bits(size_t(T * shape.N));
@@ -524,8 +422,8 @@ double max_relative_error(const Run& run, const std::vector<uint8_t>& layout, co
     for (int t = 0; t < T; ++t) {
       double want = 0, scale = 0;
       for (int64_t k = 0; k < run.shape.K; ++k) {
-        const double term = double(weight_at(layout, run.shape.K, n, k)) *
-                            double(g4::bf16_to_f32(x_bits[size_t(t * run.shape.K + k)]));
+        const double term =
+            weight_at(layout, run.shape.K, n, k, run.arith) * double(g4::bf16_to_f32(x_bits[size_t(t * run.shape.K + k)]));
         want += term;
         scale += std::fabs(term);
       }
@@ -536,8 +434,8 @@ double max_relative_error(const Run& run, const std::vector<uint8_t>& layout, co
   return worst;
 }
 
-// Tokens of the last T-token run (y_all) whose outputs differ in any bit from the same token run
-// alone (T = 1), over a few tokens.
+// Tokens of the last T-token run whose outputs differ in any bit from the same token run alone
+// (T = 1), over a few tokens.
 int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16* x, int T) {
   const std::vector<uint16_t> all = run.y_bits(T);
   int differing = 0;
@@ -554,16 +452,14 @@ int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16
 
 int main(int argc, char** argv) {
   const char* only_shape = argc > 1 ? argv[1] : nullptr;  // e.g. "gate": that matrix alone
-  const int only_target = argc > 2 ? std::atoi(argv[2]) : 0;  // e.g. 3168: those target warps alone
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("bench_mma_gemv_cuda: no GPU present, skipped\n");
     return 0;
   }
   constexpr int kMaxT = 64;
-  constexpr int kTargets[] = {132 * 16, 132 * 24, 132 * 32, 132 * 64};  // warps the slices of K aim at
-  std::printf("Q4_0 numbers in a tile-interleaved layout, bf16-pair dequantization, mma.m16n8k16 at 1..64 tokens\n"
-              "(us per matrix, the slices added by the last block of a row tile, or in the block: tile*)\n");
+  std::printf("Q4_0 numbers in a tile-interleaved layout, mma.m16n8k16 at 1..64 tokens (us per matrix; T <= 8 "
+              "'tile': one tile a block, %d slices added in the block)\n", kTileSlices);
   for (const Shape& shape : kShapes) {
     if (only_shape && std::strcmp(only_shape, shape.name) != 0) continue;
     const std::vector<uint8_t> layout = random_layout(shape.N, shape.K, 7);
@@ -580,58 +476,36 @@ int main(int argc, char** argv) {
     __nv_bfloat16* x = nullptr;
     check(cudaMalloc(&x, x_bits.size() * 2), "cudaMalloc x");
     check(cudaMemcpy(x, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice), "copy x");
-    float* workspace = nullptr;
+    float* partial = nullptr;
     __nv_bfloat16* y = nullptr;
-    const size_t workspace_bytes = g4::slice_workspace_bytes(int(shape.K / kChunk), kMaxT, shape.N);
-    check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
-    check(cudaMemset(workspace, 0, workspace_bytes), "zero workspace");
+    check(cudaMalloc(&partial, size_t(shape.K / kChunk) * kMaxT * shape.N * sizeof(float)), "cudaMalloc partial");
     check(cudaMalloc(&y, size_t(kMaxT) * shape.N * 2), "cudaMalloc y");
-    auto measure = [&](const Run& run, int T, bool check_bits) {
+    auto measure = [&](const Run& run, int T, bool checked) {
       run.launch(w[0], x, T);
       check(cudaDeviceSynchronize(), "kernel");
-      const double error = check_bits ? max_relative_error(run, layout, x_bits, T) : -1.0;
-      const int other_bits = check_bits && T > 1 ? tokens_with_other_bits(run, w[0], x, T) : 0;
+      const double error = checked ? max_relative_error(run, layout, x_bits, T) : -1.0;
+      const int other_bits = checked && T > 1 ? tokens_with_other_bits(run, w[0], x, T) : 0;
       const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
-      std::printf("%-7s [%6lld, %5lld] T=%-2d %-8s %8.2f us  %5.2f TB/s  %2d slices", shape.name,
-                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T,
-                  T <= 8 || run.few == Few::kAsync4 || run.few == Few::kAsync6 ? name_of(run.few) : "staged",
-                  us, double(bytes) / (us * 1e-6) / 1e12, run.slices);
+      std::printf("%-7s [%6lld, %5lld] %-22s %-6s T=%-2d %8.2f us  %5.2f TB/s  %2d slices", shape.name,
+                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), name_of(run.arith),
+                  T <= 8 && run.adding == Adding::kInBlock ? "tile" : "", T, us, double(bytes) / (us * 1e-6) / 1e12,
+                  T <= 8 && run.adding == Adding::kInBlock ? kTileSlices : run.slices);
       if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
-      if (check_bits && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
+      if (checked && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
       std::printf("\n");
     };
-    for (int target : kTargets) {
-      if (only_target && target != only_target) continue;
-      const int slices = slices_for(shape, target);
-      const int chunks_per_slice = int((shape.K / kChunk + slices - 1) / slices);
-      std::printf("-- %d target warps\n", target);
-      for (Few few : {Few::kBatched, Few::kRing4, Few::kRing6}) {
-        const Run run{shape, slices, chunks_per_slice, few, workspace, y};
-        measure(run, 1, target == kTargets[2]);
-        if (few == Few::kRing4) {
-          for (int T : {2, 8}) measure(run, T, T == 8 && target == kTargets[2]);
-        }
-      }
-      const Run staged{shape, slices, chunks_per_slice, Few::kRing4, workspace, y};
-      for (int T : {16, 64}) measure(staged, T, T == 64 && target == kTargets[2]);
-      for (Few few : {Few::kAsync4, Few::kAsync6}) {
-        const Run async{shape, slices, chunks_per_slice, few, workspace, y};  // alone: the ring4 kernel's bits
-        for (int T : {16, 64}) measure(async, T, T == 64 && target == kTargets[2]);
-      }
-    }
-    if (!only_target) {
-      std::printf("-- one tile a block, %d slices added in the block\n", kTileSlices);
-      const int chunks_per_slice = int((shape.K / kChunk + kTileSlices - 1) / kTileSlices);
-      for (Few few : {Few::kTile4, Few::kTile6}) {
-        const Run run{shape, kTileSlices, chunks_per_slice, few, workspace, y};
-        for (int T : {1, 2, 8}) measure(run, T, T != 2 && few == Few::kTile4);
-      }
-      const Run staged{shape, kTileSlices, chunks_per_slice, Few::kTile4, workspace, y};
-      measure(staged, 64, true);  // the same slices: its tokens' bits equal the tile kernel's alone
+    const int64_t tiles = shape.N / kTileRows, chunks = shape.K / kChunk;
+    const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
+    for (Arith arith : {Arith::kRounded, Arith::kPostScaled, Arith::kPostScaledMma}) {
+      const Run run{shape, arith, Adding::kSecondKernel, slices, int((chunks + slices - 1) / slices), partial, y};
+      for (int T : {1, 2, 8, 16, 64}) measure(run, T, T == 1 || T == 8 || T == 64);
+      // One tile a block: its 8 slices, which the 64-token run below shares (the same bits alone).
+      const Run tile{shape, arith, Adding::kInBlock, kTileSlices, int((chunks + kTileSlices - 1) / kTileSlices), partial, y};
+      for (int T : {1, 2, 8, 64}) measure(tile, T, T == 8 || T == 64);
     }
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);
-    cudaFree(workspace);
+    cudaFree(partial);
     cudaFree(y);
   }
   return 0;

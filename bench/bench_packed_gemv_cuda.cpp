@@ -124,7 +124,6 @@ void run_few_tokens_type(DType type, int64_t T, const bf16* input, uint4* x, bf1
     workspace_bytes = std::max(workspace_bytes, packed_matmul_workspace_bytes(rows, cols));
   float* workspace = nullptr;
   check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
-  check(cudaMemset(workspace, 0, workspace_bytes), "zero workspace");  // its arrival counters start at 0
   auto matmul = [&](const uint8_t* w, bf16* out, int64_t rows, int64_t cols) {
     launch_packed_matmul(type, input, w, out, T, rows, cols, workspace, workspace_bytes, nullptr);
   };
@@ -202,7 +201,6 @@ void run_batch_type(DType type, int64_t T, const bf16* input, bf16* y) {
     float* workspace = nullptr;
     uint8_t* x = nullptr;
     check(cudaMalloc(&workspace, std::max<size_t>(workspace_bytes, 4)), "cudaMalloc workspace");
-    check(cudaMemset(workspace, 0, std::max<size_t>(workspace_bytes, 4)), "zero workspace");
     check(cudaMalloc(&x, batch_activation_bytes(m.cols)), "cudaMalloc batch input");
     const double batch_us = time_us(
         [&](size_t c) {

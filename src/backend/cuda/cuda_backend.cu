@@ -703,7 +703,7 @@ class CudaBackend final : public Backend {
   // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
   // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
   // batch_quantized_: the packed batch GEMV's; packed_partials_: launch_packed_matmul's and
-  // launch_packed_batch_gemv's slices (slice_sum.cuh; zeroed by alloc, as its counters must start)
+  // launch_packed_batch_gemv's slices
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, batch_quantized_, packed_partials_;
   bool batch_invariant_ = false;  // set_batch_invariant
   // Prefill over packed weights: the two bf16 scratches of dequantized rows (multiply_dequantized_chunk), the

@@ -20,8 +20,8 @@
 // runs of 32 / groups classes: blockIdx.y); it walks its classes' blocks in class order, staged in
 // shared memory by cp.async two blocks a stage, two stages ahead (the 128 rows' bytes of a block and
 // every token's activations), keeps each class's sum in registers and the run's in shared memory,
-// and writes the run's sum: y itself for one run, else float partials that the row tile's last
-// block to finish adds in run order (fold_classes' outer sum; slice_sum.cuh). Q6_K (two scales a block) is not taken: its batches run
+// and writes the run's sum: y itself for one run, else float partials that add_slices_kernel adds
+// in run order (fold_classes' outer sum). Q6_K (two scales a block) is not taken: its batches run
 // the GEMV. Measured on the H200 (docs/PERF.md): bound by instructions issued, not by memory.
 #include <algorithm>
 
@@ -30,7 +30,6 @@
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantized_planes.cuh"
-#include "backend/cuda/slice_sum.cuh"
 
 namespace g4 {
 
@@ -41,7 +40,6 @@ using namespace packed;
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kTileRows = 16;
 static_assert(kWarps * kTileRows == kBatchRowsPerBlock, "a 16-row tile per warp");
-static_assert(kBatchRowsPerBlock == kSliceTileRows, "a thread block's rows are an arrival counter's");
 constexpr int kBlocksPerStage = 2;                   // blocks per cp.async group and barrier
 constexpr int kStages = 3;                           // stages in the ring: two staged ahead
 constexpr int kTokenSlots = kMaxPackedMatmulTokens;  // tokens per block in the activation layout
@@ -239,8 +237,8 @@ class ClassWalk {
 // +0 would not change it). The runs' sums wait in shared memory (registers hold the class's).
 template <DType kType, int kTiles>
 __global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(const uint8_t* x, const uint8_t* w, bf16* y,
-                                                                        SliceWorkspace workspace, int64_t T, int64_t N,
-                                                                        int64_t K, int groups) {
+                                                                        float* partial, int64_t T, int64_t N, int64_t K,
+                                                                        int groups) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kBlockBytes = Stage<kType>::template bytes<kTiles>(), kStageBytes = kBlocksPerStage * kBlockBytes;
   float* runs = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [warp][nt][e][lane]
@@ -295,9 +293,8 @@ __global__ void __launch_bounds__(kThreads, 2) packed_batch_gemv_kernel(const ui
       if (groups == 1)  // fold_classes: 0 + the run's sum is the run's sum
         y[t * N + row] = __float2bfloat16(sum);
       else
-        workspace.partial[(int64_t(blockIdx.y) * T + t) * N + row] = sum;
+        partial[(int64_t(blockIdx.y) * T + t) * N + row] = sum;
     }
-  if (groups > 1 && finished_last_slice(workspace.arrivals)) add_tile_slices(workspace.partial, groups, T, N, row0, y);
 }
 
 // Shared bytes of a launch: the stages, then the runs' sums.
@@ -306,7 +303,23 @@ constexpr size_t batch_gemv_smem_bytes() {
   return size_t(kStages) * kBlocksPerStage * Stage<kType>::template bytes<kTiles>() + size_t(kThreads) * kTiles * 4 * sizeof(float);
 }
 
+// y = the slices' partial sums added from 0 in slice order.
+__global__ void add_slices_kernel(const float* partial, int slices, int64_t count, bf16* y) {
+  pdl_launch_dependents();
+  pdl_wait();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < slices; ++s) sum += partial[s * count + i];
+    y[i] = __float2bfloat16(sum);
+  }
+}
+
 }  // namespace
+
+void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream) {
+  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(count, 256), 4096)), 256, 0,
+                stream, Pdl::kOn, partial, slices, count, y);
+}
 
 size_t batch_activation_bytes(int64_t K) {
   return size_t(K / kBlock) * kTokenSlots * (kValueBytes + 2 * sizeof(float));
@@ -326,7 +339,8 @@ bool packed_batch_gemv_fits(DType type, int64_t T, int64_t K) {
 }
 
 size_t packed_batch_gemv_workspace_bytes(int64_t N) {
-  return slice_workspace_bytes(fold_groups(N), kTokenSlots, N);
+  const int groups = fold_groups(N);
+  return groups == 1 ? 0 : size_t(groups) * size_t(kTokenSlots) * size_t(N) * sizeof(float);
 }
 
 void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
@@ -334,9 +348,8 @@ void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y,
   G4_CHECK(packed_batch_gemv_fits(type, T, K), "packed batch gemv: " + dtype_name(type) + ", " + std::to_string(T) +
                                                    " tokens of " + std::to_string(K) + " values");
   const int groups = fold_groups(N);
-  G4_CHECK(slice_workspace_bytes(groups, T, N) <= workspace_bytes,
+  G4_CHECK(groups == 1 || size_t(groups) * size_t(T) * size_t(N) * sizeof(float) <= workspace_bytes,
            "packed batch gemv: the workspace reserved for this matrix is too small");
-  G4_CHECK(groups == 1 || slice_tiles_fit(N), "packed batch gemv: " + std::to_string(N) + " rows is more than the slices' counters cover");
   const dim3 grid(unsigned(ceil_div(N, kBatchRowsPerBlock)), unsigned(groups));
   with_block_type(type, [&](auto t) {
     constexpr DType kType = decltype(t)::value;
@@ -345,10 +358,11 @@ void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y,
         constexpr int kTiles = decltype(tiles)::value;
         launch_kernel("packed_batch_gemv_kernel", packed_batch_gemv_kernel<kType, kTiles>, grid, kThreads,
                       batch_gemv_smem_bytes<kType, kTiles>(), stream, Pdl::kOn, static_cast<const uint8_t*>(x), w, y,
-                      slice_workspace(workspace), T, N, K, groups);
+                      workspace, T, N, K, groups);
       });
     }
   });
+  if (groups > 1) launch_add_slices(workspace, groups, T * N, y, stream);
 }
 
 }  // namespace g4

@@ -60,9 +60,8 @@ void with_token_tiles(int64_t T, F&& f) {
   if (T <= 32) return f(std::integral_constant<int, 4>{});
   f(std::integral_constant<int, 8>{});
 }
-// The workspace launch_packed_matmul needs for an [N, K] weight (slice_sum.cuh: arrival counters and
-// its slices of K's partial sums for kMaxPackedMatmulTokens tokens; 0 when one slice covers K),
-// zeroed when allocated.
+// The float workspace launch_packed_matmul needs for an [N, K] weight (its slices of K's partial
+// sums for kMaxPackedMatmulTokens tokens; 0 when one slice covers K).
 size_t packed_matmul_workspace_bytes(int64_t N, int64_t K);
 // y[T, N] = x[T, K] · w^T with tensor cores, the packed weight read once for all tokens; the same
 // bits for a token whatever T (slices of K fixed by the shape).
@@ -79,13 +78,14 @@ void launch_quantize_batch_activations(const bf16* x, int64_t T, int64_t K, uint
 // Whether launch_packed_batch_gemv takes T tokens of a K-wide weight of `type`: kMaxGemvTokens < T
 // <= kMaxPackedMatmulTokens, every block type but Q6_K.
 bool packed_batch_gemv_fits(DType type, int64_t T, int64_t K);
-// The workspace it needs for a weight of N rows (as packed_matmul_workspace_bytes; 0 when one thread
-// block covers K).
+// The float workspace it needs for a weight of N rows (0 when one thread block row covers K).
 size_t packed_batch_gemv_workspace_bytes(int64_t N);
 // y[T, N] = x · w^T with the decode GEMV's arithmetic, bit for bit: each token's row as launch_packed_gemv
 // with SumOrder::kBatchInvariant gives it alone. x: launch_quantize_batch_activations' output.
 void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
                               float* workspace, size_t workspace_bytes, cudaStream_t stream);
+// y[i] = bf16(Σ_s partial[s * count + i]), summed from 0 in s order.
+void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream);
 
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,

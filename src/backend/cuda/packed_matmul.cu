@@ -14,8 +14,7 @@
 // step — lane c's fragment slots 2c, 2c+1, 2c+8, 2c+9 hold weights 4c..4c+3 — so a lane's eight
 // weights of a block are two whole quant words and its activations two 8-byte loads; the sum over
 // k is the same. Slices of K are fixed by the matrix shape (never by T), and slices' partial sums
-// are added in slice order by the last block of a row tile to finish (slice_sum.cuh), so a row's
-// result does not depend on the others.
+// are added in slice order by a second kernel, so a row's result does not depend on the others.
 #include <algorithm>
 #include <type_traits>
 
@@ -23,7 +22,6 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/slice_sum.cuh"
 
 namespace g4 {
 
@@ -36,7 +34,6 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 // share a multiprocessor. Measured on the H200 against two tiles a warp (128 registers, two CTAs):
 // a 64-sequence Q4_0 step 35.4 against 38.3 ms (docs/PERF.md).
 constexpr int kWarpTiles = 1, kRowsPerWarp = 16 * kWarpTiles, kRowsPerCta = kWarps * kRowsPerWarp;
-static_assert(kRowsPerCta == kSliceTileRows, "a thread block's rows are an arrival counter's");
 constexpr int kChunk = kPackedMatmulChunk;  // k values per shared-memory stage
 constexpr int kChunkBlocks = kChunk / kBlock;
 constexpr int kXStride = kChunk + 16;       // bf16 per staged row: 288 bytes, so a warp's 8 rows of
@@ -175,11 +172,10 @@ template <DType kType, int kTiles>
 constexpr int stage_bytes() { return StagedWeights<kType>::kBytes + activation_stage_bytes<kTiles>(); }
 
 // Grid (row tiles, slices). Slice s sums chunks [s, s + 1) * chunks_per_slice of K; with one slice
-// the CTA writes y, otherwise its float sums go to the workspace's partial[s][T][N] and the row
-// tile's last CTA to finish adds them into y.
+// the CTA writes y, otherwise its float sums go to partial[s][T][N].
 template <DType kType, int kTiles>
 __global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, const uint8_t* w, bf16* y,
-                                                                 SliceWorkspace workspace, Geometry g) {
+                                                                 float* partial, Geometry g) {
   extern __shared__ __align__(16) uint8_t stages[];  // two stages of stage_bytes<kType, kTiles>()
   constexpr int kStageBytes = stage_bytes<kType, kTiles>();
   pdl_launch_dependents();
@@ -233,10 +229,8 @@ __global__ void __launch_bounds__(kThreads) packed_matmul_kernel(const bf16* x, 
         if (gridDim.y == 1)
           y[token * g.N + row] = __float2bfloat16(acc[m][t][e]);
         else
-          workspace.partial[(int64_t(blockIdx.y) * g.T + token) * g.N + row] = acc[m][t][e];
+          partial[(int64_t(blockIdx.y) * g.T + token) * g.N + row] = acc[m][t][e];
       }
-  if (gridDim.y > 1 && finished_last_slice(workspace.arrivals))
-    add_tile_slices(workspace.partial, int(gridDim.y), g.T, g.N, cta_row, y);
 }
 
 // Slices of K for an [N, K] matrix: chunks per slice and slice count.
@@ -251,7 +245,8 @@ std::pair<int, int> slicing(int64_t N, int64_t K) {
 
 size_t packed_matmul_workspace_bytes(int64_t N, int64_t K) {
   if (K % kChunk != 0) return 0;
-  return slice_workspace_bytes(slicing(N, K).second, kMaxTokens, N);
+  const int slices = slicing(N, K).second;
+  return slices == 1 ? 0 : size_t(slices) * size_t(kMaxTokens) * size_t(N) * sizeof(float);
 }
 
 void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, int64_t T, int64_t N, int64_t K,
@@ -260,9 +255,8 @@ void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, 
                                          " values (wants 1.." + std::to_string(kMaxTokens) +
                                          " tokens, K a multiple of 128)");
   const auto [per_slice, slices] = slicing(N, K);
-  G4_CHECK(slice_workspace_bytes(slices, T, N) <= workspace_bytes,
+  G4_CHECK(slices == 1 || size_t(slices) * size_t(T) * size_t(N) * sizeof(float) <= workspace_bytes,
            "packed matmul: the workspace reserved for this matrix is too small");
-  G4_CHECK(slices == 1 || slice_tiles_fit(N), "packed matmul: " + std::to_string(N) + " rows is more than the slices' counters cover");
   const Geometry g{T, N, K, per_slice};
   const dim3 grid(unsigned(ceil_div(N, kRowsPerCta)), unsigned(slices));
   with_block_type(type, [&](auto t) {
@@ -270,9 +264,11 @@ void launch_packed_matmul(DType type, const bf16* x, const uint8_t* w, bf16* y, 
     with_token_tiles(T, [&](auto tiles) {
       constexpr int kTiles = decltype(tiles)::value;
       launch_kernel("packed_matmul_kernel", packed_matmul_kernel<kType, kTiles>, grid, kThreads,
-                    2 * size_t(stage_bytes<kType, kTiles>()), stream, Pdl::kOn, x, w, y, slice_workspace(workspace), g);
+                    2 * size_t(stage_bytes<kType, kTiles>()), stream, Pdl::kOn, x, w, y, workspace, g);
     });
   });
+  if (slices == 1) return;
+  launch_add_slices(workspace, slices, T * N, y, stream);
 }
 
 }  // namespace g4
