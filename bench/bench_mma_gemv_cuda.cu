@@ -15,16 +15,16 @@
 // ldmatrix. Every kernel adds in the same order, so a token's outputs should have the same bits at
 // any token count: checked.
 //
-// Three arithmetics (Arith):
+// Two arithmetics (Arith):
 //   rounded       the packed matmul's: weights bf16(d · (q − 8)) — the two nibbles of a fragment
 //                 register sit 16 bits apart, so one mask makes the bf16 pair 128 + q, and with d =
 //                 hi + lo (hi its bf16, lo exact in 3 bits) fma.rn.bf16x2(q − 8, hi, (q − 8)·lo)
 //                 rounds once (docs/DESIGN.md §3);
 //   post-scaled   the fragments are q − 8 exactly (the mask, one bf16x2 subtraction); the tensor
 //                 cores sum a block of 32's products, which its scale then multiplies in float:
-//                 d · Σ (q − 8)·x, no weight rounding, no scale in the inner loop;
-//   post-scaled, mma for the offset  the fragments are the masked 128 + q as is, and a second pair
-//                 of mma with a constant −136 fragment takes 136 · Σ x off the block's sum.
+//                 d · Σ (q − 8)·x, no weight rounding, no scale in the inner loop.
+// (Measured and dropped, 2026-12-02: the masked 128 + q as fragments with a second pair of mma over a
+// constant −136 fragment for the offset — no faster at one token, 1.3–1.6× slower at 64.)
 //
 // Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 8, 16 and 64 tokens (weights rotated
 // through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
@@ -66,10 +66,8 @@ constexpr int kTileSlices = 8;                             // "tile": a warp a s
 constexpr size_t kRotationBytes = size_t(600) << 20;
 constexpr int kReps = 40;
 
-enum class Arith { kRounded, kPostScaled, kPostScaledMma };
-const char* name_of(Arith a) {
-  return a == Arith::kRounded ? "rounded" : a == Arith::kPostScaled ? "post-scaled" : "post-scaled, mma offset";
-}
+enum class Arith { kRounded, kPostScaled };
+const char* name_of(Arith a) { return a == Arith::kRounded ? "rounded" : "post-scaled"; }
 
 // Where value k of row n sits: lane, word (k-step s) and bit of its record. Lane l = 4g + c holds
 // the A fragments of rows g and g + 8 at k = 16s + 2c, 2c + 1, 2c + 8, 2c + 9 (mma.cuh's layout):
@@ -140,18 +138,28 @@ __device__ inline uint32_t rounded_pair(uint32_t word, int j, const SplitScale& 
   const __nv_bfloat162 q = centred_pair(word, j);
   return as_u32(__hfma2(q, d.hi, __hmul2(q, d.lo)));
 }
-constexpr uint32_t kMinus136Pair = 0xC308C308u;  // the bf16 pair (-136, -136)
 
 // A lane's share of one record: its 16 bytes of quants and the fp16 scale pairs of rows g, g + 8.
 struct Record {
   uint4 quants;
   uint32_t scales[2];
 };
+// Loads: ld.global.cs (evict first), or as the dp2a GEMV's, ld.global.nc.L1::no_allocate (kNoAllocate).
+template <bool kNoAllocate = false>
 __device__ inline Record load_record(const uint8_t* records, int chunk, int lane) {
   const uint8_t* r = records + size_t(chunk) * kRecordBytes;
-  const int g = lane / 4;
-  return {__ldcs(reinterpret_cast<const uint4*>(r) + lane), {__ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g),
-                                                             __ldcs(reinterpret_cast<const unsigned*>(r + kQuantBytes) + g + 8)}};
+  const unsigned* scales = reinterpret_cast<const unsigned*>(r + kQuantBytes) + lane / 4;
+  if constexpr (kNoAllocate) {
+    Record out;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(out.quants.x), "=r"(out.quants.y), "=r"(out.quants.z), "=r"(out.quants.w)
+        : "l"(r + 16 * lane));
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(out.scales[0]) : "l"(scales));
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(out.scales[1]) : "l"(scales + 8));
+    return out;
+  } else {
+    return {__ldcs(reinterpret_cast<const uint4*>(r) + lane), {__ldcs(scales), __ldcs(scales + 8)}};
+  }
 }
 
 // d[p] += the record's products for column tile p (8 tokens), in the arithmetic kArith; load_b(s, b)
@@ -175,7 +183,6 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
       for (int p = 0; p < kTiles; ++p) g4::mma_bf16(d[p], a, b[p][0], b[p][1]);
     }
   } else {
-    constexpr uint32_t kOffset[4] = {kMinus136Pair, kMinus136Pair, kMinus136Pair, kMinus136Pair};
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
       uint32_t a[2][4], b[2][kTiles][2];
@@ -183,7 +190,7 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          a[h][j] = kArith == Arith::kPostScaled ? as_u32(centred_pair(words[2 * blk + h], j)) : biased_pair(words[2 * blk + h], j);
+          a[h][j] = as_u32(centred_pair(words[2 * blk + h], j));
         load_b(2 * blk + h, b[h]);
       }
       const float scale_g = blk == 0 ? s_g.x : s_g.y, scale_g8 = blk == 0 ? s_g8.x : s_g8.y;
@@ -191,10 +198,7 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
       for (int p = 0; p < kTiles; ++p) {
         float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          g4::mma_bf16(t, a[h], b[h][p][0], b[h][p][1]);
-          if constexpr (kArith == Arith::kPostScaledMma) g4::mma_bf16(t, kOffset, b[h][p][0], b[h][p][1]);
-        }
+        for (int h = 0; h < 2; ++h) g4::mma_bf16(t, a[h], b[h][p][0], b[h][p][1]);
         d[p][0] = fmaf(t[0], scale_g, d[p][0]);
         d[p][1] = fmaf(t[1], scale_g, d[p][1]);
         d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
@@ -273,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
 
 // y[T][N] for T <= 8 tokens, one tile a block: warp s takes slice s of kTileSlices, and the block adds
 // the slices' sums from 0 in slice order (as launch_add_slices does) and stores y itself.
-template <Arith kArith>
+template <Arith kArith, int kTileUnroll, bool kNoAllocate>
 __global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const uint8_t* w, const __nv_bfloat16* x,
                                                                           __nv_bfloat16* y, int T, int N, int K,
                                                                           int chunks_per_slice) {
@@ -283,12 +287,12 @@ __global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const u
   const GlobalB b_of = global_b(x, T, K, lane);
   const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-  for (int chunk = first; chunk < end; chunk += kUnroll) {
-    Record r[kUnroll];
+  for (int chunk = first; chunk < end; chunk += kTileUnroll) {
+    Record r[kTileUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
+    for (int u = 0; u < kTileUnroll; ++u) r[u] = load_record<kNoAllocate>(records, chunk + u < end ? chunk + u : first, lane);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kTileUnroll; ++u) {
       if (chunk + u >= end) break;
       multiply_record<kArith, 1>(r[u], [&](int s, uint32_t(&b)[1][2]) { b_of(chunk + u, s, b); }, d);
     }
@@ -375,14 +379,23 @@ struct Shape {
 // The 31B's matrices: hidden 5 376, MLP 21 504, queries 8 192.
 constexpr Shape kShapes[] = {{"q_proj", 8192, 5376}, {"o_proj", 5376, 8192}, {"gate", 21504, 5376}, {"down", 5376, 21504}};
 
-// How the slices of K are added: a second kernel, or in the block ("tile", up to 8 tokens).
-enum class Adding { kSecondKernel, kInBlock };
+// How the slices of K are added: a second kernel, or in the block ("tile", up to 8 tokens: records
+// loaded 4 at a time by ld.global.cs, 4 or 8 by ld.global.nc.L1::no_allocate).
+enum class Adding { kSecondKernel, kInBlock, kInBlockNoAllocate, kInBlockNoAllocate8 };
+bool in_block(Adding a) { return a != Adding::kSecondKernel; }
+const char* name_of(Adding a) {
+  constexpr const char* kNames[] = {"", "tile", "tile nc", "tile nc8"};
+  return kNames[int(a)];
+}
 
 template <Arith kArith>
 void launch_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial, __nv_bfloat16* y, int T, int N, int K,
                    int slices, int chunks_per_slice, Adding adding) {
-  if (T <= 8 && adding == Adding::kInBlock) {
-    mma_gemv_tile_kernel<kArith><<<unsigned(N / kTileRows), 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
+  if (T <= 8 && in_block(adding)) {
+    const unsigned blocks = unsigned(N / kTileRows);
+    if (adding == Adding::kInBlock) mma_gemv_tile_kernel<kArith, 4, false><<<blocks, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
+    else if (adding == Adding::kInBlockNoAllocate) mma_gemv_tile_kernel<kArith, 4, true><<<blocks, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
+    else mma_gemv_tile_kernel<kArith, 8, true><<<blocks, 32 * kTileSlices>>>(w, x, y, T, N, K, chunks_per_slice);
     return;
   }
   const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
@@ -403,8 +416,7 @@ struct Run {
   void launch(const uint8_t* w, const __nv_bfloat16* x, int T) const {
     const int N = int(shape.N), K = int(shape.K);
     if (arith == Arith::kRounded) launch_kernel<Arith::kRounded>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
-    else if (arith == Arith::kPostScaled) launch_kernel<Arith::kPostScaled>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
-    else launch_kernel<Arith::kPostScaledMma>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
+    else launch_kernel<Arith::kPostScaled>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
   }
   std::vector<uint16_t> y_bits(int T) const {
     std::vector<uint16_t> bits(size_t(T * shape.N));
@@ -486,22 +498,25 @@ int main(int argc, char** argv) {
       const double error = checked ? max_relative_error(run, layout, x_bits, T) : -1.0;
       const int other_bits = checked && T > 1 ? tokens_with_other_bits(run, w[0], x, T) : 0;
       const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { run.launch(w[size_t(i) % copies], x, T); }, 3, kReps);
-      std::printf("%-7s [%6lld, %5lld] %-22s %-6s T=%-2d %8.2f us  %5.2f TB/s  %2d slices", shape.name,
+      std::printf("%-7s [%6lld, %5lld] %-11s %-8s T=%-2d %8.2f us  %5.2f TB/s  %2d slices", shape.name,
                   static_cast<long long>(shape.N), static_cast<long long>(shape.K), name_of(run.arith),
-                  T <= 8 && run.adding == Adding::kInBlock ? "tile" : "", T, us, double(bytes) / (us * 1e-6) / 1e12,
-                  T <= 8 && run.adding == Adding::kInBlock ? kTileSlices : run.slices);
+                  T <= 8 ? name_of(run.adding) : "", T, us, double(bytes) / (us * 1e-6) / 1e12,
+                  T <= 8 && in_block(run.adding) ? kTileSlices : run.slices);
       if (error >= 0) std::printf("  max error %.2e%s", error, error < 1e-2 ? "" : "  WRONG");
       if (checked && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
       std::printf("\n");
     };
     const int64_t tiles = shape.N / kTileRows, chunks = shape.K / kChunk;
     const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
-    for (Arith arith : {Arith::kRounded, Arith::kPostScaled, Arith::kPostScaledMma}) {
+    for (Arith arith : {Arith::kRounded, Arith::kPostScaled}) {
       const Run run{shape, arith, Adding::kSecondKernel, slices, int((chunks + slices - 1) / slices), partial, y};
       for (int T : {1, 2, 8, 16, 64}) measure(run, T, T == 1 || T == 8 || T == 64);
       // One tile a block: its 8 slices, which the 64-token run below shares (the same bits alone).
-      const Run tile{shape, arith, Adding::kInBlock, kTileSlices, int((chunks + kTileSlices - 1) / kTileSlices), partial, y};
-      for (int T : {1, 2, 8, 64}) measure(tile, T, T == 8 || T == 64);
+      for (Adding adding : {Adding::kInBlock, Adding::kInBlockNoAllocate, Adding::kInBlockNoAllocate8}) {
+        const Run tile{shape, arith, adding, kTileSlices, int((chunks + kTileSlices - 1) / kTileSlices), partial, y};
+        for (int T : {1, 8}) measure(tile, T, T == 8);
+        if (adding == Adding::kInBlockNoAllocate8) measure(tile, 64, true);
+      }
     }
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);

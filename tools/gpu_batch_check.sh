@@ -96,4 +96,4 @@ if want graphs; then
   done
 fi
 echo "done in $((SECONDS - started)) s"
-(cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)
+(set +f; cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)  # globs: set -f is for the filters
