@@ -131,7 +131,7 @@ __device__ inline SplitScale split_scale(float d) {
 // Fragment register j of `word` as the bf16 pair 128 + q (low element the even k), and as q - 8.
 __device__ inline uint32_t biased_pair(uint32_t word, int j) { return ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u; }
 __device__ inline __nv_bfloat162 centred_pair(uint32_t word, int j) {
-  return __hsub2(as_bf162(biased_pair(word, j)), __float2bfloat162_rn(136.0f));  // exact
+  return __hsub2(as_bf162(biased_pair(word, j)), as_bf162(0x43084308u));  // - (136, 136): exact
 }
 // ... and as the bf16 pair of d · (q - 8), rounded once: q·lo is exact.
 __device__ inline uint32_t rounded_pair(uint32_t word, int j, const SplitScale& d) {
@@ -208,21 +208,20 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
   }
 }
 
-// k-step s of record `chunk`'s B fragment for up to 8 tokens read from global memory (x_pairs: the
-// lane's token g, or no token: zeros).
+// k-step s of record `chunk`'s B fragment for up to 8 tokens read from global memory: column g
+// is token g's, or for g >= T token T - 1's again (those columns are never stored), so that no
+// load waits on a branch.
 struct GlobalB {
-  const uint32_t* x_pairs;
-  bool has_token;
-  int c;
+  const uint32_t* x_pairs;  // the lane's token row, at its pair c
   __device__ void operator()(int chunk, int s, uint32_t (&b)[1][2]) const {
-    const int k = chunk * kChunk + 16 * s + 2 * c;
-    b[0][0] = has_token ? __ldg(x_pairs + k / 2) : 0u;
-    b[0][1] = has_token ? __ldg(x_pairs + k / 2 + 4) : 0u;
+    const uint32_t* p = x_pairs + unsigned(chunk) * (kChunk / 2) + 8 * s;
+    b[0][0] = __ldg(p);
+    b[0][1] = __ldg(p + 4);
   }
 };
 __device__ inline GlobalB global_b(const __nv_bfloat16* x, int T, int K, int lane) {
   const int g = lane / 4;
-  return {reinterpret_cast<const uint32_t*>(x + size_t(g < T ? g : 0) * K), g < T, lane % 4};
+  return {reinterpret_cast<const uint32_t*>(x + size_t(min(g, T - 1)) * K) + lane % 4};
 }
 
 // The lane's accumulators (column tiles of 8 tokens) into partial[slice][T][N].
