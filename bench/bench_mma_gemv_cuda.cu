@@ -11,9 +11,13 @@
 // the shape alone), and the slices' float sums are added from 0 in slice order: by a second kernel
 // (launch_add_slices) or, with one tile a block and a slice a warp, in the block ("tile"). Up to 8
 // tokens are one mma's 8 columns, read from global memory; 16, 32 or 64 tokens are 2, 4 or 8
-// column tiles, staged per record in shared memory by cp.async for the block's 8 warps and read by
-// ldmatrix. Every kernel adds in the same order, so a token's outputs should have the same bits at
-// any token count: checked.
+// column tiles, staged per record in shared memory by cp.async for the block's 8 warps. Every
+// kernel adds in the same order, so a token's outputs should have the same bits at any token
+// count: checked.
+//
+// K is permuted within each block of 32 (the sum is the same set of products; the order is fixed,
+// so the bits are the same at every token count): lane c's fragment slots of the block's two k16
+// steps hold values 8c..8c+7 of the block, so its activations for a block are one 16-byte load.
 //
 // Two arithmetics (Arith):
 //   rounded       the packed matmul's: weights bf16(d · (q − 8)) — the two nibbles of a fragment
@@ -58,8 +62,8 @@ constexpr int kQuantBytes = 32 * 16, kRecordBytes = kQuantBytes + kTileRows * 2 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;                                 // records a lane loads before using them (≤ 8 tokens)
 constexpr int kAhead = 2;                                  // records a lane loads ahead of use (16-64 tokens)
-constexpr int kXStride = kChunk + 8;                       // bf16 per staged token: 144 bytes, so ldmatrix's
-                                                           // 8 rows fall in distinct 16-byte bank groups
+constexpr int kXStride = kChunk + 32;                      // bf16 per staged token: 192 bytes, so that the
+                                                           // 16-byte loads of tokens g, g + 1 miss each other's banks
 constexpr int kXStages = 4;                                // staged records of tokens in the ring
 constexpr int kTargetWarps = 132 * 32;                     // slices of K until about this many warps
 constexpr int kTileSlices = 8;                             // "tile": a warp a slice, one tile a block
@@ -70,16 +74,18 @@ enum class Arith { kRounded, kPostScaled };
 const char* name_of(Arith a) { return a == Arith::kRounded ? "rounded" : "post-scaled"; }
 
 // Where value k of row n sits: lane, word (k-step s) and bit of its record. Lane l = 4g + c holds
-// the A fragments of rows g and g + 8 at k = 16s + 2c, 2c + 1, 2c + 8, 2c + 9 (mma.cuh's layout):
-// word s holds register j's pair (j = 0: row g, k 2c and 2c + 1; 1: row g + 8; 2: row g, k 2c + 8
-// and 2c + 9; 3: row g + 8) at bits 4j (even k) and 16 + 4j (odd k).
+// the A fragments of rows g and g + 8 (mma.cuh's layout: register j = 0 row g at fragment slots 2c,
+// 2c + 1; 1 row g + 8; 2 row g at slots 2c + 8, 2c + 9; 3 row g + 8), word s its four registers of
+// k-step s at bits 4j (even slot) and 16 + 4j (odd slot). Block b of 32 values is steps 2b and
+// 2b + 1; its values 8c..8c+3 are lane c's slots of step 2b (2c, 2c + 1, 2c + 8, 2c + 9), values
+// 8c+4..8c+7 those of step 2b + 1.
 struct Place {
   int lane, word, shift;
 };
 Place place_of(int row_in_tile, int k_in_chunk) {
-  const int s = k_in_chunk / 16, r = k_in_chunk % 16, c = (r % 8) / 2;
-  const int g = row_in_tile % 8, j = row_in_tile / 8 + (r >= 8 ? 2 : 0);
-  return {4 * g + c, s, 4 * j + 16 * (r % 2)};
+  const int b = k_in_chunk / 32, c = (k_in_chunk % 32) / 8, v = k_in_chunk % 8;
+  const int g = row_in_tile % 8, j = row_in_tile / 8 + 2 * ((v % 4) / 2);
+  return {4 * g + c, 2 * b + v / 4, 4 * j + 16 * (v % 2)};
 }
 
 size_t layout_bytes(int64_t N, int64_t K) { return size_t(N / kTileRows) * size_t(K / kChunk) * kRecordBytes; }
@@ -162,8 +168,9 @@ __device__ inline Record load_record(const uint8_t* records, int chunk, int lane
   }
 }
 
-// d[p] += the record's products for column tile p (8 tokens), in the arithmetic kArith; load_b(s, b)
-// fills b[p] with k-step s's B fragment of every column tile. The one multiplication all kernels use.
+// d[p] += the record's products for column tile p (8 tokens), in the arithmetic kArith; load_b(blk, v)
+// fills v[p] with the lane's 8 activations of block blk for column tile p: the B fragments of steps
+// 2 blk (v.x, v.y) and 2 blk + 1 (v.z, v.w). The one multiplication all kernels use.
 template <Arith kArith, int kTiles, typename LoadB>
 __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&d)[kTiles][4]) {
   // Rows g and g + 8, blocks 0 and 1 (k-steps 0-1 and 2-3).
@@ -173,32 +180,35 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
   if constexpr (kArith == Arith::kRounded) {
     const SplitScale split[2][2] = {{split_scale(s_g.x), split_scale(s_g.y)}, {split_scale(s_g8.x), split_scale(s_g8.y)}};
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int blk = s / 2;
-      const uint32_t a[4] = {rounded_pair(words[s], 0, split[0][blk]), rounded_pair(words[s], 1, split[1][blk]),
-                             rounded_pair(words[s], 2, split[0][blk]), rounded_pair(words[s], 3, split[1][blk])};
-      uint32_t b[kTiles][2];
-      load_b(s, b);
+    for (int blk = 0; blk < 2; ++blk) {
+      uint4 v[kTiles];
+      load_b(blk, v);
 #pragma unroll
-      for (int p = 0; p < kTiles; ++p) g4::mma_bf16(d[p], a, b[p][0], b[p][1]);
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * blk + h;
+        const uint32_t a[4] = {rounded_pair(words[s], 0, split[0][blk]), rounded_pair(words[s], 1, split[1][blk]),
+                               rounded_pair(words[s], 2, split[0][blk]), rounded_pair(words[s], 3, split[1][blk])};
+#pragma unroll
+        for (int p = 0; p < kTiles; ++p) g4::mma_bf16(d[p], a, h == 0 ? v[p].x : v[p].z, h == 0 ? v[p].y : v[p].w);
+      }
     }
   } else {
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
-      uint32_t a[2][4], b[2][kTiles][2];
+      uint32_t a[2][4];
+      uint4 v[kTiles];
+      load_b(blk, v);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          a[h][j] = as_u32(centred_pair(words[2 * blk + h], j));
-        load_b(2 * blk + h, b[h]);
+        for (int j = 0; j < 4; ++j) a[h][j] = as_u32(centred_pair(words[2 * blk + h], j));
       }
       const float scale_g = blk == 0 ? s_g.x : s_g.y, scale_g8 = blk == 0 ? s_g8.x : s_g8.y;
 #pragma unroll
       for (int p = 0; p < kTiles; ++p) {
         float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) g4::mma_bf16(t, a[h], b[h][p][0], b[h][p][1]);
+        g4::mma_bf16(t, a[0], v[p].x, v[p].y);
+        g4::mma_bf16(t, a[1], v[p].z, v[p].w);
         d[p][0] = fmaf(t[0], scale_g, d[p][0]);
         d[p][1] = fmaf(t[1], scale_g, d[p][1]);
         d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
@@ -208,20 +218,16 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
   }
 }
 
-// k-step s of record `chunk`'s B fragment for up to 8 tokens read from global memory: column g
-// is token g's, or for g >= T token T - 1's again (those columns are never stored), so that no
-// load waits on a branch.
+// The lane's activations of block blk of record `chunk` for up to 8 tokens, read from global
+// memory: column g is token g's, or for g >= T token T - 1's again (those columns are never
+// stored), so that no load waits on a branch.
 struct GlobalB {
-  const uint32_t* x_pairs;  // the lane's token row, at its pair c
-  __device__ void operator()(int chunk, int s, uint32_t (&b)[1][2]) const {
-    const uint32_t* p = x_pairs + unsigned(chunk) * (kChunk / 2) + 8 * s;
-    b[0][0] = __ldg(p);
-    b[0][1] = __ldg(p + 4);
-  }
+  const uint4* x;  // the lane's token row, at its 8 values of the first block
+  __device__ void operator()(int chunk, int blk, uint4 (&v)[1]) const { v[0] = __ldg(x + unsigned(chunk) * (kChunk / 8) + 4 * blk); }
 };
 __device__ inline GlobalB global_b(const __nv_bfloat16* x, int T, int K, int lane) {
   const int g = lane / 4;
-  return {reinterpret_cast<const uint32_t*>(x + size_t(min(g, T - 1)) * K) + lane % 4};
+  return {reinterpret_cast<const uint4*>(x + size_t(min(g, T - 1)) * K) + lane % 4};
 }
 
 // The lane's accumulators (column tiles of 8 tokens) into partial[slice][T][N].
@@ -268,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (chunk + u >= end) break;
-      multiply_record<kArith, 1>(r[u], [&](int s, uint32_t(&b)[1][2]) { b_of(chunk + u, s, b); }, d);
+      multiply_record<kArith, 1>(r[u], [&](int blk, uint4(&v)[1]) { b_of(chunk + u, blk, v); }, d);
     }
   }
   store_partial<1>(d, partial, T, N, tile, lane);
@@ -293,7 +299,7 @@ __global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const u
 #pragma unroll
     for (int u = 0; u < kTileUnroll; ++u) {
       if (chunk + u >= end) break;
-      multiply_record<kArith, 1>(r[u], [&](int s, uint32_t(&b)[1][2]) { b_of(chunk + u, s, b); }, d);
+      multiply_record<kArith, 1>(r[u], [&](int blk, uint4(&v)[1]) { b_of(chunk + u, blk, v); }, d);
     }
   }
 #pragma unroll
@@ -312,12 +318,12 @@ __global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const u
 }
 
 // partial[slice][T][N] for 8 < T <= 8 · kTokenTiles tokens: as mma_gemv_kernel, the block's tokens
-// staged record by record in shared memory (a ring of kXStages, cp.async) and read by ldmatrix, the
-// weights loaded kAhead records ahead of use.
+// staged record by record in shared memory (a ring of kXStages, cp.async), each lane reading its 8
+// values of a block with one 16-byte load per column tile, the weights loaded kAhead records ahead
+// of use.
 template <Arith kArith, int kTokenTiles>
 __global__ void __launch_bounds__(kThreads, 2) mma_matmul_kernel(const uint8_t* w, const __nv_bfloat16* x, float* partial,
                                                                int T, int N, int K, int chunks_per_slice) {
-  static_assert(kTokenTiles % 2 == 0, "ldmatrix.x4 reads two column tiles");
   constexpr int kTokens = 8 * kTokenTiles;
   __shared__ __align__(16) __nv_bfloat16 xs[kXStages][kTokens * kXStride];
   const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -344,9 +350,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_matmul_kernel(const uint8_t* 
 #pragma unroll
   for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
   float d[kTokenTiles][4] = {};
-  // ldmatrix.x4 over two column tiles: lanes 0-7 address tokens 0-7 at k 0-7 of the step, lanes
-  // 8-15 the same tokens at k 8-15, lanes 16-31 the next tile's tokens likewise.
-  const int ld_token = (lane / 16) * 8 + lane % 8, ld_k = ((lane / 8) % 2) * 8;
+  const int g = lane / 4, c = lane % 4;
   for (int i0 = 0; i0 < count; i0 += kAhead + 1) {
 #pragma unroll
     for (int u = 0; u <= kAhead; ++u) {
@@ -357,14 +361,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_matmul_kernel(const uint8_t* 
       __syncthreads();                           // ... for every thread; record i - 1's buffer is free
       stage(i + kXStages - 1);
       if (!has_tile) continue;
-      const uint32_t base = g4::shared_addr(&xs[i % kXStages][ld_token * kXStride + ld_k]);
-      multiply_record<kArith, kTokenTiles>(r[u], [&](int s, uint32_t(&b)[kTokenTiles][2]) {
+      const __nv_bfloat16* mine = &xs[i % kXStages][g * kXStride + 8 * c];
+      multiply_record<kArith, kTokenTiles>(r[u], [&](int blk, uint4(&v)[kTokenTiles]) {
 #pragma unroll
-        for (int p = 0; p < kTokenTiles / 2; ++p) {
-          uint32_t m[4];
-          g4::ldmatrix_x4(m, base + uint32_t((16 * p * kXStride + 16 * s) * 2));
-          b[2 * p][0] = m[0], b[2 * p][1] = m[1], b[2 * p + 1][0] = m[2], b[2 * p + 1][1] = m[3];
-        }
+        for (int p = 0; p < kTokenTiles; ++p) v[p] = *reinterpret_cast<const uint4*>(mine + 8 * p * kXStride + 32 * blk);
       }, d);
     }
   }
