@@ -3,21 +3,19 @@
 // inside a decode step), and at 16 to 64 tokens as fast as the packed matmul, so that one
 // arithmetic could serve every row count, batch invariant by construction?
 //
-// The weights are Q4_0 numbers in a tile-interleaved layout (the Marlin idea): for each 16-row tile
-// and each 64 values of K, a 576-byte record — 32 lanes × 16 bytes of quants, each lane's 16 bytes
-// exactly its A-fragment nibbles for four mma.m16n8k16 steps, then the 16 rows' two fp16 scales —
-// so a lane loads its weights with one 16-byte load and turns them into fragments in registers,
-// with no shared memory and no shuffles. A warp takes one tile over a slice of K (slices fixed by
+// The weights are Q4_0 numbers in the tile-interleaved records of backend/cuda/q4_0_records.h (the
+// Marlin idea): for each 16-row tile and each 64 values of K, a 576-byte record — 32 lanes × 16
+// bytes of quants, each lane's 16 bytes exactly its A-fragment nibbles for four mma.m16n8k16 steps,
+// then the 16 rows' two fp16 scales — so a lane loads its weights with one 16-byte load and turns
+// them into fragments in registers, with no shared memory and no shuffles. A warp takes one tile over a slice of K (slices fixed by
 // the shape alone), and the slices' float sums are added from 0 in slice order: by a second kernel
 // (launch_add_slices) or, with one tile a block and a slice a warp, in the block ("tile"). Up to 8
 // tokens are one mma's 8 columns, read from global memory; 16, 32 or 64 tokens are 2, 4 or 8
 // column tiles, staged per record in shared memory by cp.async for the block's 8 warps. Every
 // kernel adds in the same order, so a token's outputs should have the same bits at any token
 // count: checked.
-//
-// K is permuted within each block of 32 (the sum is the same set of products; the order is fixed,
-// so the bits are the same at every token count): lane c's fragment slots of the block's two k16
-// steps hold values 8c..8c+7 of the block, so its activations for a block are one 16-byte load.
+// K is permuted within each block of 32 (the same products in a fixed order, so the same bits at
+// every token count): a lane's activations of a block are one 16-byte load.
 //
 // Two arithmetics (Arith):
 //   rounded       the packed matmul's: weights bf16(d · (q − 8)) — the two nibbles of a fragment
@@ -50,6 +48,7 @@
 
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/q4_0_records.h"
 #include "cuda_timing.h"
 #include "util/half.h"
 
@@ -57,8 +56,8 @@ namespace {
 
 using g4::bench::check;
 
-constexpr int kTileRows = 16, kChunk = 64;                 // a record: 16 rows × 64 values of K
-constexpr int kQuantBytes = 32 * 16, kRecordBytes = kQuantBytes + kTileRows * 2 * 2;  // 576
+constexpr int kTileRows = g4::records::kTileRows, kChunk = g4::records::kValues;  // a record: 16 rows × 64 values
+constexpr int kQuantBytes = g4::records::kQuantBytes, kRecordBytes = g4::records::kBytes;
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;                                 // records a lane loads before using them (≤ 8 tokens)
 constexpr int kAhead = 2;                                  // records a lane loads ahead of use (16-64 tokens)
@@ -73,52 +72,33 @@ constexpr int kReps = 40;
 enum class Arith { kRounded, kPostScaled };
 const char* name_of(Arith a) { return a == Arith::kRounded ? "rounded" : "post-scaled"; }
 
-// Where value k of row n sits: lane, word (k-step s) and bit of its record. Lane l = 4g + c holds
-// the A fragments of rows g and g + 8 (mma.cuh's layout: register j = 0 row g at fragment slots 2c,
-// 2c + 1; 1 row g + 8; 2 row g at slots 2c + 8, 2c + 9; 3 row g + 8), word s its four registers of
-// k-step s at bits 4j (even slot) and 16 + 4j (odd slot). Block b of 32 values is steps 2b and
-// 2b + 1; its values 8c..8c+3 are lane c's slots of step 2b (2c, 2c + 1, 2c + 8, 2c + 9), values
-// 8c+4..8c+7 those of step 2b + 1.
-struct Place {
-  int lane, word, shift;
-};
-Place place_of(int row_in_tile, int k_in_chunk) {
-  const int b = k_in_chunk / 32, c = (k_in_chunk % 32) / 8, v = k_in_chunk % 8;
-  const int g = row_in_tile % 8, j = row_in_tile / 8 + 2 * ((v % 4) / 2);
-  return {4 * g + c, 2 * b + v / 4, 4 * j + 16 * (v % 2)};
-}
-
-size_t layout_bytes(int64_t N, int64_t K) { return size_t(N / kTileRows) * size_t(K / kChunk) * kRecordBytes; }
-
-// Random quants and scales in the layout (scales like a small model's: fp16 in [0.001, 0.01)).
+// A random Q4_0 matrix in GGUF form (scales like a small model's: fp16 in [0.001, 0.01)), packed
+// into records.
 std::vector<uint8_t> random_layout(int64_t N, int64_t K, uint64_t seed) {
-  std::vector<uint8_t> bytes(layout_bytes(N, K));
+  std::vector<uint8_t> gguf(size_t(N * K / 32) * g4::records::kGgufBlockBytes);
   std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < bytes.size(); i += 8) {
-    const uint64_t v = rng();
-    std::memcpy(&bytes[i], &v, std::min<size_t>(8, bytes.size() - i));
-  }
   std::uniform_real_distribution<float> scale(0.001f, 0.01f);
-  for (size_t r = 0; r < bytes.size() / kRecordBytes; ++r) {
-    for (int j = 0; j < kTileRows * 2; ++j) {
-      const uint16_t h = g4::f32_to_f16(scale(rng));
-      std::memcpy(&bytes[r * kRecordBytes + kQuantBytes + 2 * j], &h, 2);
+  for (size_t at = 0; at < gguf.size(); at += g4::records::kGgufBlockBytes) {
+    const uint16_t h = g4::f32_to_f16(scale(rng));
+    std::memcpy(&gguf[at], &h, 2);
+    for (int i = 2; i < g4::records::kGgufBlockBytes; i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(&gguf[at + i], &v, std::min(8, g4::records::kGgufBlockBytes - i));
     }
   }
+  std::vector<uint8_t> bytes(g4::records::matrix_bytes(N, K));
+  for (int64_t tile = 0; tile < N / kTileRows; ++tile)
+    for (int64_t chunk = 0; chunk < K / kChunk; ++chunk)
+      g4::records::pack_q4_0_record(gguf.data(), K, tile, chunk, bytes.data() + g4::records::record_offset(K, tile, chunk));
   return bytes;
 }
 
 // The weight the kernel multiplies: (q - 8) · d, d the fp16 scale of its row's block of 32; rounded
 // to bf16 by the rounded arithmetic.
 double weight_at(const std::vector<uint8_t>& layout, int64_t K, int64_t n, int64_t k, Arith arith) {
-  const int64_t record = (n / kTileRows) * (K / kChunk) + k / kChunk;
-  const uint8_t* r = layout.data() + record * kRecordBytes;
-  const Place p = place_of(int(n % kTileRows), int(k % kChunk));
-  uint32_t word;
-  std::memcpy(&word, r + 16 * p.lane + 4 * p.word, 4);
-  uint16_t h;
-  std::memcpy(&h, r + kQuantBytes + 4 * (n % kTileRows) + 2 * ((k % kChunk) / 32), 2);
-  const float w = float(int((word >> p.shift) & 15u) - 8) * g4::f16_to_f32(h);
+  const uint8_t* r = layout.data() + g4::records::record_offset(K, n / kTileRows, k / kChunk);
+  const int row = int(n % kTileRows), kk = int(k % kChunk);
+  const float w = float(g4::records::quant_at(r, row, kk) - 8) * g4::f16_to_f32(g4::records::scale_bits_at(r, row, kk));
   return arith == Arith::kRounded ? double(g4::bf16_to_f32(g4::f32_to_bf16(w))) : double(w);
 }
 
