@@ -17,7 +17,7 @@
 // K is permuted within each block of 32 (the same products in a fixed order, so the same bits at
 // every token count): a lane's activations of a block are one 16-byte load.
 //
-// Two arithmetics (Arith):
+// Three arithmetics (Arith):
 //   rounded       the packed matmul's: weights bf16(d · (q − 8)) — the two nibbles of a fragment
 //                 register sit 16 bits apart, so one mask makes the bf16 pair 128 + q, and with d =
 //                 hi + lo (hi its bf16, lo exact in 3 bits) fma.rn.bf16x2(q − 8, hi, (q − 8)·lo)
@@ -25,8 +25,11 @@
 //   post-scaled   the fragments are q − 8 exactly (the mask, one bf16x2 subtraction); the tensor
 //                 cores sum a block of 32's products, which its scale then multiplies in float:
 //                 d · Σ (q − 8)·x, no weight rounding, no scale in the inner loop.
-// (Measured and dropped, 2026-12-02: the masked 128 + q as fragments with a second pair of mma over a
-// constant −136 fragment for the offset — no faster at one token, 1.3–1.6× slower at 64.)
+//   post-sc+mma   as post-scaled, the fragments the masked 128 + q as is (no subtraction), and the
+//                 block's 136 · Σ x by a second pair of mma over a constant fragment, from 0, added
+//                 to the weights' sum in float. (Measured 2026-12-02 with the offset mma adding into
+//                 the weights' sum and the loads still behind branches: no faster at one token,
+//                 1.3–1.6× slower at 64; measured again now that the loads are clean.)
 //
 // Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 8, 16 and 64 tokens (weights rotated
 // through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
@@ -69,8 +72,10 @@ constexpr int kTileSlices = 8;                             // "tile": a warp a s
 constexpr size_t kRotationBytes = size_t(600) << 20;
 constexpr int kReps = 40;
 
-enum class Arith { kRounded, kPostScaled };
-const char* name_of(Arith a) { return a == Arith::kRounded ? "rounded" : "post-scaled"; }
+enum class Arith { kRounded, kPostScaled, kPostScaledOffset };
+const char* name_of(Arith a) {
+  return a == Arith::kRounded ? "rounded" : a == Arith::kPostScaled ? "post-scaled" : "post-sc+mma";
+}
 
 // A random Q4_0 matrix in GGUF form (scales like a small model's: fp16 in [0.001, 0.01)), packed
 // into records.
@@ -123,6 +128,17 @@ __device__ inline __nv_bfloat162 centred_pair(uint32_t word, int j) {
 __device__ inline uint32_t rounded_pair(uint32_t word, int j, const SplitScale& d) {
   const __nv_bfloat162 q = centred_pair(word, j);
   return as_u32(__hfma2(q, d.hi, __hmul2(q, d.lo)));
+}
+
+constexpr uint32_t kMinus136Pair = 0xC308C308u;  // the bf16 pair (-136, -136)
+
+// d = A·B from 0 (the C operand a zero register: no zeroing moves), else as g4::mma_bf16.
+__device__ inline void mma_from_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
 // A lane's share of one record: its 16 bytes of quants and the fp16 scale pairs of rows g, g + 8.
@@ -181,14 +197,23 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[h][j] = as_u32(centred_pair(words[2 * blk + h], j));
+        for (int j = 0; j < 4; ++j)
+          a[h][j] = kArith == Arith::kPostScaled ? as_u32(centred_pair(words[2 * blk + h], j)) : biased_pair(words[2 * blk + h], j);
       }
       const float scale_g = blk == 0 ? s_g.x : s_g.y, scale_g8 = blk == 0 ? s_g8.x : s_g8.y;
 #pragma unroll
       for (int p = 0; p < kTiles; ++p) {
-        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        g4::mma_bf16(t, a[0], v[p].x, v[p].y);
+        float t[4];
+        mma_from_zero(t, a[0], v[p].x, v[p].y);
         g4::mma_bf16(t, a[1], v[p].z, v[p].w);
+        if constexpr (kArith == Arith::kPostScaledOffset) {
+          constexpr uint32_t kOffset[4] = {kMinus136Pair, kMinus136Pair, kMinus136Pair, kMinus136Pair};
+          float o[4];
+          mma_from_zero(o, kOffset, v[p].x, v[p].y);
+          g4::mma_bf16(o, kOffset, v[p].z, v[p].w);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) t[e] += o[e];
+        }
         d[p][0] = fmaf(t[0], scale_g, d[p][0]);
         d[p][1] = fmaf(t[1], scale_g, d[p][1]);
         d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
@@ -395,7 +420,8 @@ struct Run {
   void launch(const uint8_t* w, const __nv_bfloat16* x, int T) const {
     const int N = int(shape.N), K = int(shape.K);
     if (arith == Arith::kRounded) launch_kernel<Arith::kRounded>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
-    else launch_kernel<Arith::kPostScaled>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
+    else if (arith == Arith::kPostScaled) launch_kernel<Arith::kPostScaled>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
+    else launch_kernel<Arith::kPostScaledOffset>(w, x, partial, y, T, N, K, slices, chunks_per_slice, adding);
   }
   std::vector<uint16_t> y_bits(int T) const {
     std::vector<uint16_t> bits(size_t(T * shape.N));
@@ -487,7 +513,7 @@ int main(int argc, char** argv) {
     };
     const int64_t tiles = shape.N / kTileRows, chunks = shape.K / kChunk;
     const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
-    for (Arith arith : {Arith::kRounded, Arith::kPostScaled}) {
+    for (Arith arith : {Arith::kRounded, Arith::kPostScaled, Arith::kPostScaledOffset}) {
       const Run run{shape, arith, Adding::kSecondKernel, slices, int((chunks + slices - 1) / slices), partial, y};
       for (int T : {1, 2, 8, 16, 64}) measure(run, T, T == 1 || T == 8 || T == 64);
       // One tile a block: its 8 slices, which the 64-token run below shares (the same bits alone).
