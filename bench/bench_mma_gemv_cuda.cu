@@ -376,6 +376,65 @@ __global__ void __launch_bounds__(kThreads, 2) mma_matmul_kernel(const uint8_t* 
   if (has_tile) store_partial<kTokenTiles>(d, partial, T, N, tile, lane);
 }
 
+// The dp2a GEMV's arithmetic over the same records, one token: could sessions keep their integer
+// GEMV on this layout? x is quantized per block of 32 to int16 with a float scale (as the packed
+// GEMV's input), laid out so that lane c's 16 bytes of a block are the int16 pairs its quants pair
+// with: masked, a record word holds row g's quants of values 0, 2, 1, 3 of its four (bytes 0..3)
+// and row g + 8's in the high nibbles, so one mask (and a shift) gives dp2a its four int8 of a row.
+// xs holds the sum of the lane's 8 int16 of a block (the q - 8 offset). Each lane keeps rows g and
+// g + 8 in float; the four lanes of a row add their sums at the end (a butterfly over c).
+__global__ void __launch_bounds__(kThreads) dp2a_records_kernel(const uint8_t* w, const uint4* xq, const int* xs,
+                                                                 const float* xd, float* partial, int N, int K,
+                                                                 int chunks_per_slice) {
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (tile >= N / kTileRows) return;
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  const int g = lane / 4, c = lane % 4;
+  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  float acc_g = 0.0f, acc_g8 = 0.0f;
+  for (int chunk = first; chunk < end; chunk += kUnroll) {
+    Record r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (chunk + u >= end) break;
+      const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r[u].scales[0]));
+      const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r[u].scales[1]));
+      const uint32_t words[4] = {r[u].quants.x, r[u].quants.y, r[u].quants.z, r[u].quants.w};
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const unsigned block = unsigned(chunk + u) * 2 + b;
+        const uint4 a = __ldg(xq + block * 4 + c);
+        const int offset = -8 * __ldg(xs + block * 4 + c);
+        const float dx = __ldg(xd + block);
+        const uint32_t w0 = words[2 * b], w1 = words[2 * b + 1];
+        const int q0 = int(w0 & 0x0F0F0F0Fu), q1 = int(w1 & 0x0F0F0F0Fu);
+        const int p0 = int((w0 >> 4) & 0x0F0F0F0Fu), p1 = int((w1 >> 4) & 0x0F0F0F0Fu);
+        int dot_g = __dp2a_lo(int(a.x), q0, offset);
+        dot_g = __dp2a_hi(int(a.y), q0, dot_g);
+        dot_g = __dp2a_lo(int(a.z), q1, dot_g);
+        dot_g = __dp2a_hi(int(a.w), q1, dot_g);
+        int dot_g8 = __dp2a_lo(int(a.x), p0, offset);
+        dot_g8 = __dp2a_hi(int(a.y), p0, dot_g8);
+        dot_g8 = __dp2a_lo(int(a.z), p1, dot_g8);
+        dot_g8 = __dp2a_hi(int(a.w), p1, dot_g8);
+        acc_g = fmaf(float(dot_g), (b == 0 ? s_g.x : s_g.y) * dx, acc_g);
+        acc_g8 = fmaf(float(dot_g8), (b == 0 ? s_g8.x : s_g8.y) * dx, acc_g8);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    acc_g += __shfl_xor_sync(~0u, acc_g, m);
+    acc_g8 += __shfl_xor_sync(~0u, acc_g8, m);
+  }
+  if (c == 0) {
+    partial[size_t(blockIdx.y) * N + tile * kTileRows + g] = acc_g;
+    partial[size_t(blockIdx.y) * N + tile * kTileRows + g + 8] = acc_g8;
+  }
+}
+
 struct Shape {
   const char* name;
   int64_t N, K;
@@ -465,6 +524,72 @@ int tokens_with_other_bits(const Run& run, const uint8_t* w, const __nv_bfloat16
   return differing;
 }
 
+// dp2a_records_kernel on token 0 of x: checked against the host's sum of the same integers and
+// scales, then timed like the mma kernels.
+void measure_dp2a(const Shape& shape, const std::vector<uint8_t>& layout, const std::vector<uint8_t*>& w,
+                  const std::vector<uint16_t>& x_bits, float* partial, __nv_bfloat16* y) {
+  const int64_t K = shape.K, N = shape.N, blocks = K / 32;
+  std::vector<int16_t> xi(static_cast<size_t>(K));
+  std::vector<float> xd(static_cast<size_t>(blocks));
+  std::vector<int> xs(static_cast<size_t>(blocks * 4));
+  std::vector<uint32_t> xq(static_cast<size_t>(blocks * 16));
+  for (int64_t b = 0; b < blocks; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(g4::bf16_to_f32(x_bits[size_t(32 * b + i)])));
+    xd[size_t(b)] = amax / 32767.0f;
+    for (int i = 0; i < 32; ++i) {
+      const float v = g4::bf16_to_f32(x_bits[size_t(32 * b + i)]);
+      xi[size_t(32 * b + i)] = int16_t(amax > 0 ? std::lround(std::clamp(v / xd[size_t(b)], -32767.0f, 32767.0f)) : 0);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const int16_t* v = &xi[size_t(32 * b + 8 * c)];
+      auto pair = [](int16_t lo, int16_t hi) { return uint32_t(uint16_t(lo)) | uint32_t(uint16_t(hi)) << 16; };
+      uint32_t* out = &xq[size_t((b * 4 + c) * 4)];
+      out[0] = pair(v[0], v[2]), out[1] = pair(v[1], v[3]), out[2] = pair(v[4], v[6]), out[3] = pair(v[5], v[7]);
+      int sum = 0;
+      for (int i = 0; i < 8; ++i) sum += v[i];
+      xs[size_t(b * 4 + c)] = sum;
+    }
+  }
+  uint4* dq = nullptr;
+  int* ds = nullptr;
+  float* dd = nullptr;
+  check(cudaMalloc(&dq, xq.size() * 4), "cudaMalloc xq");
+  check(cudaMalloc(&ds, xs.size() * 4), "cudaMalloc xs");
+  check(cudaMalloc(&dd, xd.size() * 4), "cudaMalloc xd");
+  check(cudaMemcpy(dq, xq.data(), xq.size() * 4, cudaMemcpyHostToDevice), "copy xq");
+  check(cudaMemcpy(ds, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice), "copy xs");
+  check(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice), "copy xd");
+  const int64_t tiles = N / kTileRows, chunks = K / kChunk;
+  const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks)), per_slice = int((chunks + slices - 1) / slices);
+  const dim3 grid(unsigned((tiles + kWarps - 1) / kWarps), unsigned(slices));
+  auto launch = [&](const uint8_t* weights) {
+    dp2a_records_kernel<<<grid, kThreads>>>(weights, dq, ds, dd, partial, int(N), int(K), per_slice);
+    g4::launch_add_slices(partial, slices, N, reinterpret_cast<g4::bf16*>(y), nullptr);
+  };
+  launch(w[0]);
+  check(cudaDeviceSynchronize(), "dp2a kernel");
+  std::vector<uint16_t> got(static_cast<size_t>(N));
+  check(cudaMemcpy(got.data(), y, got.size() * 2, cudaMemcpyDeviceToHost), "copy y");
+  double worst = 0;
+  for (int64_t n = 0; n < N; n += 97) {
+    double want = 0, scale = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double term = weight_at(layout, K, n, k, Arith::kPostScaled) * double(xi[size_t(k)]) * double(xd[size_t(k / 32)]);
+      want += term;
+      scale += std::fabs(term);
+    }
+    worst = std::max(worst, std::fabs(double(g4::bf16_to_f32(got[size_t(n)])) - want) / std::max(scale, 1e-30));
+  }
+  const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { launch(w[size_t(i) % w.size()]); }, 3, kReps);
+  std::printf("%-7s [%6lld, %5lld] %-11s %-8s T=1  %8.2f us  %5.2f TB/s  %2d slices  max error %.2e%s\n", shape.name,
+              static_cast<long long>(N), static_cast<long long>(K), "dp2a", "", us, double(layout.size()) / (us * 1e-6) / 1e12,
+              slices, worst, worst < 1e-2 ? "" : "  WRONG");
+  cudaFree(dq);
+  cudaFree(ds);
+  cudaFree(dd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -523,6 +648,7 @@ int main(int argc, char** argv) {
         if (adding == Adding::kInBlockNoAllocate8) measure(tile, 64, true);
       }
     }
+    measure_dp2a(shape, layout, w, x_bits, partial, y);
     for (uint8_t* p : w) cudaFree(p);
     cudaFree(x);
     cudaFree(partial);
