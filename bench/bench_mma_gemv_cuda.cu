@@ -164,6 +164,22 @@ __device__ inline Record load_record(const uint8_t* records, int chunk, int lane
   }
 }
 
+// Calls use(chunk, record) for the records [first, end) of a slice in order, loading kBatch of them
+// before using them (the weights' loads in flight).
+template <int kBatch, bool kNoAllocate = false, typename Use>
+__device__ inline void for_each_record(const uint8_t* records, int first, int end, int lane, Use&& use) {
+  for (int chunk = first; chunk < end; chunk += kBatch) {
+    Record r[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) r[u] = load_record<kNoAllocate>(records, chunk + u < end ? chunk + u : first, lane);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (chunk + u >= end) break;
+      use(chunk + u, r[u]);
+    }
+  }
+}
+
 // d[p] += the record's products for column tile p (8 tokens), in the arithmetic kArith; load_b(blk, v)
 // fills v[p] with the lane's 8 activations of block blk for column tile p: the B fragments of steps
 // 2 blk (v.x, v.y) and 2 blk + 1 (v.z, v.w). The one multiplication all kernels use.
@@ -272,16 +288,9 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
   const GlobalB b_of = global_b(x, T, K, lane);
   const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-  for (int chunk = first; chunk < end; chunk += kUnroll) {
-    Record r[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (chunk + u >= end) break;
-      multiply_record<kArith, 1>(r[u], [&](int blk, uint4(&v)[1]) { b_of(chunk + u, blk, v); }, d);
-    }
-  }
+  for_each_record<kUnroll>(records, first, end, lane, [&](int chunk, const Record& r) {
+    multiply_record<kArith, 1>(r, [&](int blk, uint4(&v)[1]) { b_of(chunk, blk, v); }, d);
+  });
   store_partial<1>(d, partial, T, N, tile, lane);
 }
 
@@ -297,16 +306,9 @@ __global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const u
   const GlobalB b_of = global_b(x, T, K, lane);
   const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-  for (int chunk = first; chunk < end; chunk += kTileUnroll) {
-    Record r[kTileUnroll];
-#pragma unroll
-    for (int u = 0; u < kTileUnroll; ++u) r[u] = load_record<kNoAllocate>(records, chunk + u < end ? chunk + u : first, lane);
-#pragma unroll
-    for (int u = 0; u < kTileUnroll; ++u) {
-      if (chunk + u >= end) break;
-      multiply_record<kArith, 1>(r[u], [&](int blk, uint4(&v)[1]) { b_of(chunk + u, blk, v); }, d);
-    }
-  }
+  for_each_record<kTileUnroll, kNoAllocate>(records, first, end, lane, [&](int chunk, const Record& r) {
+    multiply_record<kArith, 1>(r, [&](int blk, uint4(&v)[1]) { b_of(chunk, blk, v); }, d);
+  });
 #pragma unroll
   for (int j = 0; j < 4; ++j) sums[slice][lane][j] = d[0][j];
   __syncthreads();
@@ -392,38 +394,31 @@ __global__ void __launch_bounds__(kThreads) dp2a_records_kernel(const uint8_t* w
   const int g = lane / 4, c = lane % 4;
   const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
   float acc_g = 0.0f, acc_g8 = 0.0f;
-  for (int chunk = first; chunk < end; chunk += kUnroll) {
-    Record r[kUnroll];
+  for_each_record<kUnroll>(records, first, end, lane, [&](int chunk, const Record& r) {
+    const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
+    const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
+    const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (chunk + u >= end) break;
-      const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r[u].scales[0]));
-      const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r[u].scales[1]));
-      const uint32_t words[4] = {r[u].quants.x, r[u].quants.y, r[u].quants.z, r[u].quants.w};
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const unsigned block = unsigned(chunk + u) * 2 + b;
-        const uint4 a = __ldg(xq + block * 4 + c);
-        const int offset = -8 * __ldg(xs + block * 4 + c);
-        const float dx = __ldg(xd + block);
-        const uint32_t w0 = words[2 * b], w1 = words[2 * b + 1];
-        const int q0 = int(w0 & 0x0F0F0F0Fu), q1 = int(w1 & 0x0F0F0F0Fu);
-        const int p0 = int((w0 >> 4) & 0x0F0F0F0Fu), p1 = int((w1 >> 4) & 0x0F0F0F0Fu);
-        int dot_g = __dp2a_lo(int(a.x), q0, offset);
-        dot_g = __dp2a_hi(int(a.y), q0, dot_g);
-        dot_g = __dp2a_lo(int(a.z), q1, dot_g);
-        dot_g = __dp2a_hi(int(a.w), q1, dot_g);
-        int dot_g8 = __dp2a_lo(int(a.x), p0, offset);
-        dot_g8 = __dp2a_hi(int(a.y), p0, dot_g8);
-        dot_g8 = __dp2a_lo(int(a.z), p1, dot_g8);
-        dot_g8 = __dp2a_hi(int(a.w), p1, dot_g8);
-        acc_g = fmaf(float(dot_g), (b == 0 ? s_g.x : s_g.y) * dx, acc_g);
-        acc_g8 = fmaf(float(dot_g8), (b == 0 ? s_g8.x : s_g8.y) * dx, acc_g8);
-      }
+    for (int b = 0; b < 2; ++b) {
+      const unsigned block = unsigned(chunk) * 2 + b;
+      const uint4 a = __ldg(xq + block * 4 + c);
+      const int offset = -8 * __ldg(xs + block * 4 + c);
+      const float dx = __ldg(xd + block);
+      const uint32_t w0 = words[2 * b], w1 = words[2 * b + 1];
+      const int q0 = int(w0 & 0x0F0F0F0Fu), q1 = int(w1 & 0x0F0F0F0Fu);
+      const int p0 = int((w0 >> 4) & 0x0F0F0F0Fu), p1 = int((w1 >> 4) & 0x0F0F0F0Fu);
+      int dot_g = __dp2a_lo(int(a.x), q0, offset);
+      dot_g = __dp2a_hi(int(a.y), q0, dot_g);
+      dot_g = __dp2a_lo(int(a.z), q1, dot_g);
+      dot_g = __dp2a_hi(int(a.w), q1, dot_g);
+      int dot_g8 = __dp2a_lo(int(a.x), p0, offset);
+      dot_g8 = __dp2a_hi(int(a.y), p0, dot_g8);
+      dot_g8 = __dp2a_lo(int(a.z), p1, dot_g8);
+      dot_g8 = __dp2a_hi(int(a.w), p1, dot_g8);
+      acc_g = fmaf(float(dot_g), (b == 0 ? s_g.x : s_g.y) * dx, acc_g);
+      acc_g8 = fmaf(float(dot_g8), (b == 0 ? s_g8.x : s_g8.y) * dx, acc_g8);
     }
-  }
+  });
 #pragma unroll
   for (int m = 1; m <= 2; m *= 2) {
     acc_g += __shfl_xor_sync(~0u, acc_g, m);
