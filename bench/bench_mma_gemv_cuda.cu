@@ -33,8 +33,9 @@
 //
 // Prints µs per matrix and TB/s for the 31B's shapes at 1, 2, 8, 16 and 64 tokens (weights rotated
 // through 600 MB so L2 holds none), after checking sampled rows against a host reference computed
-// from the same layout, and the bits of tokens at 8 and 64 against the same tokens alone.
-// Compare with `bench_packed_gemv_cuda q4_0 T` on the same machine.
+// from the same layout, and the bits of tokens at 8 and 64 against the same tokens alone; then the
+// dp2a GEMV over the same records at one token (dp2a_records_kernel). Compare with
+// `bench_packed_gemv_cuda q4_0 T` on the same machine.
 //   bench_mma_gemv_cuda [q_proj|o_proj|gate|down]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,7 +45,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) mma_gemv_kernel(const uint8_t* w, co
   if (tile >= N / kTileRows) return;
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
   const GlobalB b_of = global_b(x, T, K, lane);
-  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  const uint8_t* records = w + g4::records::record_offset(K, tile, 0);
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for_each_record<kUnroll>(records, first, end, lane, [&](int chunk, const Record& r) {
     multiply_record<kArith, 1>(r, [&](int blk, uint4(&v)[1]) { b_of(chunk, blk, v); }, d);
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(32 * kTileSlices) mma_gemv_tile_kernel(const u
   const int lane = threadIdx.x % 32, slice = threadIdx.x / 32, tile = blockIdx.x;
   const int first = slice * chunks_per_slice, end = min(K / kChunk, first + chunks_per_slice);
   const GlobalB b_of = global_b(x, T, K, lane);
-  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  const uint8_t* records = w + g4::records::record_offset(K, tile, 0);
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for_each_record<kTileUnroll, kNoAllocate>(records, first, end, lane, [&](int chunk, const Record& r) {
     multiply_record<kArith, 1>(r, [&](int blk, uint4(&v)[1]) { b_of(chunk, blk, v); }, d);
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_matmul_kernel(const uint8_t* 
   };
 #pragma unroll
   for (int i = 0; i < kXStages - 1; ++i) stage(i);
-  const uint8_t* records = w + size_t(has_tile ? tile : 0) * (K / kChunk) * kRecordBytes;
+  const uint8_t* records = w + g4::records::record_offset(K, has_tile ? tile : 0, 0);
   Record r[kAhead + 1];
 #pragma unroll
   for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kThreads) dp2a_records_kernel(const uint8_t* w
   if (tile >= N / kTileRows) return;
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
   const int g = lane / 4, c = lane % 4;
-  const uint8_t* records = w + size_t(tile) * (K / kChunk) * kRecordBytes;
+  const uint8_t* records = w + g4::records::record_offset(K, tile, 0);
   float acc_g = 0.0f, acc_g8 = 0.0f;
   for_each_record<kUnroll>(records, first, end, lane, [&](int chunk, const Record& r) {
     const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
@@ -436,6 +436,16 @@ struct Shape {
 };
 // The 31B's matrices: hidden 5 376, MLP 21 504, queries 8 192.
 constexpr Shape kShapes[] = {{"q_proj", 8192, 5376}, {"o_proj", 5376, 8192}, {"gate", 21504, 5376}, {"down", 5376, 21504}};
+
+// Slices of K fixed by the shape alone: added until the matrix has about kTargetWarps warps.
+struct Slicing {
+  int slices, chunks_per_slice;
+};
+Slicing slicing_of(const Shape& shape) {
+  const int64_t tiles = shape.N / kTileRows, chunks = shape.K / kChunk;
+  const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
+  return {slices, int((chunks + slices - 1) / slices)};
+}
 
 // How the slices of K are added: a second kernel, or in the block ("tile", up to 8 tokens: records
 // loaded 4 at a time by ld.global.cs, 4 or 8 by ld.global.nc.L1::no_allocate).
@@ -555,9 +565,8 @@ void measure_dp2a(const Shape& shape, const std::vector<uint8_t>& layout, const 
   check(cudaMemcpy(dq, xq.data(), xq.size() * 4, cudaMemcpyHostToDevice), "copy xq");
   check(cudaMemcpy(ds, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice), "copy xs");
   check(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice), "copy xd");
-  const int64_t tiles = N / kTileRows, chunks = K / kChunk;
-  const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks)), per_slice = int((chunks + slices - 1) / slices);
-  const dim3 grid(unsigned((tiles + kWarps - 1) / kWarps), unsigned(slices));
+  const auto [slices, per_slice] = slicing_of(shape);
+  const dim3 grid(unsigned((N / kTileRows + kWarps - 1) / kWarps), unsigned(slices));
   auto launch = [&](const uint8_t* weights) {
     dp2a_records_kernel<<<grid, kThreads>>>(weights, dq, ds, dd, partial, int(N), int(K), per_slice);
     g4::launch_add_slices(partial, slices, N, reinterpret_cast<g4::bf16*>(y), nullptr);
@@ -631,10 +640,10 @@ int main(int argc, char** argv) {
       if (checked && T > 1) std::printf("  %s", other_bits == 0 ? "same bits as alone" : "OTHER BITS than alone");
       std::printf("\n");
     };
-    const int64_t tiles = shape.N / kTileRows, chunks = shape.K / kChunk;
-    const int slices = int(std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
+    const int64_t chunks = shape.K / kChunk;
+    const Slicing slicing = slicing_of(shape);
     for (Arith arith : {Arith::kRounded, Arith::kPostScaled, Arith::kPostScaledOffset}) {
-      const Run run{shape, arith, Adding::kSecondKernel, slices, int((chunks + slices - 1) / slices), partial, y};
+      const Run run{shape, arith, Adding::kSecondKernel, slicing.slices, slicing.chunks_per_slice, partial, y};
       for (int T : {1, 2, 8, 16, 64}) measure(run, T, T == 1 || T == 8 || T == 64);
       // One tile a block: its 8 slices, which the 64-token run below shares (the same bits alone).
       for (Adding adding : {Adding::kInBlock, Adding::kInBlockNoAllocate, Adding::kInBlockNoAllocate8}) {
