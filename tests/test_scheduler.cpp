@@ -1,6 +1,6 @@
 // Continuous batching (docs/DESIGN.md §7): a sequence's tokens do not depend on what else is in
 // the batch — alone, or among 2, 5, 8 or 13 sequences, in any slot, with different prefill chunk
-// sizes and arrival orders (CPU; on CUDA for decode batches) — every running sequence decodes in
+// sizes and arrival orders (CPU; on CUDA for decode batches, Q4_0 records among them) — every running sequence decodes in
 // one batched forward (batch_invariant = false: whole forwards past the backend's invariant rows),
 // recorded decode steps (cuda_graphs) give the tokens of eager ones,
 // the KV budget bounds admission, cancel frees memory at once, a finished sequence's caches serve
@@ -162,6 +162,20 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
 TEST(Scheduler, RecordedDecodeStepsAreInvariantOnCuda) {
   G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
   auto engine = demo_engine(13, "cuda");
+  expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true, /*cuda_graphs=*/true);
+}
+
+// Q4_0 matrices (llama.cpp's Q4_0 demo file: a Q6_K embedding beside them) run as records once
+// batch invariance is asked for (docs/DESIGN.md §7): one arithmetic for 1 to 64 rows, so every
+// sequence draws its tokens alone in any batch, eager and replayed. Invariance is asked for before
+// the reference sessions run, so that they run the records too.
+TEST(Scheduler, Q4_0RecordsKeepDecodeBatchesInvariantOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine =
+      test::demo_engine_for(13, kMaxSeqLen, "cuda", std::string(G4_FIXTURES_DIR) + "/llamacpp/demo-q4_0.gguf");
+  ASSERT_EQ(engine->model().weights().layers[0].gate_proj.dtype, DType::Q4_0);
+  engine->backend().set_batch_invariant(true);
+  expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true, /*cuda_graphs=*/true);
 }
 

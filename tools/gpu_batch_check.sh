@@ -10,7 +10,7 @@
 # `concurrency` runs continuous batching at issue 16's 1, 8, 32 and 64 sequences (q4_0 batch
 # invariant and not, bf16 not); `steady` the steady state of 16 and 64 sequences per weight type,
 # not invariant; `crossover` times a layer's Q4_0 GEMVs and packed tensor-core matmul at 2..64
-# rows, and the tile-interleaved mma kernels of bench_mma_gemv_cuda at 1..64 tokens; `graphs` the scheduler's decode steps eager
+# rows, and the Q4_0 records matmul of bench_q4_0_records_cuda at 1..64 tokens; `graphs` the scheduler's decode steps eager
 # and replayed as CUDA graphs (--cuda_graph) at 1, 8 and 64 sequences. Logs in one archive,
 # $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover] [graphs]
 set -uo pipefail
@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 started=$SECONDS
 cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sessions test_sampling_cuda \
-  bench_sampling bench_packed_gemv_cuda bench_mma_gemv_cuda bench_l2_prefetch_cuda bench_layer_chain_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+  bench_sampling bench_packed_gemv_cuda bench_q4_0_records_cuda bench_l2_prefetch_cuda bench_layer_chain_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $((SECONDS - started)) s"
 want() { [ -z "$parts" ] || [[ " $parts " == *" $1 "* ]]; }
 if want tests; then
@@ -77,8 +77,8 @@ if want crossover; then
     timeout 60 ./build-gpu/bench/bench_packed_gemv_cuda q4_0 $t > "$OUT/crossover_$t.log" 2>&1
     grep -E " us|error" "$OUT/crossover_$t.log"
   done
-  # The invariance plan's tensor-core kernels at 1..64 tokens (docs/DESIGN.md §7).
-  timeout 120 ./build-gpu/bench/bench_mma_gemv_cuda > "$OUT/mma_gemv.log" 2>&1; cat "$OUT/mma_gemv.log"
+  # The Q4_0 records matmul at 1..64 tokens (docs/DESIGN.md §7).
+  timeout 120 ./build-gpu/bench/bench_q4_0_records_cuda > "$OUT/q4_0_records.log" 2>&1; cat "$OUT/q4_0_records.log"
 fi
 # The scheduler's decode steps eager and replayed, alternating, each mode twice (q4_0).
 if want graphs; then

@@ -9,10 +9,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/q4_0_records.h"
 #include "backend/memory_meter.h"
 #include "format/tensor_source.h"
 #include "backend/cuda/cuda_sampler.h"
@@ -144,6 +146,7 @@ class CudaBackend final : public Backend {
 
   void upload(const void* host, const Tensor& dst) override {
     dequantize_must_wait_ = true;  // dst may be a weight
+    records_.erase(dst.data);      // ... in the packed layout again
     G4_CUDA(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
   }
 
@@ -201,6 +204,9 @@ class CudaBackend final : public Backend {
     G4_CHECK(out.cols == table.cols && out.rows == ids.rows, "embed: the output must be [tokens, table columns]");
     // docs/DESIGN.md §2: the scale is a bf16 number when the activations are bf16 (as in transformers).
     const float scale_bf16 = __bfloat162float(__float2bfloat16(scale));
+    if (in_records(table))
+      return launch_embed_q4_0_records(ptr<uint8_t>(table), table.rows, table.cols, ptr<int32_t>(ids), ids.rows,
+                                       scale_bf16, ptr<bf16>(out), stream_);
     if (is_block_quantized(table.dtype))
       return launch_embed_packed(table.dtype, ptr<uint8_t>(table), table.rows, table.cols, ptr<int32_t>(ids), ids.rows,
                                  scale_bf16, ptr<bf16>(out), stream_);
@@ -221,26 +227,32 @@ class CudaBackend final : public Backend {
              "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
+    if (runs_as_records(w, T) && to_records(w)) {
+      quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
+      launch_q4_0_records_matmul(ptr<uint8_t>(w), ptr<bf16>(x), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
+                                 packed_partials_.bytes(), stream_);
+      return;
+    }
     if (is_block_quantized(w.dtype)) {
-      if (packed_gemv_takes(T, K, batch_invariant_)) {
+      if (packed_gemv_takes(T, K, batch_invariant_) && !in_records(w)) {
         const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
         launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, sum_order(), stream_);
         return;
       }
-      if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K)) {
+      if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K) && !in_records(w)) {
         quantized_holds_ = {};
         launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(batch_quantized_), stream_);
         launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(batch_quantized_), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,
                                  ptr<float>(packed_partials_), packed_partials_.bytes(), stream_);
         return;
       }
-      if (batch_invariant_ && T <= kMaxPackedMatmulTokens) {
+      if (batch_invariant_ && T <= kMaxPackedMatmulTokens && !in_records(w)) {
         for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
           matmul(x.rows_view(first, n), w, y.rows_view(first, n));
         });
         return;
       }
-      if (packed_matmul_fits(T, K)) {
+      if (packed_matmul_fits(T, K) && !in_records(w)) {
         launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
                              packed_partials_.bytes(), stream_);
         return;
@@ -272,7 +284,7 @@ class CudaBackend final : public Backend {
     // A weight without its output goes to Backend::matmuls, whose check names it.
     const bool few_tokens = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && ws.size() <= size_t(kMaxGemvTargets) &&
                             std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) {
-                              return w.cols == x.cols && (is_block_quantized(w.dtype)
+                              return w.cols == x.cols && !runs_as_records(w, x.rows) && (is_block_quantized(w.dtype)
                                                               ? packed_gemv_takes(x.rows, x.cols, batch_invariant_)
                                                               : x.cols % 8 == 0);
                             });
@@ -373,7 +385,8 @@ class CudaBackend final : public Backend {
              "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
                  "], w_gate [" + std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
-    if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype) {
+    const bool records = runs_as_records(w_gate, T) || runs_as_records(w_up, T) || in_records(w_gate) || in_records(w_up);
+    if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype && !records) {
       if (is_block_quantized(w_gate.dtype) && packed_gemv_takes(T, K, batch_invariant_)) {
         launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
                                  ptr<bf16>(out), T, N, K, sum_order(), stream_);
@@ -387,18 +400,21 @@ class CudaBackend final : public Backend {
     // Asked for batch invariance where no batch kernel gives the GEMV's bits: the fused GEMV 8 rows
     // at a time.
     const bool batch_kernel = packed_batch_gemv_fits(w_gate.dtype, T, K) && packed_batch_gemv_fits(w_up.dtype, T, K);
-    if (batch_invariant_ && T <= kMaxPackedMatmulTokens && w_gate.dtype == w_up.dtype && !batch_kernel &&
+    if (batch_invariant_ && T <= kMaxPackedMatmulTokens && w_gate.dtype == w_up.dtype && !batch_kernel && !records &&
         (is_block_quantized(w_gate.dtype) || K % 8 == 0)) {
       for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
         gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
       });
       return;
     }
-    // Larger chunks (or gate and up of different types): two matmuls, the up projection into a
-    // backend-owned buffer, then the GELU-mul. A prompt's prefill sizes that buffer before any
-    // decode step could be captured.
-    if (up_.cols != N || up_.rows < T) up_ = alloc(DType::BF16, T, N);
-    const Tensor up = up_.rows_view(0, T);
+    // Larger chunks (or gate and up of different types, or in Q4_0 records): two matmuls, the up
+    // projection into a backend-owned buffer, then the GELU-mul. The first forward sizes that
+    // buffer for at least kMaxPackedMatmulTokens rows, before any decode step could be captured.
+    const int64_t up_values = std::max<int64_t>(T, kMaxPackedMatmulTokens) * N;
+    if (up_.numel() < up_values) up_ = alloc(DType::BF16, 1, up_values);
+    Tensor up = up_;  // its first T · N values as [T, N]
+    up.rows = T;
+    up.cols = N;
     matmul(x, w_gate, out);
     matmul(x, w_up, up);
     launch_gelu_tanh_mul(ptr<bf16>(out), ptr<bf16>(up), ptr<bf16>(out), out.numel(), stream_);
@@ -422,6 +438,7 @@ class CudaBackend final : public Backend {
 
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override {
     dequantize_must_wait_ = true;  // t may be a weight
+    records_.erase(t.data);        // ... in the packed layout again
     if (is_block_quantized(t.dtype)) {
       G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
       return launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
@@ -509,6 +526,54 @@ class CudaBackend final : public Backend {
                            CUBLAS_GEMM_DEFAULT));
   }
 
+  // Whether w runs as Q4_0 records for T rows (docs/DESIGN.md §7, "One arithmetic for 1 to 64
+  // rows"): kept in records already, or a Q4_0 matrix of whole records that batch invariance asks
+  // to be rearranged (to_records, at its first use).
+  bool runs_as_records(const Tensor& w, int64_t T) const {
+    return T <= kMaxPackedMatmulTokens && w.dtype == DType::Q4_0 && records::fits_records(w.rows, w.cols) &&
+           (in_records(w) || (batch_invariant_ && w.owner));
+  }
+  bool in_records(const Tensor& w) const {
+    const auto it = records_.find(w.data);
+    // The same allocation, not a later one at a freed weight's address.
+    return w.dtype == DType::Q4_0 && it != records_.end() && !it->second.owner_before(w.owner) &&
+           !w.owner.owner_before(it->second);
+  }
+  // Rearranges the packed Q4_0 matrix w into records in place (false, w untouched, when the memory
+  // for the copies it needs is not free): the params plane copied aside, then tiles from the last
+  // down, each group's quants staged first. Records of rows [a, b) start at byte a · 18 K / 32, past
+  // the packed quants of every row below a, so no row is overwritten before it is read.
+  bool to_records(const Tensor& w) {
+    if (in_records(w)) return true;
+    G4_CHECK(!capturing_, "cuda backend: Q4_0 weights are rearranged for batch invariance at their first use; "
+                          "run one forward before capturing a graph");
+    const int64_t blocks = w.cols / packed::kBlock;
+    const size_t qs_bytes = size_t(w.rows * blocks) * 16, params_bytes = size_t(w.rows * blocks) * 2;
+    const size_t row_qs = size_t(blocks) * 16;
+    const int64_t group = int64_t(kStagingBytes / row_qs) / records::kTileRows * records::kTileRows;
+    if (group < records::kTileRows) return false;
+    const size_t staging_bytes = staging_.bytes() >= kStagingBytes ? 0 : kStagingBytes;
+    if (free_memory_bytes() < params_bytes + staging_bytes + (size_t(64) << 20)) return false;
+    if (staging_bytes) staging_ = alloc(DType::I32, 1, int64_t(kStagingBytes / 4));
+    const Tensor params = alloc(DType::I32, 1, int64_t(params_bytes / 4 + 1));
+    uint8_t* data = ptr<uint8_t>(w);
+    G4_CUDA(cudaMemcpyAsync(params.data, data + qs_bytes, params_bytes, cudaMemcpyDeviceToDevice, stream_));
+    for (int64_t end = w.rows; end > 0;) {
+      const int64_t first = std::max<int64_t>(0, end - group);
+      G4_CUDA(cudaMemcpyAsync(staging_.data, data + size_t(first) * row_qs, size_t(end - first) * row_qs,
+                              cudaMemcpyDeviceToDevice, stream_));
+      launch_q4_0_records_from_planes(ptr<uint8_t>(staging_), ptr<uint8_t>(params), first, end - first, w.cols, data,
+                                      stream_);
+      end = first;
+    }
+    G4_CUDA(cudaStreamSynchronize(stream_));  // before `params` is freed
+    const size_t workspace = q4_0_records_workspace_bytes(w.rows, w.cols);
+    if (packed_partials_.bytes() < workspace) packed_partials_ = alloc(DType::F32, 1, int64_t(workspace / 4));
+    records_[w.data] = w.owner;
+    dequantize_must_wait_ = true;
+    return true;
+  }
+
   // What matmuls over a packed [rows, cols] weight need, allocated with the weight, never during a
   // forward (which a graph may be capturing): the quantized input of up to kMaxGemvTokens rows and
   // of a batch, the partial sums of launch_packed_matmul and launch_packed_batch_gemv, and the bf16
@@ -541,8 +606,12 @@ class CudaBackend final : public Backend {
       dequantize_must_wait_ = false;
     }
     if (overlap) G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, chunk_read_[b]));
-    launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
-                           overlap ? dequantize_stream_ : stream_);
+    if (in_records(w))
+      launch_dequantize_q4_0_records(ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
+                                     overlap ? dequantize_stream_ : stream_);
+    else
+      launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
+                             overlap ? dequantize_stream_ : stream_);
     if (overlap) {
       G4_CUDA(cudaEventRecord(chunk_ready_[b], dequantize_stream_));
       G4_CUDA(cudaStreamWaitEvent(stream_, chunk_ready_[b]));
@@ -706,6 +775,8 @@ class CudaBackend final : public Backend {
   // launch_packed_batch_gemv's slices
   Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, batch_quantized_, packed_partials_;
   bool batch_invariant_ = false;  // set_batch_invariant
+  // Q4_0 weights rearranged into records (to_records), by their data, with their owner.
+  std::unordered_map<const void*, std::weak_ptr<void>> records_;
   // Prefill over packed weights: the two bf16 scratches of dequantized rows (multiply_dequantized_chunk), the
   // stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
   // by its GEMM, and a point of stream_ the dequantize stream must not overtake (set after an op

@@ -91,4 +91,25 @@ void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y,
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
                               int64_t T, int64_t N, int64_t K, SumOrder order, cudaStream_t stream);
 
+// ---- q4_0_records.cu: Q4_0 in tile-interleaved records (q4_0_records.h) ----
+
+// The float workspace launch_q4_0_records_matmul needs for an [N, K] matrix at up to
+// kMaxPackedMatmulTokens tokens (0 when one slice covers K).
+size_t q4_0_records_workspace_bytes(int64_t N, int64_t K);
+// y[T, N] = x[T, K] · w^T for 1 <= T <= kMaxPackedMatmulTokens, w in records: a token's row has the
+// same bits at any T (the slices of K fixed by the shape).
+void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_t T, int64_t N, int64_t K,
+                                float* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Rows [first_row, first_row + n) (whole tiles) of a packed Q4_0 matrix (packed_blocks.h) written as
+// records into `w`, the [rows, K] matrix's records: `qs` holds those rows' quants (the packed qs
+// plane from row first_row), `params` the whole params plane (copies: the records overwrite the
+// packed planes they come from).
+void launch_q4_0_records_from_planes(const uint8_t* qs, const uint8_t* params, int64_t first_row, int64_t n, int64_t K,
+                                     uint8_t* w, cudaStream_t stream);
+// As launch_dequantize_rows and launch_embed_packed, from records (the same values, bit for bit).
+void launch_dequantize_q4_0_records(const uint8_t* w, int64_t rows, int64_t K, int64_t first_row, int64_t n, bf16* out,
+                                    cudaStream_t stream);
+void launch_embed_q4_0_records(const uint8_t* table, int64_t rows, int64_t hidden, const int32_t* ids, int64_t T,
+                               float scale, bf16* out, cudaStream_t stream);
+
 }  // namespace g4

@@ -1,5 +1,6 @@
-// Q4_0 weights in tile-interleaved records, the layout of docs/DESIGN.md §7's one-arithmetic plan
-// (measured in bench/bench_mma_gemv_cuda.cu; not yet a layout the backend uploads). For each
+// Q4_0 weights in tile-interleaved records, the layout of docs/DESIGN.md §7's one arithmetic for
+// 1 to 64 tokens: the CUDA backend rearranges Q4_0 weights into it when batch invariance is asked
+// for (q4_0_records.cu has the kernels). For each
 // 16-row tile and each 64 values of K, one 576-byte record: 32 lanes × 16 bytes of quants, lane
 // l's 16 bytes exactly its mma.m16n8k16 A-fragment nibbles for the record's four k16 steps (so a
 // lane loads its weights with one 16-byte load and no shuffles), then the 16 rows' two fp16
@@ -48,24 +49,42 @@ G4_HOST_DEVICE constexpr size_t record_offset(int64_t K, int64_t tile, int64_t c
   return (size_t(tile) * size_t(K / kValues) + size_t(chunk)) * kBytes;
 }
 
-// Record (tile, chunk) of a Q4_0 matrix in GGUF form (`gguf`: rows of K / 32 blocks of 18 bytes; GGUF
-// puts weight i of a block in the low nibble of byte i and weight 16 + i in its high nibble).
-G4_HOST_DEVICE void pack_q4_0_record(const uint8_t* gguf, int64_t K, int64_t tile, int64_t chunk, uint8_t* record) {
+// Record (tile, chunk) from the matrix's GGUF Q4_0 blocks: block_of(row, b) gives block b of `row`
+// as its 18 GGUF bytes (fp16 d, then weight i in the low nibble of byte 2 + i and weight 16 + i in
+// its high nibble), wherever the blocks are kept.
+struct GgufBlock {
+  uint8_t bytes[kGgufBlockBytes];
+};
+template <typename BlockOf>
+G4_HOST_DEVICE void pack_record(BlockOf&& block_of, int64_t tile, int64_t chunk, uint8_t* record) {
   for (int i = 0; i < kBytes; ++i) record[i] = 0;
   for (int r = 0; r < kTileRows; ++r) {
-    const uint8_t* row = gguf + size_t(tile * kTileRows + r) * size_t(K / 32) * kGgufBlockBytes;
     for (int b = 0; b < kValues / 32; ++b) {
-      const uint8_t* block = row + size_t(chunk * 2 + b) * kGgufBlockBytes;
-      record[scale_offset(r, 32 * b)] = block[0];
-      record[scale_offset(r, 32 * b) + 1] = block[1];
+      const GgufBlock block = block_of(tile * kTileRows + r, chunk * 2 + b);
+      record[scale_offset(r, 32 * b)] = block.bytes[0];
+      record[scale_offset(r, 32 * b) + 1] = block.bytes[1];
       for (int i = 0; i < 32; ++i) {
-        const int q = i < 16 ? block[2 + i] & 15 : block[2 + i - 16] >> 4;
+        const int q = i < 16 ? block.bytes[2 + i] & 15 : block.bytes[2 + i - 16] >> 4;
         const Place p = place_of(r, 32 * b + i);
         record[16 * p.lane + 4 * p.word + p.shift / 8] |= uint8_t(q << (p.shift % 8));
       }
     }
   }
 }
+// ... of a matrix in GGUF form (`gguf`: rows of K / 32 blocks).
+G4_HOST_DEVICE void pack_q4_0_record(const uint8_t* gguf, int64_t K, int64_t tile, int64_t chunk, uint8_t* record) {
+  pack_record(
+      [&](int64_t row, int64_t b) {
+        GgufBlock block;
+        const uint8_t* at = gguf + (size_t(row) * size_t(K / 32) + size_t(b)) * kGgufBlockBytes;
+        for (int i = 0; i < kGgufBlockBytes; ++i) block.bytes[i] = at[i];
+        return block;
+      },
+      tile, chunk, record);
+}
+
+// Whether an [N, K] matrix can be kept in records.
+G4_HOST_DEVICE constexpr bool fits_records(int64_t N, int64_t K) { return N > 0 && K > 0 && N % kTileRows == 0 && K % kValues == 0; }
 
 // The quant (0..15) and the fp16 scale bits of (row, k) of a record.
 G4_HOST_DEVICE int quant_at(const uint8_t* record, int row_in_tile, int k_in_record) {

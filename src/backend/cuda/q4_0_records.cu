@@ -1,0 +1,352 @@
+// Q4_0 weights in tile-interleaved records (q4_0_records.h): one arithmetic for 1 to 64 tokens, so
+// a token's outputs have the same bits in any batch (docs/DESIGN.md §7, "One arithmetic for 1 to 64
+// rows"), and the fastest kernel g4 has for 2 to 64 tokens of Q4_0 (docs/PERF.md).
+//
+// Arithmetic ("post-scaled"): a lane's fragments are q - 8 exactly (one mask makes a register's
+// two nibbles the bf16 pair 128 + q, one bf16x2 subtraction of 136 is exact); the tensor cores sum
+// a block of 32's products (mma.m16n8k16, float sums, from 0), which the block's fp16 scale then
+// multiplies in float into the running sum: d · Σ (q - 8)·x, no weight rounded. K is permuted within
+// each block of 32 (the same products in a fixed order): a lane's 8 activations of a block are one
+// 16-byte load.
+//
+// Geometry: a warp takes one 16-row tile over one slice of K, the slices fixed by the matrix shape
+// alone (never by T) and their float sums added from 0 in slice order by launch_add_slices (a
+// matrix of one slice writes y itself). Up to 8 tokens are one mma's 8 columns, read from global
+// memory; 16, 32 or 64 tokens are 2, 4 or 8 column tiles staged per record in shared memory by
+// cp.async for the block's 8 warps. Columns past T reread the last token (never stored), so no
+// load waits on a branch. Every token count adds the same products in the same order.
+#include <algorithm>
+
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/packed_kernels.h"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/q4_0_records.h"
+
+namespace g4 {
+
+namespace {
+
+using records::kBytes;
+using records::kQuantBytes;
+using records::kTileRows;
+using records::kValues;
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kBatch = 4;         // records a lane loads before using them (up to 8 tokens)
+constexpr int kAhead = 2;         // records a lane loads ahead of use (16 to 64 tokens)
+constexpr int kXStride = kValues + 32;  // bf16 per staged token: 192 bytes, so that the 16-byte
+                                        // loads of tokens g, g + 1 miss each other's banks
+constexpr int kXStages = 4;       // staged records of tokens in the ring
+constexpr int kTargetWarps = 132 * 32;  // slices of K are added until a matrix has about this many
+                                        // warps (a constant, not the GPU's: the same bits on any GPU)
+
+struct Slicing {
+  int slices, chunks_per_slice;
+};
+Slicing slicing_of(int64_t N, int64_t K) {
+  const int64_t tiles = N / kTileRows, chunks = K / kValues;
+  const int64_t per_slice = ceil_div(chunks, std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
+  return {int(ceil_div(chunks, per_slice)), int(per_slice)};
+}
+
+__device__ inline __nv_bfloat162 as_bf162(uint32_t v) { return *reinterpret_cast<const __nv_bfloat162*>(&v); }
+__device__ inline uint32_t as_u32(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// Fragment register j of a record word as the bf16 pair q - 8 (low element the even k).
+__device__ inline uint32_t centred_pair(uint32_t word, int j) {
+  const uint32_t biased = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;  // (128 + q) as bf16
+  return as_u32(__hsub2(as_bf162(biased), as_bf162(0x43084308u)));         // - (136, 136): exact
+}
+
+// d = A·B from 0 (the C operand a zero register: no zeroing moves).
+__device__ inline void mma_from_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// A lane's share of one record: its 16 bytes of quants and the fp16 scale pairs of rows g, g + 8.
+struct Record {
+  uint4 quants;
+  uint32_t scales[2];
+};
+// ld.global.cs: the weights are read once per forward, so they are evicted first.
+__device__ inline Record load_record(const uint8_t* records, int chunk, int lane) {
+  const uint8_t* r = records + size_t(chunk) * kBytes;
+  const unsigned* scales = reinterpret_cast<const unsigned*>(r + kQuantBytes) + lane / 4;
+  return {__ldcs(reinterpret_cast<const uint4*>(r) + lane), {__ldcs(scales), __ldcs(scales + 8)}};
+}
+
+// d[p] += the record's products for column tile p (8 tokens); load_b(blk, v) fills v[p] with the
+// lane's 8 activations of block blk for column tile p: the B fragments of k-steps 2 blk (v.x, v.y)
+// and 2 blk + 1 (v.z, v.w).
+template <int kTiles, typename LoadB>
+__device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&d)[kTiles][4]) {
+  const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
+  const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
+  const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    uint32_t a[2][4];
+    uint4 v[kTiles];
+    load_b(blk, v);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[h][j] = centred_pair(words[2 * blk + h], j);
+    }
+    const float scale_g = blk == 0 ? s_g.x : s_g.y, scale_g8 = blk == 0 ? s_g8.x : s_g8.y;
+#pragma unroll
+    for (int p = 0; p < kTiles; ++p) {
+      float t[4];
+      mma_from_zero(t, a[0], v[p].x, v[p].y);
+      mma_bf16(t, a[1], v[p].z, v[p].w);
+      d[p][0] = fmaf(t[0], scale_g, d[p][0]);
+      d[p][1] = fmaf(t[1], scale_g, d[p][1]);
+      d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
+      d[p][3] = fmaf(t[3], scale_g8, d[p][3]);
+    }
+  }
+}
+
+// Where a slice's sums go: float partials [slice][T][N] for launch_add_slices, or y itself when
+// one slice covers K.
+struct Sums {
+  float* partial;
+  bf16* y;
+  int T, N;
+};
+template <int kTokenTiles>
+__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const Sums& out, int tile, int lane) {
+  const int g = lane / 4, c = lane % 4, row = tile * kTileRows + g;
+  float* partial = out.partial ? out.partial + size_t(blockIdx.y) * out.T * out.N : nullptr;
+#pragma unroll
+  for (int i = 0; i < kTokenTiles; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = 8 * i + 2 * c + h;
+      if (t >= out.T) continue;
+      const size_t at = size_t(t) * out.N + row;
+      if (partial) {
+        partial[at] = d[i][h];
+        partial[at + 8] = d[i][2 + h];
+      } else {
+        out.y[at] = __float2bfloat16(d[i][h]);
+        out.y[at + 8] = __float2bfloat16(d[i][2 + h]);
+      }
+    }
+  }
+}
+
+// The K chunks (records) of slice blockIdx.y: [first, end).
+struct SliceChunks {
+  int first, end;
+};
+__device__ inline SliceChunks slice_chunks(int K, int chunks_per_slice) {
+  const int first = blockIdx.y * chunks_per_slice;
+  return {first, min(K / kValues, first + chunks_per_slice)};
+}
+
+// Up to 8 tokens of x [T, K], read from global memory. The records of a slice are loaded kBatch at
+// a time before any is used (the weights' loads in flight).
+__global__ void __launch_bounds__(kThreads) records_gemv_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
+                                                                 int chunks_per_slice) {
+  pdl_launch_dependents();
+  pdl_wait();  // x comes from the previous kernel, which may still read what this one writes
+  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (tile >= out.N / kTileRows) return;
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  // The lane's token row (column g of the mma: token g, or the last one again), at its 8 values of
+  // a block.
+  const uint4* xs = reinterpret_cast<const uint4*>(x + size_t(min(lane / 4, out.T - 1)) * K) + lane % 4;
+  const uint8_t* records = w + records::record_offset(K, tile, 0);
+  float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  for (int chunk = first; chunk < end; chunk += kBatch) {
+    Record r[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (chunk + u >= end) break;
+      const unsigned at = unsigned(chunk + u) * (kValues / 8);
+      multiply_record<1>(r[u], [&](int blk, uint4(&v)[1]) { v[0] = __ldg(xs + at + 4 * blk); }, d);
+    }
+  }
+  store_sums<1>(d, out, tile, lane);
+}
+
+// 8 < T <= 8 · kTokenTiles tokens: as records_gemv_kernel, the block's tokens staged record by
+// record in shared memory (a ring of kXStages, cp.async), the weights loaded kAhead records ahead.
+template <int kTokenTiles>
+__global__ void __launch_bounds__(kThreads, 2) records_matmul_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
+                                                                     int chunks_per_slice) {
+  constexpr int kTokens = 8 * kTokenTiles;
+  __shared__ __align__(16) bf16 xs[kXStages][kTokens * kXStride];
+  pdl_launch_dependents();
+  pdl_wait();
+  const int T = out.T, lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  const bool has_tile = tile < out.N / kTileRows;  // a warp without a tile still stages tokens
+  const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  const int count = end - first;
+  // Record i of the slice's tokens into buffer i % kXStages; one commit per call, empty or not, so
+  // that the wait below counts alike in every iteration.
+  auto stage = [&](int i) {
+    if (i < count) {
+      const size_t k0 = size_t(first + i) * kValues;
+      for (int piece = threadIdx.x; piece < kTokens * kValues / 8; piece += kThreads) {
+        const int t = piece / (kValues / 8), part = piece % (kValues / 8);
+        cp_async16(shared_addr(&xs[i % kXStages][t * kXStride + 8 * part]), x + size_t(min(t, T - 1)) * K + k0 + 8 * part,
+                   t < T);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kXStages - 1; ++i) stage(i);
+  const uint8_t* records = w + records::record_offset(K, has_tile ? tile : 0, 0);
+  Record r[kAhead + 1];
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
+  float d[kTokenTiles][4] = {};
+  const int g = lane / 4, c = lane % 4;
+  for (int i0 = 0; i0 < count; i0 += kAhead + 1) {
+#pragma unroll
+    for (int u = 0; u <= kAhead; ++u) {
+      const int i = i0 + u;
+      if (i >= count) break;  // the same for the whole block: the barriers stay aligned
+      r[(u + kAhead) % (kAhead + 1)] = load_record(records, first + min(i + kAhead, count - 1), lane);
+      cp_async_wait_group<kXStages - 2>();  // record i's tokens have landed
+      __syncthreads();                       // ... for every thread; record i - 1's buffer is free
+      stage(i + kXStages - 1);
+      if (!has_tile) continue;
+      const bf16* mine = &xs[i % kXStages][g * kXStride + 8 * c];
+      multiply_record<kTokenTiles>(r[u], [&](int blk, uint4(&v)[kTokenTiles]) {
+#pragma unroll
+        for (int p = 0; p < kTokenTiles; ++p) v[p] = *reinterpret_cast<const uint4*>(mine + 8 * p * kXStride + 32 * blk);
+      }, d);
+    }
+  }
+  cp_async_wait_all();
+  if (has_tile) store_sums<kTokenTiles>(d, out, tile, lane);
+}
+
+// One thread per record of the tiles of rows [first_row, first_row + n): written whole from the
+// rows' packed quants (`qs`, row first_row first) and the packed params plane of all rows.
+__global__ void records_from_planes_kernel(const uint8_t* qs, const uint8_t* params, int64_t first_row, int64_t n,
+                                           int64_t K, uint8_t* w) {
+  const int64_t chunks = K / kValues, blocks = K / 32, count = n / kTileRows * chunks;
+  const auto block_of = [&](int64_t row, int64_t b) {
+    records::GgufBlock block;
+    block.bytes[0] = params[2 * (row * blocks + b)];
+    block.bytes[1] = params[2 * (row * blocks + b) + 1];
+    for (int i = 0; i < 16; ++i) block.bytes[2 + i] = qs[16 * ((row - first_row) * blocks + b) + i];
+    return block;
+  };
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t tile = first_row / kTileRows + i / chunks, chunk = i % chunks;
+    uint8_t record[kBytes];
+    records::pack_record(block_of, tile, chunk, record);
+    uint4* dst = reinterpret_cast<uint4*>(w + records::record_offset(K, tile, chunk));
+    for (int v = 0; v < kBytes / 16; ++v) dst[v] = reinterpret_cast<const uint4*>(record)[v];
+  }
+}
+
+// out[0..32) = bf16(weight · scale) for the 32 weights of block b of `row`, as store_dequantized in
+// packed_weights.cu computes them from the packed layout (dequantize_quant: d · (q - 8)).
+__device__ inline void store_block(const uint8_t* w, int64_t K, int64_t row, int64_t b, float scale, bf16* out) {
+  const uint8_t* record = w + records::record_offset(K, row / kTileRows, b / 2);
+  const int r = int(row % kTileRows), k0 = int(b % 2) * 32;
+  const float d = packed::f16_bits_to_float(records::scale_bits_at(record, r, k0));
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    float values[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) values[j] = d * float(records::quant_at(record, r, k0 + 8 * v + j) - 8) * scale;
+    reinterpret_cast<uint4*>(out)[v] = pack8(values);
+  }
+}
+
+__global__ void dequantize_records_kernel(const uint8_t* w, int64_t K, int64_t first_row, int64_t n, bf16* out) {
+  pdl_launch_dependents();
+  pdl_wait();  // `out` is a scratch the previous chunk's GEMM reads
+  const int64_t blocks = K / 32;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * blocks; i += int64_t(gridDim.x) * blockDim.x)
+    store_block(w, K, first_row + i / blocks, i % blocks, 1.0f, out + i * 32);
+}
+
+__global__ void embed_records_kernel(const uint8_t* table, int64_t hidden, const int32_t* ids, float scale, bf16* out) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int64_t t = blockIdx.y, blocks = hidden / 32;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x)
+    store_block(table, hidden, ids[t], b, scale, out + t * hidden + b * 32);
+}
+
+void check_records_shape(int64_t N, int64_t K, const void* w) {
+  G4_CHECK(records::fits_records(N, K), "Q4_0 records: a [" + std::to_string(N) + ", " + std::to_string(K) +
+                                            "] matrix (rows must be a multiple of 16, columns of 64)");
+  G4_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0, "Q4_0 records must be 16-byte aligned");
+}
+
+unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 65535 * 8)); }
+
+}  // namespace
+
+size_t q4_0_records_workspace_bytes(int64_t N, int64_t K) {
+  if (!records::fits_records(N, K)) return 0;
+  const Slicing s = slicing_of(N, K);
+  return s.slices == 1 ? 0 : size_t(s.slices) * size_t(kMaxPackedMatmulTokens) * size_t(N) * sizeof(float);
+}
+
+void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_t T, int64_t N, int64_t K,
+                                float* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check_records_shape(N, K, w);
+  G4_CHECK(T >= 1 && T <= kMaxPackedMatmulTokens, "Q4_0 records matmul: " + std::to_string(T) + " tokens (1 to " +
+                                                      std::to_string(kMaxPackedMatmulTokens) + ")");
+  const Slicing s = slicing_of(N, K);
+  const size_t partial_bytes = s.slices == 1 ? 0 : size_t(s.slices) * size_t(T) * size_t(N) * sizeof(float);
+  G4_CHECK(partial_bytes <= workspace_bytes, "Q4_0 records matmul: the workspace is too small");
+  const Sums out{s.slices == 1 ? nullptr : workspace, y, int(T), int(N)};
+  const dim3 grid(unsigned(ceil_div(N / kTileRows, kWarps)), unsigned(s.slices));
+  if (T <= 8) {
+    launch_kernel("records_gemv_kernel", records_gemv_kernel, grid, kThreads, 0, stream, Pdl::kOn, w, x, out, int(K),
+                  s.chunks_per_slice);
+  } else {
+    with_token_tiles(T, [&](auto tiles) {
+      launch_kernel("records_matmul_kernel", records_matmul_kernel<decltype(tiles)::value>, grid, kThreads, 0, stream,
+                    Pdl::kOn, w, x, out, int(K), s.chunks_per_slice);
+    });
+  }
+  if (s.slices > 1) launch_add_slices(workspace, s.slices, T * N, y, stream);
+}
+
+void launch_q4_0_records_from_planes(const uint8_t* qs, const uint8_t* params, int64_t first_row, int64_t n, int64_t K,
+                                     uint8_t* w, cudaStream_t stream) {
+  check_records_shape(n, K, w);
+  G4_CHECK(first_row % kTileRows == 0, "Q4_0 records: rows are rearranged in whole tiles of 16");
+  launch_kernel("records_from_planes_kernel", records_from_planes_kernel, grid_for(n / kTileRows * (K / kValues)), 256,
+                0, stream, Pdl::kOff, qs, params, first_row, n, K, w);
+}
+
+void launch_dequantize_q4_0_records(const uint8_t* w, int64_t rows, int64_t K, int64_t first_row, int64_t n, bf16* out,
+                                    cudaStream_t stream) {
+  check_records_shape(rows, K, w);
+  G4_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0 && first_row >= 0 && first_row + n <= rows,
+           "dequantize Q4_0 records: bad rows or output");
+  launch_kernel("dequantize_records_kernel", dequantize_records_kernel, grid_for(n * (K / 32)), 256, 0, stream, Pdl::kOn,
+                w, K, first_row, n, out);
+}
+
+void launch_embed_q4_0_records(const uint8_t* table, int64_t rows, int64_t hidden, const int32_t* ids, int64_t T,
+                               float scale, bf16* out, cudaStream_t stream) {
+  check_records_shape(rows, hidden, table);
+  G4_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "embed: the output must be 16-byte aligned");
+  const unsigned blocks_x = unsigned(ceil_div(hidden / 32, 256));
+  launch_kernel("embed_records_kernel", embed_records_kernel, dim3(blocks_x, unsigned(T)), 256, 0, stream, Pdl::kOn,
+                table, hidden, ids, scale, out);
+}
+
+}  // namespace g4
