@@ -155,19 +155,23 @@ __device__ inline SliceChunks slice_chunks(int K, int chunks_per_slice) {
 __global__ void __launch_bounds__(kThreads) records_gemv_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
                                                                  int chunks_per_slice) {
   pdl_launch_dependents();
-  pdl_wait();  // x comes from the previous kernel, which may still read what this one writes
   const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
   if (tile >= out.N / kTileRows) return;
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
+  const uint8_t* records = w + records::record_offset(K, tile, 0);
+  Record r[kBatch];
+  auto load_batch = [&](int chunk) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
+  };
+  load_batch(first);  // weights only, while the previous kernel finishes (pdl.cuh)
+  pdl_wait();  // x comes from the previous kernel, which may still read what this one writes
   // The lane's token row (column g of the mma: token g, or the last one again), at its 8 values of
   // a block.
   const uint4* xs = reinterpret_cast<const uint4*>(x + size_t(min(lane / 4, out.T - 1)) * K) + lane % 4;
-  const uint8_t* records = w + records::record_offset(K, tile, 0);
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int chunk = first; chunk < end; chunk += kBatch) {
-    Record r[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) r[u] = load_record(records, chunk + u < end ? chunk + u : first, lane);
+    if (chunk != first) load_batch(chunk);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       if (chunk + u >= end) break;
@@ -186,7 +190,6 @@ __global__ void __launch_bounds__(kThreads, 2) records_matmul_kernel(const uint8
   constexpr int kTokens = 8 * kTokenTiles;
   __shared__ __align__(16) bf16 xs[kXStages][kTokens * kXStride];
   pdl_launch_dependents();
-  pdl_wait();
   const int T = out.T, lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
   const bool has_tile = tile < out.N / kTileRows;  // a warp without a tile still stages tokens
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
@@ -204,12 +207,13 @@ __global__ void __launch_bounds__(kThreads, 2) records_matmul_kernel(const uint8
     }
     cp_async_commit();
   };
-#pragma unroll
-  for (int i = 0; i < kXStages - 1; ++i) stage(i);
   const uint8_t* records = w + records::record_offset(K, has_tile ? tile : 0, 0);
   Record r[kAhead + 1];
 #pragma unroll
   for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
+  pdl_wait();  // weights only before this (pdl.cuh): x comes from the previous kernel
+#pragma unroll
+  for (int i = 0; i < kXStages - 1; ++i) stage(i);
   float d[kTokenTiles][4] = {};
   const int g = lane / 4, c = lane % 4;
   for (int i0 = 0; i0 < count; i0 += kAhead + 1) {
