@@ -234,25 +234,26 @@ class CudaBackend final : public Backend {
       return;
     }
     if (is_block_quantized(w.dtype)) {
-      if (packed_gemv_takes(T, K, batch_invariant_) && !in_records(w)) {
+      const bool packed_layout = !in_records(w);  // else rows past 64: dequantized from records below
+      if (packed_gemv_takes(T, K, batch_invariant_) && packed_layout) {
         const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
         launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, sum_order(), stream_);
         return;
       }
-      if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K) && !in_records(w)) {
+      if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K) && packed_layout) {
         quantized_holds_ = {};
         launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(batch_quantized_), stream_);
         launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(batch_quantized_), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,
                                  ptr<float>(packed_partials_), packed_partials_.bytes(), stream_);
         return;
       }
-      if (batch_invariant_ && T <= kMaxPackedMatmulTokens && !in_records(w)) {
+      if (batch_invariant_ && T <= kMaxPackedMatmulTokens && packed_layout) {
         for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
           matmul(x.rows_view(first, n), w, y.rows_view(first, n));
         });
         return;
       }
-      if (packed_matmul_fits(T, K) && !in_records(w)) {
+      if (packed_matmul_fits(T, K) && packed_layout) {
         launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
                              packed_partials_.bytes(), stream_);
         return;
@@ -526,9 +527,9 @@ class CudaBackend final : public Backend {
                            CUBLAS_GEMM_DEFAULT));
   }
 
-  // Whether w runs as Q4_0 records for T rows (docs/DESIGN.md §7, "One arithmetic for 1 to 64
-  // rows"): kept in records already, or a Q4_0 matrix of whole records that batch invariance asks
-  // to be rearranged (to_records, at its first use).
+  // Whether w runs as Q4_0 records for T rows (docs/DESIGN.md §7, "Batch invariance", the
+  // records): kept in records already, or a Q4_0 matrix of whole records that batch invariance
+  // asks to be rearranged (to_records, at its first use).
   bool runs_as_records(const Tensor& w, int64_t T) const {
     return T <= kMaxPackedMatmulTokens && w.dtype == DType::Q4_0 && records::fits_records(w.rows, w.cols) &&
            (in_records(w) || (batch_invariant_ && w.owner));

@@ -1,6 +1,6 @@
 // Q4_0 weights in tile-interleaved records (q4_0_records.h): one arithmetic for 1 to 64 tokens, so
-// a token's outputs have the same bits in any batch (docs/DESIGN.md §7, "One arithmetic for 1 to 64
-// rows"), and the fastest kernel g4 has for 2 to 64 tokens of Q4_0 (docs/PERF.md).
+// a token's outputs have the same bits in any batch (docs/DESIGN.md §7, "Batch invariance", the
+// records), and the fastest kernel g4 has for 2 to 64 tokens of Q4_0 (docs/PERF.md).
 //
 // Arithmetic ("post-scaled"): a lane's fragments are q - 8 exactly (one mask makes a register's
 // two nibbles the bf16 pair 128 + q, one bf16x2 subtraction of 136 is exact); the tensor cores sum
