@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "util/error.h"
@@ -18,6 +19,11 @@ inline void cuda_check(cudaError_t status, const char* call) {
 #define G4_CUDA(call) ::g4::cuda_check((call), #call)
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Thread blocks of `threads` for a grid-stride loop over n items (at least 1, at most 65535 · 8).
+inline unsigned grid_stride_blocks(int64_t n, int threads) {
+  return unsigned(std::clamp<int64_t>(ceil_div(n, threads), 1, 65535 * 8));
+}
 
 // 8 bf16 values moved as one 16-byte access.
 union Bf16x8 {

@@ -16,8 +16,7 @@ using namespace packed;
 
 constexpr int kThreads = 256;
 
-// Blocks of a grid-stride loop over n items.
-unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, kThreads), 1, 65535 * 8)); }
+unsigned grid_for(int64_t n) { return grid_stride_blocks(n, kThreads); }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -295,8 +295,6 @@ void check_records_shape(int64_t N, int64_t K, const void* w) {
   G4_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0, "Q4_0 records must be 16-byte aligned");
 }
 
-unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 65535 * 8)); }
-
 }  // namespace
 
 size_t q4_0_records_workspace_bytes(int64_t N, int64_t K) {
@@ -331,8 +329,9 @@ void launch_q4_0_records_from_planes(const uint8_t* qs, const uint8_t* params, i
                                      uint8_t* w, cudaStream_t stream) {
   check_records_shape(n, K, w);
   G4_CHECK(first_row % kTileRows == 0, "Q4_0 records: rows are rearranged in whole tiles of 16");
-  launch_kernel("records_from_planes_kernel", records_from_planes_kernel, grid_for(n / kTileRows * (K / kValues)), 256,
-                0, stream, Pdl::kOff, qs, params, first_row, n, K, w);
+  launch_kernel("records_from_planes_kernel", records_from_planes_kernel,
+                grid_stride_blocks(n / kTileRows * (K / kValues), 256), 256, 0, stream, Pdl::kOff, qs, params,
+                first_row, n, K, w);
 }
 
 void launch_dequantize_q4_0_records(const uint8_t* w, int64_t rows, int64_t K, int64_t first_row, int64_t n, bf16* out,
@@ -340,8 +339,8 @@ void launch_dequantize_q4_0_records(const uint8_t* w, int64_t rows, int64_t K, i
   check_records_shape(rows, K, w);
   G4_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0 && first_row >= 0 && first_row + n <= rows,
            "dequantize Q4_0 records: bad rows or output");
-  launch_kernel("dequantize_records_kernel", dequantize_records_kernel, grid_for(n * (K / 32)), 256, 0, stream, Pdl::kOn,
-                w, K, first_row, n, out);
+  launch_kernel("dequantize_records_kernel", dequantize_records_kernel, grid_stride_blocks(n * (K / 32), 256), 256, 0,
+                stream, Pdl::kOn, w, K, first_row, n, out);
 }
 
 void launch_embed_q4_0_records(const uint8_t* table, int64_t rows, int64_t hidden, const int32_t* ids, int64_t T,
