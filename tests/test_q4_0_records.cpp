@@ -1,6 +1,6 @@
 // The tile-interleaved Q4_0 records of docs/DESIGN.md §7 (backend/cuda/q4_0_records.h), on the CPU:
 // every quant of a record has one place, that place is the mma fragment slot the layout promises
-// (a lane's values of a block are 8 consecutive ones), and packing a GGUF matrix keeps every quant
+// (a lane's values of a block are 8 consecutive ones), the staged tokens meet their weights, and packing a GGUF matrix keeps every quant
 // and scale, so the records hold exactly the weights the GGUF codec decodes.
 #include <gtest/gtest.h>
 
@@ -33,6 +33,20 @@ TEST(Q4_0Records, EveryQuantHasItsFragmentSlot) {
     }
   }
   EXPECT_EQ(taken.size(), size_t(kQuantBytes * 2));  // every nibble of the 512 quant bytes
+}
+
+// The tokens staged for wgmma (staged_column) sit where the weights they multiply sit: value k of
+// the record at B's position 16 · (k-step) + (fragment slot) of its weight.
+TEST(Q4_0Records, StagedActivationsMeetTheirWeights) {
+  std::set<int> columns;
+  for (int k = 0; k < kValues; ++k) {
+    const Place p = place_of(0, k);
+    const int c = p.lane % 4, j = (p.shift % 16) / 4, e = p.shift / 16;
+    const int column = staged_column(k / 2) + k % 2;
+    EXPECT_EQ(column, 16 * p.word + 2 * c + 8 * (j / 2) + e) << "k " << k;
+    columns.insert(column);
+  }
+  EXPECT_EQ(columns.size(), size_t(kValues));
 }
 
 TEST(Q4_0Records, PackingKeepsEveryWeightOfTheGgufMatrix) {

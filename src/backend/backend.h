@@ -38,6 +38,8 @@ struct AttentionArgs {
   float scale = 1.0f;
   Tensor out;        // [T - q_first, heads*head_dim]
   int64_t q_first = 0;
+  int64_t last_position = -1;  // positions[T - 1] when the host knows it (-1: not known), so that a
+                               // backend can size a launch to the keys there are
 };
 
 // The attention block's per-head norms, in place on [tokens*heads, head_dim] views (row r of a

@@ -88,6 +88,7 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
     arg.scale = 1.0f;  // Gemma 4: q/k norms replace the 1/sqrt(d) scaling
     arg.out = head(buf.attn, out_rows, q_cols).rows_view(q_from - first, nq);
     arg.q_first = q_from - a;
+    arg.last_position = s.last_position;
   }
   be.normed_attention_batch(norms, args);
   if (out_rows == 0) return;

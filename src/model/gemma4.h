@@ -26,6 +26,7 @@ struct ForwardBuffers {
 struct SequenceRows {
   std::vector<KvCache>* caches = nullptr;
   int64_t first_row = 0, rows = 0, out_rows = 0;
+  int64_t last_position = -1;  // the position of the sequence's last row, when the host knows it
 };
 
 class Gemma4 {

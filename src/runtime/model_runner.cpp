@@ -91,7 +91,8 @@ ModelRunner::StagedInputs ModelRunner::stage_inputs(std::span<const SequenceChun
   std::vector<int32_t> ids, positions;
   StagedInputs staged;
   for (const SequenceChunk& c : chunks) {
-    staged.rows.push_back(SequenceRows{&c.kv->caches(), int64_t(ids.size()), int64_t(c.tokens.size()), c.out_rows});
+    staged.rows.push_back(SequenceRows{&c.kv->caches(), int64_t(ids.size()), int64_t(c.tokens.size()), c.out_rows,
+                                       c.kv->position() + int64_t(c.tokens.size()) - 1});
     ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
     positions.resize(ids.size());
     std::iota(positions.end() - int64_t(c.tokens.size()), positions.end(), int32_t(c.kv->position()));

@@ -11,7 +11,7 @@ namespace g4 {
 inline constexpr int kMaxAttentionHeadDim = 512;
 
 // First visible key position of a query at position p.
-__device__ inline int64_t first_key(int64_t p, int window) { return window ? max(int64_t(0), p - window + 1) : 0; }
+__host__ __device__ inline int64_t first_key(int64_t p, int window) { return window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0; }
 
 inline void check_attention_shape(const AttentionLaunch& a) {
   G4_CHECK(a.head_dim % 16 == 0 && a.head_dim <= kMaxAttentionHeadDim,

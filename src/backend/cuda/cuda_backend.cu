@@ -344,7 +344,8 @@ class CudaBackend final : public Backend {
     const AttentionLaunch a = attention_launch(args);
     quantized_holds_ = {};  // args.out may be a buffer quantized alongside
     if (a.T > 1) return launch_prefill_attention(a, stream_);
-    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, nullptr, stream_);
+    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, nullptr, stream_,
+                            splits_bound(std::span(&args, 1)));
   }
 
   // One decode token: the head norms are folded into the attention launch, which reads the raw
@@ -353,7 +354,8 @@ class CudaBackend final : public Backend {
     if (!folds_norms(norms, args)) return Backend::normed_attention(norms, args);
     const AttentionLaunch a = folded_launch(norms, args);
     launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits,
-                            quantize_alongside(args.out, quantizable_attention(a, args.out)), stream_);
+                            quantize_alongside(args.out, quantizable_attention(a, args.out)), stream_,
+                            splits_bound(std::span(&args, 1)));
   }
 
   // A decode batch (one token per sequence, sequence i in row i of every tensor): one launch pair
@@ -373,7 +375,7 @@ class CudaBackend final : public Backend {
       const bool alone = args.size() == 1;
       launch_decode_attention(a, caches, ptr<float>(partials_), kDecodeSplits,
                               quantize_alongside(args[at].out, alone && quantizable_attention(a, args[at].out)),
-                              stream_);
+                              stream_, splits_bound(args.subspan(at, size_t(caches.sequences))));
     }
   }
 
@@ -727,6 +729,17 @@ class CudaBackend final : public Backend {
     a.inv_freq = ptr<float>(norms.inv_freq);
     a.norm_eps = norms.eps;
     return a;
+  }
+
+  // The splits a decode launch of these sequences needs (launch_decode_attention), when the host
+  // knows every position and no graph is being captured (a replay runs at later positions); else 0.
+  int splits_bound(std::span<const AttentionArgs> args) const {
+    int bound = 0;
+    for (const AttentionArgs& a : args) {
+      if (a.last_position < 0 || capturing_) return 0;
+      bound = std::max(bound, decode_attention_splits(a.last_position, a.window, kDecodeSplits));
+    }
+    return bound;
   }
 
   static DecodeCaches own_caches(const AttentionLaunch& a) {

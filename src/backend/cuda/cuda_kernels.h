@@ -97,8 +97,14 @@ struct DecodeCaches {
   bf16* v[kMaxDecodeSequences] = {};
 };
 int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits);
+// `splits_bound` > 0 (the most decode_attention_splits of the launch's sequences) launches only the
+// splits that can hold keys; 0 launches every split the cache could need (what a graph replayed at
+// later positions must).
 void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
-                             uint4* planes, cudaStream_t stream);
+                             uint4* planes, cudaStream_t stream, int splits_bound = 0);
+// Splits holding keys of a decode query at `position` (those past it are empty): the position alone
+// decides how the keys are split, so a sequence's result does not depend on its batch.
+int decode_attention_splits(int64_t position, int window, int max_splits);
 // Prefill (T > 1): tiled tensor-core attention, then the chunk's K/V are stored in the cache.
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
 

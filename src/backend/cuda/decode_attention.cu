@@ -71,14 +71,14 @@ __device__ inline SplitPartials sequence_partials(const SplitPartials& batch, co
 // Keys per split for the query at `pos`: its visible keys spread over all max_splits (whole tiles),
 // so a short context is not one block's long walk. The position alone decides it, so a captured
 // graph replays at any position and a sequence's result does not depend on its batch.
-__device__ inline int64_t split_keys_at(int64_t pos, int window, int max_splits) {
+__host__ __device__ inline int64_t split_keys_at(int64_t pos, int window, int max_splits) {
   const int64_t visible = pos + 1 - first_key(pos, window);
-  return max(int64_t(kTileKeys), (visible + int64_t(max_splits) * kTileKeys - 1) / (int64_t(max_splits) * kTileKeys) *
+  return std::max(int64_t(kTileKeys), (visible + int64_t(max_splits) * kTileKeys - 1) / (int64_t(max_splits) * kTileKeys) *
                                      kTileKeys);
 }
 
 // Splits holding keys of the query at `pos` (the rest are empty).
-__device__ inline int used_splits(int64_t pos, int window, int max_splits) {
+__host__ __device__ inline int used_splits(int64_t pos, int window, int max_splits) {
   const int64_t split_keys = split_keys_at(pos, window, max_splits);
   return int((pos + 1 - first_key(pos, window) + split_keys - 1) / split_keys);
 }
@@ -480,8 +480,12 @@ int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits) {
   return int64_t(a.heads) * max_splits * (a.head_dim + 2);
 }
 
+int decode_attention_splits(int64_t position, int window, int max_splits) {
+  return used_splits(position, window, max_splits);
+}
+
 void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
-                             uint4* planes, cudaStream_t stream) {
+                             uint4* planes, cudaStream_t stream, int splits_bound) {
   check_attention_shape(a);
   G4_CHECK(!planes || (caches.sequences == 1 && a.head_dim % packed::kBlock == 0),
            "decode attention: quantized planes need one sequence and heads of whole blocks");
@@ -496,7 +500,8 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   // Keys a query can see span at most the window (ring) or the capacity (flat cache); a split
   // holds at least one tile of them (split_keys_at).
   const int64_t span = a.window ? a.window : a.capacity;
-  const int splits = int(std::min<int64_t>(max_splits, ceil_div(span, int64_t(kTileKeys))));
+  int splits = int(std::min<int64_t>(max_splits, ceil_div(span, int64_t(kTileKeys))));
+  if (splits_bound > 0) splits = std::min(splits, splits_bound);  // past it every split is empty
   const dim3 grid(unsigned(a.kv_heads), unsigned(splits), unsigned(caches.sequences));
   const int group = a.heads / a.kv_heads;
   auto launch_split = [&](auto kernel, size_t smem) {

@@ -22,6 +22,10 @@ __device__ inline uint32_t shared_addr(const void* p) { return static_cast<uint3
 __device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// 4 bytes global -> shared (through L1: only the 16-byte form may bypass it); zeros when !valid.
+__device__ inline void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most `Pending` of this thread's most recently committed copy groups are in flight.
 template <int Pending>
@@ -52,6 +56,11 @@ __device__ inline uint64_t swizzled_desc(uint32_t addr) {
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most `Pending` of the warpgroup's committed wgmma groups are in flight.
+template <int Pending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
 // Pins accumulators at this point of the program: the compiler may not move their reads or writes
 // across it, so none lands between an asynchronous wgmma and its wait.
 template <int Blocks>
@@ -98,6 +107,42 @@ __device__ inline void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], ui
       : G4_WGMMA_D4(0), G4_WGMMA_D4(1), G4_WGMMA_D4(2), G4_WGMMA_D4(3), G4_WGMMA_D4(4), G4_WGMMA_D4(5), G4_WGMMA_D4(6),
         G4_WGMMA_D4(7)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// d = A·B (+ d when accumulate) for a 64xN tile over k = 16: A in registers (mma_bf16's fragments,
+// warp w of the warpgroup rows 16w..16w+15), B (Nx16) K-major in shared memory.
+template <int N>
+__device__ inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64, "wgmma_rs: N is 8, 16, 32 or 64");
+  if constexpr (N == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+        : G4_WGMMA_D4(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  } else if constexpr (N == 16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : G4_WGMMA_D4(0), G4_WGMMA_D4(1)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  } else if constexpr (N == 32) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : G4_WGMMA_D4(0), G4_WGMMA_D4(1), G4_WGMMA_D4(2), G4_WGMMA_D4(3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : G4_WGMMA_D4(0), G4_WGMMA_D4(1), G4_WGMMA_D4(2), G4_WGMMA_D4(3), G4_WGMMA_D4(4), G4_WGMMA_D4(5), G4_WGMMA_D4(6), G4_WGMMA_D4(7)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  }
 }
 
 #undef G4_WGMMA_D4

@@ -11,10 +11,11 @@
 //
 // Geometry: a warp takes one 16-row tile over one slice of K, the slices fixed by the matrix shape
 // alone (never by T) and their float sums added from 0 in slice order by launch_add_slices (a
-// matrix of one slice writes y itself). Up to 8 tokens are one mma's 8 columns, read from global
-// memory; 16, 32 or 64 tokens are 2, 4 or 8 column tiles staged per record in shared memory by
-// cp.async for the block's 8 warps. Columns past T reread the last token (never stored), so no
-// load waits on a branch. Every token count adds the same products in the same order.
+// matrix of one slice writes y itself). Up to 8 tokens are one mma.sync's 8 columns, read from
+// global memory (records_gemv_kernel); 16, 32 or 64 tokens are the N of a warpgroup's wgmma over
+// its four tiles, staged per record in shared memory (records_wgmma_kernel), which gives mma.sync's
+// bits for the same fragments (docs/PERF.md, fourteenth session). Every token count adds the same
+// products in the same order.
 #include <algorithm>
 
 #include "backend/cuda/launch.cuh"
@@ -35,8 +36,6 @@ using records::kValues;
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kBatch = 4;         // records a lane loads before using them (up to 8 tokens)
 constexpr int kAhead = 2;         // records a lane loads ahead of use (16 to 64 tokens)
-constexpr int kXStride = kValues + 32;  // bf16 per staged token: 192 bytes, so that the 16-byte
-                                        // loads of tokens g, g + 1 miss each other's banks
 constexpr int kXStages = 4;       // staged records of tokens in the ring
 constexpr int kTargetWarps = 132 * 32;  // slices of K are added until a matrix has about this many
                                         // warps (a constant, not the GPU's: the same bits on any GPU)
@@ -55,8 +54,9 @@ __device__ inline uint32_t as_u32(__nv_bfloat162 v) { return *reinterpret_cast<c
 
 // Fragment register j of a record word as the bf16 pair q - 8 (low element the even k).
 __device__ inline uint32_t centred_pair(uint32_t word, int j) {
-  const uint32_t biased = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;  // (128 + q) as bf16
-  return as_u32(__hsub2(as_bf162(biased), as_bf162(0x43084308u)));         // - (136, 136): exact
+  uint32_t biased;  // (128 + q) as bf16: (nibbles & 0x000F000F) | 0x43004300 in one LOP3
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(word >> (4 * j)), "n"(0x000F000F), "r"(0x43004300));
+  return as_u32(__hsub2(as_bf162(biased), as_bf162(0x43084308u)));  // - (136, 136): exact
 }
 
 // d = A·B from 0 (the C operand a zero register: no zeroing moves).
@@ -109,6 +109,53 @@ __device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&
       d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
       d[p][3] = fmaf(t[3], scale_g8, d[p][3]);
     }
+  }
+}
+
+// As multiply_record for a warpgroup's four tiles and kTokens tokens: B is the record's tokens,
+// K-major in shared memory at `desc` (a k16 step 32 bytes along the swizzled rows). Both blocks'
+// sums are in flight before the first is scaled.
+template <int kTokens, int kInFlight>
+__device__ inline void multiply_record_wgmma(const Record& r, uint64_t desc, float (&d)[kTokens / 8][4]) {
+  const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
+  uint32_t a[4][4];
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[step][j] = centred_pair(words[step], j);
+  }
+  const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
+  const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
+  auto scale_into_d = [&](const float(&sums)[kTokens / 8][4], float scale_g, float scale_g8) {
+#pragma unroll
+    for (int p = 0; p < kTokens / 8; ++p) {
+      d[p][0] = fmaf(sums[p][0], scale_g, d[p][0]);
+      d[p][1] = fmaf(sums[p][1], scale_g, d[p][1]);
+      d[p][2] = fmaf(sums[p][2], scale_g8, d[p][2]);
+      d[p][3] = fmaf(sums[p][3], scale_g8, d[p][3]);
+    }
+  };
+  float t[kInFlight][kTokens / 8][4];
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    float(&sums)[kTokens / 8][4] = t[blk % kInFlight];
+    if (blk == 0 || kInFlight == 1) wgmma_fence();  // a and t were last touched by ordinary instructions
+    wgmma_rs<kTokens>(sums, a[2 * blk], desc + 2 * (2 * blk), false);
+    wgmma_rs<kTokens>(sums, a[2 * blk + 1], desc + 2 * (2 * blk + 1), true);
+    wgmma_commit();
+    if (kInFlight == 1) {
+      wgmma_wait<0>();
+      wgmma_pin(sums);
+      scale_into_d(sums, blk == 0 ? s_g.x : s_g.y, blk == 0 ? s_g8.x : s_g8.y);
+    }
+  }
+  if (kInFlight == 2) {
+    wgmma_wait<1>();
+    wgmma_pin(t[0]);
+    scale_into_d(t[0], s_g.x, s_g8.x);
+    wgmma_wait<0>();
+    wgmma_pin(t[kInFlight - 1]);
+    scale_into_d(t[kInFlight - 1], s_g.y, s_g8.y);
   }
 }
 
@@ -182,59 +229,67 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(const uint8_t* w
   store_sums<1>(d, out, tile, lane);
 }
 
-// 8 < T <= 8 · kTokenTiles tokens: as records_gemv_kernel, the block's tokens staged record by
-// record in shared memory (a ring of kXStages, cp.async), the weights loaded kAhead records ahead.
-template <int kTokenTiles>
-__global__ void __launch_bounds__(kThreads, 2) records_matmul_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
-                                                                     int chunks_per_slice) {
-  constexpr int kTokens = 8 * kTokenTiles;
-  __shared__ __align__(16) bf16 xs[kXStages][kTokens * kXStride];
+// 8 < T <= kTokens tokens (16, 32 or 64) on Hopper's warpgroup mma: each warp's A fragments come
+// from its record as in records_gemv_kernel, each warpgroup multiplies its four tiles by the
+// block's tokens, staged record by record in shared memory (a ring of kXStages) as wgmma's K-major
+// B operand, already in the records' order of K (stage_tokens). wgmma gives mma.sync's bits for
+// the same fragments (docs/PERF.md, fourteenth session), so a token keeps the bits it has alone.
+// The weights are loaded kAhead records ahead into registers.
+// kInFlight: blocks whose sums are in flight at once (two at 64 tokens would need 155 registers,
+// one CTA a multiprocessor: slower, docs/PERF.md).
+template <int kTokens, int kInFlight = kTokens < 64 ? 2 : 1>
+__global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
+                                                                    int chunks_per_slice) {
+  constexpr int kStageBytes = kTokens * kValues * 2;  // 128 bytes a token: one swizzled row
+  __shared__ __align__(1024) uint8_t xs[kXStages][kStageBytes];
   pdl_launch_dependents();
-  const int T = out.T, lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
-  const bool has_tile = tile < out.N / kTileRows;  // a warp without a tile still stages tokens
+  const int T = out.T, lane = threadIdx.x % 32, tiles = out.N / kTileRows;
+  const int tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  const bool has_tile = tile < tiles;
+  // A warpgroup multiplies together: a warp past the last tile lends it its A (never stored).
+  const bool group_has_tile = blockIdx.x * kWarps + (threadIdx.x / 128) * 4 < tiles;
   const auto [first, end] = slice_chunks(K, chunks_per_slice);
   const int count = end - first;
-  // Record i of the slice's tokens into buffer i % kXStages; one commit per call, empty or not, so
-  // that the wait below counts alike in every iteration.
+  const uint8_t* records = w + records::record_offset(K, min(tile, tiles - 1), 0);
+  // Record i's tokens into buffer i % kXStages: a warp a token's 32 pairs of values (lane l pair
+  // l, at the same place in every row of a group of 8), tokens warp, warp + 8, ...; rows past T
+  // are zeros (their columns are never stored). One commit per call, empty or not, so that the
+  // waits below count alike in every iteration.
+  const int warp = threadIdx.x / 32;
+  const uint32_t lane_offset = swizzled_offset(kTokens, warp, records::staged_column(lane));
   auto stage = [&](int i) {
     if (i < count) {
-      const size_t k0 = size_t(first + i) * kValues;
-      for (int piece = threadIdx.x; piece < kTokens * kValues / 8; piece += kThreads) {
-        const int t = piece / (kValues / 8), part = piece % (kValues / 8);
-        cp_async16(shared_addr(&xs[i % kXStages][t * kXStride + 8 * part]), x + size_t(min(t, T - 1)) * K + k0 + 8 * part,
-                   t < T);
+      const uint32_t at = uint32_t(first + i) * kValues + 2 * lane, dst = shared_addr(xs[i % kXStages]) + lane_offset;
+#pragma unroll
+      for (int j = 0; j < kTokens / kWarps; ++j) {
+        const int t = warp + kWarps * j;  // token `warp` < 9 <= T is always there
+        cp_async4(dst + 1024 * j, x + (uint32_t(t < T ? t : warp) * uint32_t(K) + at), t < T);
       }
     }
     cp_async_commit();
   };
-  const uint8_t* records = w + records::record_offset(K, has_tile ? tile : 0, 0);
   Record r[kAhead + 1];
 #pragma unroll
   for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
   pdl_wait();  // weights only before this (pdl.cuh): x comes from the previous kernel
 #pragma unroll
   for (int i = 0; i < kXStages - 1; ++i) stage(i);
-  float d[kTokenTiles][4] = {};
-  const int g = lane / 4, c = lane % 4;
+  float d[kTokens / 8][4] = {};
   for (int i0 = 0; i0 < count; i0 += kAhead + 1) {
 #pragma unroll
     for (int u = 0; u <= kAhead; ++u) {
       const int i = i0 + u;
       if (i >= count) break;  // the same for the whole block: the barriers stay aligned
       r[(u + kAhead) % (kAhead + 1)] = load_record(records, first + min(i + kAhead, count - 1), lane);
-      cp_async_wait_group<kXStages - 2>();  // record i's tokens have landed
-      __syncthreads();                       // ... for every thread; record i - 1's buffer is free
+      cp_async_wait_group<kXStages - 2>();  // record i's tokens have landed ...
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // ... for the tensor cores too
+      __syncthreads();  // ... for every thread; record i - 1's buffer is free (its wgmma waited)
       stage(i + kXStages - 1);
-      if (!has_tile) continue;
-      const bf16* mine = &xs[i % kXStages][g * kXStride + 8 * c];
-      multiply_record<kTokenTiles>(r[u], [&](int blk, uint4(&v)[kTokenTiles]) {
-#pragma unroll
-        for (int p = 0; p < kTokenTiles; ++p) v[p] = *reinterpret_cast<const uint4*>(mine + 8 * p * kXStride + 32 * blk);
-      }, d);
+      if (group_has_tile) multiply_record_wgmma<kTokens, kInFlight>(r[u], swizzled_desc(shared_addr(xs[i % kXStages])), d);
     }
   }
   cp_async_wait_all();
-  if (has_tile) store_sums<kTokenTiles>(d, out, tile, lane);
+  if (has_tile) store_sums<kTokens / 8>(d, out, tile, lane);
 }
 
 // One thread per record of the tiles of rows [first_row, first_row + n): written whole from the
@@ -318,7 +373,7 @@ void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_
                   s.chunks_per_slice);
   } else {
     with_token_tiles(T, [&](auto tiles) {
-      launch_kernel("records_matmul_kernel", records_matmul_kernel<decltype(tiles)::value>, grid, kThreads, 0, stream,
+      launch_kernel("records_wgmma_kernel", records_wgmma_kernel<8 * decltype(tiles)::value>, grid, kThreads, 0, stream,
                     Pdl::kOn, w, x, out, int(K), s.chunks_per_slice);
     });
   }

@@ -37,6 +37,14 @@ G4_HOST_DEVICE constexpr Place place_of(int row_in_tile, int k_in_record) {
   return {4 * g + c, 2 * b + v / 4, 4 * j + 16 * (v % 2)};
 }
 
+// Where pair `pair` (values 2 pair, 2 pair + 1) of a record's 64 values of K sits among the 64
+// positions of the record's k16 steps, one after another (the B operand's order): value 8c + 4h + 2o
+// of a block is at slot 2c + 8o of its step h (place_of's order of K, seen from the activations).
+G4_HOST_DEVICE constexpr int staged_column(int pair) {
+  const int b = pair / 16, c = (pair % 16) / 4, h = (pair % 4) / 2, o = pair % 2;
+  return 32 * b + 16 * h + 2 * c + 8 * o;
+}
+
 // Byte offset of the fp16 scale of (row, k) within a record: row-major, a row's two blocks side by side.
 G4_HOST_DEVICE constexpr int scale_offset(int row_in_tile, int k_in_record) {
   return kQuantBytes + 4 * row_in_tile + 2 * (k_in_record / 32);
