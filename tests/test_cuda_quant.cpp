@@ -215,6 +215,20 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
         << what << ": still records with batch invariance off";
     gpu_->set_batch_invariant(true);
   }
+  // Matrices of one input in one launch (q/k/v): each with the bits of its own launch.
+  const Both a = random_weight(DType::Q4_0, 512, 5376), b = random_weight(DType::Q4_0, 1008, 5376),
+             c = random_weight(DType::Q4_0, 64, 5376);
+  const Both x = activation(64, 5376, 2.0f);
+  for (int64_t T : {1, 9, 64}) {
+    const Tensor xs = x.gpu.rows_view(0, T), ws[] = {a.gpu, b.gpu, c.gpu};
+    const Tensor ys[] = {gpu_->alloc(DType::BF16, T, 512), gpu_->alloc(DType::BF16, T, 1008), gpu_->alloc(DType::BF16, T, 64)};
+    gpu_->matmuls(xs, ws, ys);
+    for (size_t i = 0; i < 3; ++i) {
+      const Tensor alone = gpu_->alloc(DType::BF16, T, ws[i].rows);
+      gpu_->matmul(xs, ws[i], alone);
+      EXPECT_EQ(read(*gpu_, ys[i]), read(*gpu_, alone)) << "Q4_0 records matmuls, matrix " << i << ", " << T << " tokens";
+    }
+  }
   // Past 64 tokens: rows dequantized from the records for the GEMM.
   const Both w = random_weight(DType::Q4_0, 2000 * 16, 512);
   check_matmul(w, 1, "Q4_0 records [32000, 512]");  // rearranges it

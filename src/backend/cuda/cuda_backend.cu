@@ -282,6 +282,7 @@ class CudaBackend final : public Backend {
   // be Q6_K beside Q4_K q and k), the input quantized once for all packed ones; otherwise one
   // matmul each.
   void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
+    if (records_matmuls(x, ws, ys)) return;
     // A weight without its output goes to Backend::matmuls, whose check names it.
     const bool few_tokens = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && ws.size() <= size_t(kMaxGemvTargets) &&
                             std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) {
@@ -418,8 +419,8 @@ class CudaBackend final : public Backend {
     Tensor up = up_;  // its first T · N values as [T, N]
     up.rows = T;
     up.cols = N;
-    matmul(x, w_gate, out);
-    matmul(x, w_up, up);
+    const Tensor ws[] = {w_gate, w_up}, ys[] = {out, up};
+    matmuls(x, ws, ys);
     launch_gelu_tanh_mul(ptr<bf16>(out), ptr<bf16>(up), ptr<bf16>(out), out.numel(), stream_);
   }
 
@@ -527,6 +528,31 @@ class CudaBackend final : public Backend {
     G4_CUBLAS(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF, int(K), x,
                            CUDA_R_16BF, int(K), &zero, y, CUDA_R_16BF, int(ldy), CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT));
+  }
+
+  // Matrices that all run as Q4_0 records (batch invariance), in one launch: false (nothing done)
+  // when any does not, or a graph is captured before the group's workspace was sized.
+  bool records_matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) {
+    if (ws.empty() || ws.size() != ys.size() || ws.size() > size_t(kMaxSliceSums) || x.dtype != DType::BF16) return false;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (ws[i].cols != x.cols || ys[i].rows != x.rows || ys[i].cols != ws[i].rows || !runs_as_records(ws[i], x.rows))
+        return false;
+    }
+    RecordsTarget targets[kMaxSliceSums];
+    size_t workspace = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (!to_records(ws[i])) return false;
+      targets[i] = RecordsTarget{ptr<uint8_t>(ws[i]), ptr<bf16>(ys[i]), ws[i].rows};
+      workspace += q4_0_records_workspace_bytes(ws[i].rows, ws[i].cols);
+    }
+    if (packed_partials_.bytes() < workspace) {
+      if (capturing_) return false;
+      packed_partials_ = alloc(DType::F32, 1, int64_t(workspace / 4));
+    }
+    quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
+    launch_q4_0_records_matmuls(std::span(targets, ws.size()), ptr<bf16>(x), x.rows, x.cols, ptr<float>(packed_partials_),
+                                packed_partials_.bytes(), stream_);
+    return true;
   }
 
   // Whether w runs as Q4_0 records for T rows (docs/DESIGN.md §7, "Batch invariance", the

@@ -303,22 +303,49 @@ constexpr size_t batch_gemv_smem_bytes() {
   return size_t(kStages) * kBlocksPerStage * Stage<kType>::template bytes<kTiles>() + size_t(kThreads) * kTiles * 4 * sizeof(float);
 }
 
-// y = the slices' partial sums added from 0 in slice order.
-__global__ void add_slices_kernel(const float* partial, int slices, int64_t count, bf16* y) {
+// Each output = its slices' partial sums added from 0 in slice order; the outputs of the group one
+// after another in i.
+struct SliceSumGroup {
+  SliceSum sums[kMaxSliceSums];
+  int count;
+  int64_t total;
+};
+__global__ void add_slices_kernel(SliceSumGroup group) {
   pdl_launch_dependents();
   pdl_wait();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < group.total; i += int64_t(gridDim.x) * blockDim.x) {
+    SliceSum s = group.sums[0];
+    int64_t at = i;
+#pragma unroll
+    for (int m = 1; m < kMaxSliceSums; ++m) {  // static indices: the group stays in parameter space
+      if (m < group.count && at >= s.count) {
+        at -= s.count;
+        s = group.sums[m];
+      }
+    }
     float sum = 0.0f;
-    for (int s = 0; s < slices; ++s) sum += partial[s * count + i];
-    y[i] = __float2bfloat16(sum);
+    for (int j = 0; j < s.slices; ++j) sum += s.partial[j * s.count + at];
+    s.y[at] = __float2bfloat16(sum);
   }
 }
 
 }  // namespace
 
+void launch_add_slices(std::span<const SliceSum> sums, cudaStream_t stream) {
+  G4_CHECK(!sums.empty() && sums.size() <= size_t(kMaxSliceSums), "add_slices: 1 to 3 outputs a launch");
+  SliceSumGroup group{};
+  group.count = int(sums.size());
+  for (size_t m = 0; m < sums.size(); ++m) {
+    group.sums[m] = sums[m];
+    group.total += sums[m].count;
+  }
+  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(group.total, 256), 4096)),
+                256, 0, stream, Pdl::kOn, group);
+}
+
 void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream) {
-  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(count, 256), 4096)), 256, 0,
-                stream, Pdl::kOn, partial, slices, count, y);
+  const SliceSum one{partial, slices, count, y};
+  launch_add_slices(std::span(&one, 1), stream);
 }
 
 size_t batch_activation_bytes(int64_t K) {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -86,6 +87,15 @@ void launch_packed_batch_gemv(DType type, uint8_t* x, const uint8_t* w, bf16* y,
                               float* workspace, size_t workspace_bytes, cudaStream_t stream);
 // y[i] = bf16(Σ_s partial[s * count + i]), summed from 0 in s order.
 void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream);
+// The same for up to kMaxSliceSums outputs in one launch.
+inline constexpr int kMaxSliceSums = 3;
+struct SliceSum {
+  const float* partial;
+  int slices;
+  int64_t count;
+  bf16* y;
+};
+void launch_add_slices(std::span<const SliceSum> sums, cudaStream_t stream);
 
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
@@ -94,12 +104,21 @@ void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate,
 // ---- q4_0_records.cu: Q4_0 in tile-interleaved records (q4_0_records.h) ----
 
 // The float workspace launch_q4_0_records_matmul needs for an [N, K] matrix at up to
-// kMaxPackedMatmulTokens tokens (0 when one slice covers K).
+// kMaxPackedMatmulTokens tokens (0 when one slice covers K); a group of matrices needs the sum.
 size_t q4_0_records_workspace_bytes(int64_t N, int64_t K);
 // y[T, N] = x[T, K] · w^T for 1 <= T <= kMaxPackedMatmulTokens, w in records: a token's row has the
 // same bits at any T (the slices of K fixed by the shape).
 void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_t T, int64_t N, int64_t K,
                                 float* workspace, size_t workspace_bytes, cudaStream_t stream);
+// The same for up to kMaxSliceSums matrices of one input in one launch (and one launch adding their
+// slices), each with its own slices and so its own bits alone.
+struct RecordsTarget {
+  const uint8_t* w;
+  bf16* y;
+  int64_t N;
+};
+void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const bf16* x, int64_t T, int64_t K,
+                                 float* workspace, size_t workspace_bytes, cudaStream_t stream);
 // Rows [first_row, first_row + n) (whole tiles) of a packed Q4_0 matrix (packed_blocks.h) written as
 // records into `w`, the [rows, K] matrix's records: `qs` holds those rows' quants (the packed qs
 // plane from row first_row), `params` the whole params plane (copies: the records overwrite the

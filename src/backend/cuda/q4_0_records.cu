@@ -167,9 +167,9 @@ struct Sums {
   int T, N;
 };
 template <int kTokenTiles>
-__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const Sums& out, int tile, int lane) {
+__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const Sums& out, int tile, int slice, int lane) {
   const int g = lane / 4, c = lane % 4, row = tile * kTileRows + g;
-  float* partial = out.partial ? out.partial + size_t(blockIdx.y) * out.T * out.N : nullptr;
+  float* partial = out.partial ? out.partial + size_t(slice) * out.T * out.N : nullptr;
 #pragma unroll
   for (int i = 0; i < kTokenTiles; ++i) {
 #pragma unroll
@@ -188,24 +188,41 @@ __device__ inline void store_sums(const float (&d)[kTokenTiles][4], const Sums& 
   }
 }
 
-// The K chunks (records) of slice blockIdx.y: [first, end).
-struct SliceChunks {
-  int first, end;
+// One matrix of a launch: its records, where its sums go, its slices of K, and its blocks (a block:
+// kWarps tiles over one slice), the launch's from first_block on.
+struct RecordsPart {
+  const uint8_t* w;
+  Sums out;
+  int chunks_per_slice, row_blocks, first_block;
 };
-__device__ inline SliceChunks slice_chunks(int K, int chunks_per_slice) {
-  const int first = blockIdx.y * chunks_per_slice;
-  return {first, min(K / kValues, first + chunks_per_slice)};
+struct RecordsParts {
+  RecordsPart parts[kMaxSliceSums];
+  int count;
+};
+// This block's matrix, its tiles' block and its slice of K, whose chunks (records) are [first, end).
+struct BlockWork {
+  RecordsPart part;
+  int row_block, slice, first, end;
+};
+__device__ inline BlockWork block_work(const RecordsParts& launch, int K) {
+  RecordsPart part = launch.parts[0];
+#pragma unroll
+  for (int m = 1; m < kMaxSliceSums; ++m)  // static indices: the parts stay in parameter space
+    if (m < launch.count && int(blockIdx.x) >= launch.parts[m].first_block) part = launch.parts[m];
+  const int local = int(blockIdx.x) - part.first_block, slice = local / part.row_blocks;
+  const int first = slice * part.chunks_per_slice;
+  return {part, local % part.row_blocks, slice, first, min(K / kValues, first + part.chunks_per_slice)};
 }
 
 // Up to 8 tokens of x [T, K], read from global memory. The records of a slice are loaded kBatch at
 // a time before any is used (the weights' loads in flight).
-__global__ void __launch_bounds__(kThreads) records_gemv_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
-                                                                 int chunks_per_slice) {
+__global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts launch, const bf16* x, int K) {
   pdl_launch_dependents();
-  const int lane = threadIdx.x % 32, tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  const BlockWork work = block_work(launch, K);
+  const Sums& out = work.part.out;
+  const int lane = threadIdx.x % 32, tile = work.row_block * kWarps + threadIdx.x / 32, first = work.first, end = work.end;
   if (tile >= out.N / kTileRows) return;
-  const auto [first, end] = slice_chunks(K, chunks_per_slice);
-  const uint8_t* records = w + records::record_offset(K, tile, 0);
+  const uint8_t* records = work.part.w + records::record_offset(K, tile, 0);
   Record r[kBatch];
   auto load_batch = [&](int chunk) {
 #pragma unroll
@@ -226,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(const uint8_t* w
       multiply_record<1>(r[u], [&](int blk, uint4(&v)[1]) { v[0] = __ldg(xs + at + 4 * blk); }, d);
     }
   }
-  store_sums<1>(d, out, tile, lane);
+  store_sums<1>(d, out, tile, work.slice, lane);
 }
 
 // 8 < T <= kTokens tokens (16, 32 or 64) on Hopper's warpgroup mma: each warp's A fragments come
@@ -238,19 +255,19 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(const uint8_t* w
 // kInFlight: blocks whose sums are in flight at once (two at 64 tokens would need 155 registers,
 // one CTA a multiprocessor: slower, docs/PERF.md).
 template <int kTokens, int kInFlight = kTokens < 64 ? 2 : 1>
-__global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(const uint8_t* w, const bf16* x, Sums out, int K,
-                                                                    int chunks_per_slice) {
+__global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts launch, const bf16* x, int K) {
   constexpr int kStageBytes = kTokens * kValues * 2;  // 128 bytes a token: one swizzled row
   __shared__ __align__(1024) uint8_t xs[kXStages][kStageBytes];
   pdl_launch_dependents();
+  const BlockWork work = block_work(launch, K);
+  const Sums& out = work.part.out;
   const int T = out.T, lane = threadIdx.x % 32, tiles = out.N / kTileRows;
-  const int tile = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int tile = work.row_block * kWarps + threadIdx.x / 32;
   const bool has_tile = tile < tiles;
   // A warpgroup multiplies together: a warp past the last tile lends it its A (never stored).
-  const bool group_has_tile = blockIdx.x * kWarps + (threadIdx.x / 128) * 4 < tiles;
-  const auto [first, end] = slice_chunks(K, chunks_per_slice);
-  const int count = end - first;
-  const uint8_t* records = w + records::record_offset(K, min(tile, tiles - 1), 0);
+  const bool group_has_tile = work.row_block * kWarps + (threadIdx.x / 128) * 4 < tiles;
+  const int first = work.first, count = work.end - first;
+  const uint8_t* records = work.part.w + records::record_offset(K, min(tile, tiles - 1), 0);
   // Record i's tokens into buffer i % kXStages: a warp a token's 32 pairs of values (lane l pair
   // l, at the same place in every row of a group of 8), tokens warp, warp + 8, ...; rows past T
   // are zeros (their columns are never stored). One commit per call, empty or not, so that the
@@ -289,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(const uint8_
     }
   }
   cp_async_wait_all();
-  if (has_tile) store_sums<kTokens / 8>(d, out, tile, lane);
+  if (has_tile) store_sums<kTokens / 8>(d, out, tile, work.slice, lane);
 }
 
 // One thread per record of the tiles of rows [first_row, first_row + n): written whole from the
@@ -358,26 +375,47 @@ size_t q4_0_records_workspace_bytes(int64_t N, int64_t K) {
   return s.slices == 1 ? 0 : size_t(s.slices) * size_t(kMaxPackedMatmulTokens) * size_t(N) * sizeof(float);
 }
 
-void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_t T, int64_t N, int64_t K,
-                                float* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  check_records_shape(N, K, w);
+void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const bf16* x, int64_t T, int64_t K,
+                                 float* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  G4_CHECK(!targets.empty() && targets.size() <= size_t(kMaxSliceSums), "Q4_0 records matmul: 1 to 3 matrices a launch");
   G4_CHECK(T >= 1 && T <= kMaxPackedMatmulTokens, "Q4_0 records matmul: " + std::to_string(T) + " tokens (1 to " +
                                                       std::to_string(kMaxPackedMatmulTokens) + ")");
-  const Slicing s = slicing_of(N, K);
-  const size_t partial_bytes = s.slices == 1 ? 0 : size_t(s.slices) * size_t(T) * size_t(N) * sizeof(float);
-  G4_CHECK(partial_bytes <= workspace_bytes, "Q4_0 records matmul: the workspace is too small");
-  const Sums out{s.slices == 1 ? nullptr : workspace, y, int(T), int(N)};
-  const dim3 grid(unsigned(ceil_div(N / kTileRows, kWarps)), unsigned(s.slices));
+  RecordsParts launch{};
+  launch.count = int(targets.size());
+  SliceSum sums[kMaxSliceSums];
+  int sum_count = 0, blocks = 0;
+  size_t used = 0;  // workspace bytes: each matrix of several slices its partials [slice][T][N]
+  for (size_t m = 0; m < targets.size(); ++m) {
+    const RecordsTarget& t = targets[m];
+    check_records_shape(t.N, K, t.w);
+    const Slicing s = slicing_of(t.N, K);
+    float* partial = nullptr;
+    if (s.slices > 1) {
+      partial = workspace + used / sizeof(float);
+      used += size_t(s.slices) * size_t(T) * size_t(t.N) * sizeof(float);
+      sums[sum_count++] = SliceSum{partial, s.slices, T * t.N, t.y};
+    }
+    const int row_blocks = int(ceil_div(t.N / kTileRows, kWarps));
+    launch.parts[m] = RecordsPart{t.w, Sums{partial, t.y, int(T), int(t.N)}, s.chunks_per_slice, row_blocks, blocks};
+    blocks += row_blocks * s.slices;
+  }
+  G4_CHECK(used <= workspace_bytes, "Q4_0 records matmul: the workspace is too small");
   if (T <= 8) {
-    launch_kernel("records_gemv_kernel", records_gemv_kernel, grid, kThreads, 0, stream, Pdl::kOn, w, x, out, int(K),
-                  s.chunks_per_slice);
+    launch_kernel("records_gemv_kernel", records_gemv_kernel, unsigned(blocks), kThreads, 0, stream, Pdl::kOn, launch, x,
+                  int(K));
   } else {
     with_token_tiles(T, [&](auto tiles) {
-      launch_kernel("records_wgmma_kernel", records_wgmma_kernel<8 * decltype(tiles)::value>, grid, kThreads, 0, stream,
-                    Pdl::kOn, w, x, out, int(K), s.chunks_per_slice);
+      launch_kernel("records_wgmma_kernel", records_wgmma_kernel<8 * decltype(tiles)::value>, unsigned(blocks), kThreads,
+                    0, stream, Pdl::kOn, launch, x, int(K));
     });
   }
-  if (s.slices > 1) launch_add_slices(workspace, s.slices, T * N, y, stream);
+  if (sum_count > 0) launch_add_slices(std::span(sums, size_t(sum_count)), stream);
+}
+
+void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_t T, int64_t N, int64_t K,
+                                float* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const RecordsTarget one{w, y, N};
+  launch_q4_0_records_matmuls(std::span(&one, 1), x, T, K, workspace, workspace_bytes, stream);
 }
 
 void launch_q4_0_records_from_planes(const uint8_t* qs, const uint8_t* params, int64_t first_row, int64_t n, int64_t K,
