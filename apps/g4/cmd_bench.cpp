@@ -475,8 +475,8 @@ void add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--batch_invariant,--batch-invariant", opts->batch_invariant,
-                  "With --concurrency: false lets decode batches fill whole forwards (faster on CUDA; a "
-                  "sequence's tokens may then depend on its batch)")
+                  "With --concurrency: false lets decode batches fill whole forwards (faster on CUDA for "
+                  "weight types other than Q4_0; a sequence's tokens may then depend on its batch)")
       ->capture_default_str();
   cmd->add_flag("--cuda_graph,--cuda-graph", opts->cuda_graph,
                 "With --concurrency: steps that only decode replay a CUDA graph recorded per batch size");

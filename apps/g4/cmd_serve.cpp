@@ -216,8 +216,8 @@ void add_serve_command(CLI::App& app) {
                   "Requests queued beyond those; more are answered 429 (busy, with Retry-After)")
       ->capture_default_str();
   cmd->add_option("--batch_invariant,--batch-invariant", o->batch_invariant,
-                  "false: requests running together share whole forwards (more tokens/s on CUDA; a request's "
-                  "tokens may then depend on the others)")
+                  "false: requests running together share whole forwards (more tokens/s on CUDA, but for Q4_0 "
+                  "weights; a request's tokens may then depend on the others)")
       ->capture_default_str();
   cmd->add_option("--max_body_bytes,--max-body-bytes", o->max_body_bytes,
                   "Larger request bodies are answered 413")
