@@ -3,6 +3,8 @@
 // kp >= pos0, else in cache row kp % capacity; pos0 is read from device memory, so a captured graph
 // replays at new positions.
 #pragma once
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -11,7 +13,7 @@ namespace g4 {
 inline constexpr int kMaxAttentionHeadDim = 512;
 
 // First visible key position of a query at position p.
-__host__ __device__ inline int64_t first_key(int64_t p, int window) { return window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0; }
+__host__ __device__ inline int64_t first_key(int64_t p, int window) { return window ? std::max<int64_t>(0, p - window + 1) : 0; }
 
 inline void check_attention_shape(const AttentionLaunch& a) {
   G4_CHECK(a.head_dim % 16 == 0 && a.head_dim <= kMaxAttentionHeadDim,

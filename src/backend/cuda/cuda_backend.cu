@@ -227,12 +227,8 @@ class CudaBackend final : public Backend {
              "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
-    if (runs_as_records(w, T) && to_records(w)) {
-      quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
-      launch_q4_0_records_matmul(ptr<uint8_t>(w), ptr<bf16>(x), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
-                                 packed_partials_.bytes(), stream_);
-      return;
-    }
+    const Tensor ws[] = {w}, ys[] = {y};
+    if (records_matmuls(x, ws, ys)) return;
     if (is_block_quantized(w.dtype)) {
       const bool packed_layout = !in_records(w);  // else rows past 64: dequantized from records below
       if (packed_gemv_takes(T, K, batch_invariant_) && packed_layout) {

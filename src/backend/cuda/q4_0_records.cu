@@ -80,41 +80,45 @@ __device__ inline Record load_record(const uint8_t* records, int chunk, int lane
   return {__ldcs(reinterpret_cast<const uint4*>(r) + lane), {__ldcs(scales), __ldcs(scales + 8)}};
 }
 
-// d[p] += the record's products for column tile p (8 tokens); load_b(blk, v) fills v[p] with the
-// lane's 8 activations of block blk for column tile p: the B fragments of k-steps 2 blk (v.x, v.y)
-// and 2 blk + 1 (v.z, v.w).
-template <int kTiles, typename LoadB>
-__device__ inline void multiply_record(const Record& r, LoadB&& load_b, float (&d)[kTiles][4]) {
+// The fp16 scales of rows g and g + 8 for block blk of a record.
+__device__ inline float2 block_scales(const Record& r, int blk) {
   const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
   const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
+  return blk == 0 ? make_float2(s_g.x, s_g8.x) : make_float2(s_g.y, s_g8.y);
+}
+
+// d += a block's sums t (one 8-column tile: rows g in t[0..1], g + 8 in t[2..3]) times its scales.
+__device__ inline void add_scaled(float (&d)[4], const float (&t)[4], float2 scales) {
+  d[0] = fmaf(t[0], scales.x, d[0]);
+  d[1] = fmaf(t[1], scales.x, d[1]);
+  d[2] = fmaf(t[2], scales.y, d[2]);
+  d[3] = fmaf(t[3], scales.y, d[3]);
+}
+
+// d += the record's products for 8 tokens; x_block(blk) is the lane's 8 activations of block blk:
+// the B fragments of k-steps 2 blk (.x, .y) and 2 blk + 1 (.z, .w).
+template <typename XBlock>
+__device__ inline void multiply_record(const Record& r, XBlock&& x_block, float (&d)[4]) {
   const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
 #pragma unroll
   for (int blk = 0; blk < 2; ++blk) {
     uint32_t a[2][4];
-    uint4 v[kTiles];
-    load_b(blk, v);
+    const uint4 v = x_block(blk);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[h][j] = centred_pair(words[2 * blk + h], j);
     }
-    const float scale_g = blk == 0 ? s_g.x : s_g.y, scale_g8 = blk == 0 ? s_g8.x : s_g8.y;
-#pragma unroll
-    for (int p = 0; p < kTiles; ++p) {
-      float t[4];
-      mma_from_zero(t, a[0], v[p].x, v[p].y);
-      mma_bf16(t, a[1], v[p].z, v[p].w);
-      d[p][0] = fmaf(t[0], scale_g, d[p][0]);
-      d[p][1] = fmaf(t[1], scale_g, d[p][1]);
-      d[p][2] = fmaf(t[2], scale_g8, d[p][2]);
-      d[p][3] = fmaf(t[3], scale_g8, d[p][3]);
-    }
+    float t[4];
+    mma_from_zero(t, a[0], v.x, v.y);
+    mma_bf16(t, a[1], v.z, v.w);
+    add_scaled(d, t, block_scales(r, blk));
   }
 }
 
 // As multiply_record for a warpgroup's four tiles and kTokens tokens: B is the record's tokens,
-// K-major in shared memory at `desc` (a k16 step 32 bytes along the swizzled rows). Both blocks'
-// sums are in flight before the first is scaled.
+// K-major in shared memory at `desc` (a k16 step 32 bytes along the swizzled rows). With
+// kInFlight 2 both blocks' sums are in flight before the first is scaled.
 template <int kTokens, int kInFlight>
 __device__ inline void multiply_record_wgmma(const Record& r, uint64_t desc, float (&d)[kTokens / 8][4]) {
   const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
@@ -124,16 +128,10 @@ __device__ inline void multiply_record_wgmma(const Record& r, uint64_t desc, flo
 #pragma unroll
     for (int j = 0; j < 4; ++j) a[step][j] = centred_pair(words[step], j);
   }
-  const float2 s_g = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[0]));
-  const float2 s_g8 = __half22float2(*reinterpret_cast<const __half2*>(&r.scales[1]));
-  auto scale_into_d = [&](const float(&sums)[kTokens / 8][4], float scale_g, float scale_g8) {
+  const float2 scales[2] = {block_scales(r, 0), block_scales(r, 1)};
+  auto scale_into_d = [&](const float(&sums)[kTokens / 8][4], int blk) {
 #pragma unroll
-    for (int p = 0; p < kTokens / 8; ++p) {
-      d[p][0] = fmaf(sums[p][0], scale_g, d[p][0]);
-      d[p][1] = fmaf(sums[p][1], scale_g, d[p][1]);
-      d[p][2] = fmaf(sums[p][2], scale_g8, d[p][2]);
-      d[p][3] = fmaf(sums[p][3], scale_g8, d[p][3]);
-    }
+    for (int p = 0; p < kTokens / 8; ++p) add_scaled(d[p], sums[p], scales[blk]);
   };
   float t[kInFlight][kTokens / 8][4];
 #pragma unroll
@@ -143,19 +141,19 @@ __device__ inline void multiply_record_wgmma(const Record& r, uint64_t desc, flo
     wgmma_rs<kTokens>(sums, a[2 * blk], desc + 2 * (2 * blk), false);
     wgmma_rs<kTokens>(sums, a[2 * blk + 1], desc + 2 * (2 * blk + 1), true);
     wgmma_commit();
-    if (kInFlight == 1) {
+    if constexpr (kInFlight == 1) {
       wgmma_wait<0>();
       wgmma_pin(sums);
-      scale_into_d(sums, blk == 0 ? s_g.x : s_g.y, blk == 0 ? s_g8.x : s_g8.y);
+      scale_into_d(sums, blk);
     }
   }
-  if (kInFlight == 2) {
+  if constexpr (kInFlight == 2) {
     wgmma_wait<1>();
     wgmma_pin(t[0]);
-    scale_into_d(t[0], s_g.x, s_g8.x);
+    scale_into_d(t[0], 0);
     wgmma_wait<0>();
-    wgmma_pin(t[kInFlight - 1]);
-    scale_into_d(t[kInFlight - 1], s_g.y, s_g8.y);
+    wgmma_pin(t[1]);
+    scale_into_d(t[1], 1);
   }
 }
 
@@ -240,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
     for (int u = 0; u < kBatch; ++u) {
       if (chunk + u >= end) break;
       const unsigned at = unsigned(chunk + u) * (kValues / 8);
-      multiply_record<1>(r[u], [&](int blk, uint4(&v)[1]) { v[0] = __ldg(xs + at + 4 * blk); }, d);
+      multiply_record(r[u], [&](int blk) { return __ldg(xs + at + 4 * blk); }, d[0]);
     }
   }
   store_sums<1>(d, out, tile, work.slice, lane);
