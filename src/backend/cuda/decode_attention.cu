@@ -44,6 +44,7 @@ struct SplitPartials {
   float* acc;  // [heads][max_splits][head_dim] unnormalised outputs
   float2* ml;  // [heads][max_splits] running max m (scaled scores) and sum l
   int max_splits;
+  int launched;  // splits with a block in this launch (the grid may stop short of max_splits)
 };
 
 // Sequence z's arguments: row z of the batch's query, new K/V, output and positions, and its caches.
@@ -403,7 +404,7 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
   const float2* ml = parts.ml + int64_t(head) * parts.max_splits;
   const float* acc = parts.acc + int64_t(head) * parts.max_splits * D + d;
   auto load_acc = [&](int s) {
-    return s < parts.max_splits && d < D ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D))
+    return s < parts.launched && d < D ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D))
                                          : make_float4(0, 0, 0, 0);
   };
   pdl_wait();
@@ -413,7 +414,7 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j) {
       const int s = threadIdx.x + 32 * j;
-      ml_lane[j] = s < parts.max_splits ? __ldcg(ml + s) : make_float2(-FLT_MAX, 0.0f);
+      ml_lane[j] = s < parts.launched ? __ldcg(ml + s) : make_float2(-FLT_MAX, 0.0f);
     }
   float4 v[kMergeLoads];
 #pragma unroll
@@ -502,6 +503,7 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   const int64_t span = a.window ? a.window : a.capacity;
   int splits = int(std::min<int64_t>(max_splits, ceil_div(span, int64_t(kTileKeys))));
   if (splits_bound > 0) splits = std::min(splits, splits_bound);  // past it every split is empty
+  parts.launched = splits;  // the merge loads no more (at 64 sequences the loads were most of its time)
   const dim3 grid(unsigned(a.kv_heads), unsigned(splits), unsigned(caches.sequences));
   const int group = a.heads / a.kv_heads;
   auto launch_split = [&](auto kernel, size_t smem) {

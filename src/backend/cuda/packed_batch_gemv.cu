@@ -304,16 +304,43 @@ constexpr size_t batch_gemv_smem_bytes() {
 }
 
 // Each output = its slices' partial sums added from 0 in slice order; the outputs of the group one
-// after another in i.
+// after another in i, kVec at a time (a thread's loads of every slice are issued before its adds:
+// at 64 tokens the partials are ~16 MB a matrix, docs/PERF.md).
 struct SliceSumGroup {
   SliceSum sums[kMaxSliceSums];
   int count;
   int64_t total;
 };
+template <int kVec>
+struct SliceVec;
+template <>
+struct SliceVec<1> {
+  float v[1];
+  __device__ static SliceVec load(const float* p) { return {{__ldcs(p)}}; }
+  __device__ void store(bf16* y) const { *y = __float2bfloat16(v[0]); }
+};
+template <>
+struct SliceVec<4> {
+  float v[4];
+  __device__ static SliceVec load(const float* p) {
+    const float4 f = __ldcs(reinterpret_cast<const float4*>(p));
+    return {{f.x, f.y, f.z, f.w}};
+  }
+  __device__ void store(bf16* y) const {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(y) = packed;
+  }
+};
+template <int kVec>
 __global__ void add_slices_kernel(SliceSumGroup group) {
+  constexpr int kLoads = 4;  // slices loaded before they are added
   pdl_launch_dependents();
   pdl_wait();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < group.total; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kVec; i < group.total;
+       i += int64_t(gridDim.x) * blockDim.x * kVec) {
     SliceSum s = group.sums[0];
     int64_t at = i;
 #pragma unroll
@@ -323,9 +350,20 @@ __global__ void add_slices_kernel(SliceSumGroup group) {
         s = group.sums[m];
       }
     }
-    float sum = 0.0f;
-    for (int j = 0; j < s.slices; ++j) sum += s.partial[j * s.count + at];
-    s.y[at] = __float2bfloat16(sum);
+    SliceVec<kVec> sum{};
+    for (int j0 = 0; j0 < s.slices; j0 += kLoads) {
+      SliceVec<kVec> part[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        if (j0 + u < s.slices) part[u] = SliceVec<kVec>::load(s.partial + (j0 + u) * s.count + at);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        if (j0 + u >= s.slices) break;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) sum.v[e] += part[u].v[e];
+      }
+    }
+    sum.store(s.y + at);
   }
 }
 
@@ -335,12 +373,19 @@ void launch_add_slices(std::span<const SliceSum> sums, cudaStream_t stream) {
   G4_CHECK(!sums.empty() && sums.size() <= size_t(kMaxSliceSums), "add_slices: 1 to 3 outputs a launch");
   SliceSumGroup group{};
   group.count = int(sums.size());
+  bool vectors = true;  // every output's count and addresses whole float4s of partials, 8 bytes of y
   for (size_t m = 0; m < sums.size(); ++m) {
     group.sums[m] = sums[m];
     group.total += sums[m].count;
+    vectors = vectors && sums[m].count % 4 == 0 && reinterpret_cast<uintptr_t>(sums[m].partial) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(sums[m].y) % 8 == 0;
   }
-  launch_kernel("add_slices_kernel", add_slices_kernel, unsigned(std::min<int64_t>(ceil_div(group.total, 256), 4096)),
-                256, 0, stream, Pdl::kOn, group);
+  const int vec = vectors ? 4 : 1;
+  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(group.total, 256 * vec), 4096));
+  if (vectors)
+    launch_kernel("add_slices_kernel", add_slices_kernel<4>, blocks, 256, 0, stream, Pdl::kOn, group);
+  else
+    launch_kernel("add_slices_kernel", add_slices_kernel<1>, blocks, 256, 0, stream, Pdl::kOn, group);
 }
 
 void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream) {

@@ -117,9 +117,9 @@ __device__ inline void multiply_record(const Record& r, XBlock&& x_block, float 
 }
 
 // As multiply_record for a warpgroup's four tiles and kTokens tokens: B is the record's tokens,
-// K-major in shared memory at `desc` (a k16 step 32 bytes along the swizzled rows). With
-// kInFlight 2 both blocks' sums are in flight before the first is scaled.
-template <int kTokens, int kInFlight>
+// K-major in shared memory at `desc` (a k16 step 32 bytes along the swizzled rows). Both blocks'
+// sums are in flight before the first is scaled, and both are scaled before it returns.
+template <int kTokens>
 __device__ inline void multiply_record_wgmma(const Record& r, uint64_t desc, float (&d)[kTokens / 8][4]) {
   const uint32_t words[4] = {r.quants.x, r.quants.y, r.quants.z, r.quants.w};
   uint32_t a[4][4];
@@ -128,34 +128,101 @@ __device__ inline void multiply_record_wgmma(const Record& r, uint64_t desc, flo
 #pragma unroll
     for (int j = 0; j < 4; ++j) a[step][j] = centred_pair(words[step], j);
   }
-  const float2 scales[2] = {block_scales(r, 0), block_scales(r, 1)};
-  auto scale_into_d = [&](const float(&sums)[kTokens / 8][4], int blk) {
-#pragma unroll
-    for (int p = 0; p < kTokens / 8; ++p) add_scaled(d[p], sums[p], scales[blk]);
-  };
-  float t[kInFlight][kTokens / 8][4];
+  float t[2][kTokens / 8][4];
+  wgmma_fence();  // a and t were last touched by ordinary instructions
 #pragma unroll
   for (int blk = 0; blk < 2; ++blk) {
-    float(&sums)[kTokens / 8][4] = t[blk % kInFlight];
-    if (blk == 0 || kInFlight == 1) wgmma_fence();  // a and t were last touched by ordinary instructions
-    wgmma_rs<kTokens>(sums, a[2 * blk], desc + 2 * (2 * blk), false);
-    wgmma_rs<kTokens>(sums, a[2 * blk + 1], desc + 2 * (2 * blk + 1), true);
+    wgmma_rs<kTokens>(t[blk], a[2 * blk], desc + 2 * (2 * blk), false);
+    wgmma_rs<kTokens>(t[blk], a[2 * blk + 1], desc + 2 * (2 * blk + 1), true);
     wgmma_commit();
-    if constexpr (kInFlight == 1) {
-      wgmma_wait<0>();
-      wgmma_pin(sums);
-      scale_into_d(sums, blk);
-    }
   }
-  if constexpr (kInFlight == 2) {
-    wgmma_wait<1>();
-    wgmma_pin(t[0]);
-    scale_into_d(t[0], 0);
-    wgmma_wait<0>();
-    wgmma_pin(t[1]);
-    scale_into_d(t[1], 1);
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    if (blk == 0)
+      wgmma_wait<1>();
+    else
+      wgmma_wait<0>();
+    wgmma_pin(t[blk]);
+    const float2 scales = block_scales(r, blk);
+#pragma unroll
+    for (int p = 0; p < kTokens / 8; ++p) add_scaled(d[p], t[blk][p], scales);
   }
 }
+
+// The warpgroup's wgmma as a pipeline of units — (record, block of 32, half of the tokens) in that
+// order — with one unit in flight while the previous one's sums are scaled into d, across records:
+// the tensor cores never wait for the scaling, nor the scaling for the tensor cores' latency, and
+// the registers are one half's sums twice (a block's whole sums twice would not fit at 64 tokens).
+// Every token's sums are the same products added in the same order as in multiply_record (wgmma's
+// columns are independent of N), so the bits are the same.
+template <int kTokens>
+struct WgmmaPipeline {
+  static constexpr int kHalfTiles = kTokens / 16;  // 8-column tiles of a half
+  float d[kTokens / 8][4] = {};
+  float t[2][kHalfTiles][4] = {};  // unit u's sums in t[u % 2] (a record has four units)
+  uint32_t a[2][2][4] = {};        // block b's fragments of its two k16 steps
+  // The scales of the unit in flight at a record's end (its block 1). Before the first record, a
+  // unit of zeros "in flight" (no branch: a wgmma wait in a divergent path serializes them all),
+  // which adds 0 · 0 to the zeros of d.
+  float2 last_scales = {0.0f, 0.0f};
+
+  // Keeps the registers a wgmma in flight reads or writes where they are until the next wait.
+  __device__ void pin_in_flight() {
+    wgmma_pin(t[0]);
+    wgmma_pin(t[1]);
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[b][s][j])::"memory");
+  }
+  // Waits for the unit before the one just issued, and scales its sums (unit parity `parity`,
+  // tokens of half `half`) into d.
+  __device__ void finish(int parity, int half, float2 scales) {
+    wgmma_wait<1>();
+    pin_in_flight();
+#pragma unroll
+    for (int p = 0; p < kHalfTiles; ++p) add_scaled(d[half * kHalfTiles + p], t[parity][p], scales);
+  }
+  __device__ void issue(int parity, int blk, int half, uint64_t desc) {
+    wgmma_fence();  // t[parity] was read by the scaling, a[blk] written by ordinary instructions
+    const uint64_t at = desc + (half * (kTokens / 2) * 128 >> 4) + 2 * (2 * blk);
+    wgmma_rs<kTokens / 2>(t[parity], a[blk][0], at, false);
+    wgmma_rs<kTokens / 2>(t[parity], a[blk][1], at + 2, true);
+    wgmma_commit();
+    pin_in_flight();
+  }
+  __device__ void load_block(const Record& r, int blk) {
+    const uint32_t words[2] = {blk == 0 ? r.quants.x : r.quants.z, blk == 0 ? r.quants.y : r.quants.w};
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[blk][s][j] = centred_pair(words[s], j);
+  }
+  // The record's four units, its tokens staged at `desc`.
+  __device__ void multiply(const Record& r, uint64_t desc) {
+    const float2 scales[2] = {block_scales(r, 0), block_scales(r, 1)};
+    load_block(r, 0);
+    issue(0, 0, 0, desc);
+    finish(1, 1, last_scales);  // the previous record's last unit
+    issue(1, 0, 1, desc);
+    finish(0, 0, scales[0]);
+    load_block(r, 1);
+    issue(0, 1, 0, desc);
+    finish(1, 1, scales[0]);
+    issue(1, 1, 1, desc);
+    finish(0, 0, scales[1]);
+    last_scales = scales[1];
+  }
+  // Scales the last unit in flight.
+  __device__ void drain() {
+    wgmma_wait<0>();
+    pin_in_flight();
+#pragma unroll
+    for (int p = 0; p < kHalfTiles; ++p) add_scaled(d[kHalfTiles + p], t[1][p], last_scales);
+  }
+};
 
 // Where a slice's sums go: float partials [slice][T][N] for launch_add_slices, or y itself when
 // one slice covers K.
@@ -246,27 +313,30 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
 
 // 8 < T <= kTokens tokens (16, 32 or 64) on Hopper's warpgroup mma: each warp's A fragments come
 // from its record as in records_gemv_kernel, each warpgroup multiplies its four tiles by the
-// block's tokens, staged record by record in shared memory (a ring of kXStages) as wgmma's K-major
-// B operand, already in the records' order of K (stage_tokens). wgmma gives mma.sync's bits for
-// the same fragments (docs/PERF.md, fourteenth session), so a token keeps the bits it has alone.
-// The weights are loaded kAhead records ahead into registers.
-// kInFlight: blocks whose sums are in flight at once (two at 64 tokens would need 155 registers,
-// one CTA a multiprocessor: slower, docs/PERF.md).
-template <int kTokens, int kInFlight = kTokens < 64 ? 2 : 1>
+// block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
+// wgmma's K-major B operand, already in the records' order of K (`stage`). wgmma gives mma.sync's
+// bits for the same fragments (docs/PERF.md, fourteenth session), so a token keeps the bits it has
+// alone. The weights are loaded kAhead records ahead into registers.
+template <int kTokens>
 __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts launch, const bf16* x, int K) {
+  // From 32 tokens the wgmma pipeline (4-7 % faster there); at 16 it lost 3-18 % (docs/PERF.md).
+  constexpr bool kPipelined = kTokens >= 32;
+  // Records staged ahead: the ring also holds the record being multiplied and, pipelined, the one
+  // whose last unit is still in flight.
+  constexpr int kStages = kPipelined ? kXStages + 1 : kXStages, kLead = kXStages - 1;
   constexpr int kStageBytes = kTokens * kValues * 2;  // 128 bytes a token: one swizzled row
-  __shared__ __align__(1024) uint8_t xs[kXStages][kStageBytes];
+  __shared__ __align__(1024) uint8_t xs[kStages][kStageBytes];
   pdl_launch_dependents();
   const BlockWork work = block_work(launch, K);
   const Sums& out = work.part.out;
   const int T = out.T, lane = threadIdx.x % 32, tiles = out.N / kTileRows;
   const int tile = work.row_block * kWarps + threadIdx.x / 32;
+  // A warp past the last tile multiplies the last tile's records (its warpgroup multiplies
+  // together, without a branch around the wgmma) and stores nothing.
   const bool has_tile = tile < tiles;
-  // A warpgroup multiplies together: a warp past the last tile lends it its A (never stored).
-  const bool group_has_tile = work.row_block * kWarps + (threadIdx.x / 128) * 4 < tiles;
   const int first = work.first, count = work.end - first;
   const uint8_t* records = work.part.w + records::record_offset(K, min(tile, tiles - 1), 0);
-  // Record i's tokens into buffer i % kXStages: a warp a token's 32 pairs of values (lane l pair
+  // Record i's tokens into buffer i % kStages: a warp a token's 32 pairs of values (lane l pair
   // l, at the same place in every row of a group of 8), tokens warp, warp + 8, ...; rows past T
   // are zeros (their columns are never stored). One commit per call, empty or not, so that the
   // waits below count alike in every iteration.
@@ -274,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts
   const uint32_t lane_offset = swizzled_offset(kTokens, warp, records::staged_column(lane));
   auto stage = [&](int i) {
     if (i < count) {
-      const uint32_t at = uint32_t(first + i) * kValues + 2 * lane, dst = shared_addr(xs[i % kXStages]) + lane_offset;
+      const uint32_t at = uint32_t(first + i) * kValues + 2 * lane, dst = shared_addr(xs[i % kStages]) + lane_offset;
 #pragma unroll
       for (int j = 0; j < kTokens / kWarps; ++j) {
         const int t = warp + kWarps * j;  // token `warp` < 9 <= T is always there
@@ -288,23 +358,33 @@ __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts
   for (int j = 0; j < kAhead; ++j) r[j] = load_record(records, first + min(j, count - 1), lane);
   pdl_wait();  // weights only before this (pdl.cuh): x comes from the previous kernel
 #pragma unroll
-  for (int i = 0; i < kXStages - 1; ++i) stage(i);
-  float d[kTokens / 8][4] = {};
+  for (int i = 0; i < kLead; ++i) stage(i);
+  WgmmaPipeline<kTokens> pipe;
+  float d_unpiped[kPipelined ? 1 : kTokens / 8][4] = {};
   for (int i0 = 0; i0 < count; i0 += kAhead + 1) {
 #pragma unroll
     for (int u = 0; u <= kAhead; ++u) {
       const int i = i0 + u;
       if (i >= count) break;  // the same for the whole block: the barriers stay aligned
       r[(u + kAhead) % (kAhead + 1)] = load_record(records, first + min(i + kAhead, count - 1), lane);
-      cp_async_wait_group<kXStages - 2>();  // record i's tokens have landed ...
+      cp_async_wait_group<kLead - 1>();  // record i's tokens have landed ...
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // ... for the tensor cores too
-      __syncthreads();  // ... for every thread; record i - 1's buffer is free (its wgmma waited)
-      stage(i + kXStages - 1);
-      if (group_has_tile) multiply_record_wgmma<kTokens, kInFlight>(r[u], swizzled_desc(shared_addr(xs[i % kXStages])), d);
+      __syncthreads();  // ... for every thread; the buffers of records before i - 1 are free
+      stage(i + kLead);
+      const uint64_t desc = swizzled_desc(shared_addr(xs[i % kStages]));
+      if constexpr (kPipelined)
+        pipe.multiply(r[u], desc);
+      else
+        multiply_record_wgmma<kTokens>(r[u], desc, d_unpiped);
     }
   }
   cp_async_wait_all();
-  if (has_tile) store_sums<kTokens / 8>(d, out, tile, work.slice, lane);
+  if constexpr (kPipelined) {
+    pipe.drain();
+    if (has_tile) store_sums<kTokens / 8>(pipe.d, out, tile, work.slice, lane);
+  } else {
+    if (has_tile) store_sums<kTokens / 8>(d_unpiped, out, tile, work.slice, lane);
+  }
 }
 
 // One thread per record of the tiles of rows [first_row, first_row + n): written whole from the
