@@ -176,6 +176,22 @@ TEST_F(CudaQuant, BatchesGiveEachTokenItsBitsAlone) {
   gpu_->set_batch_invariant(false);
 }
 
+// The gated GELU from its two matmuls' bf16 outputs (the records add the slices' sums and the
+// GELU-mul in one launch): the device's tanhf may differ from the host's in the last bit, so all
+// within one bf16 step and nearly all equal; the fused sums not rounded to bf16 first would fail it.
+void expect_gelu_of_outputs(const std::vector<float>& gate, const std::vector<float>& up, const std::vector<float>& got,
+                            const std::string& what) {
+  ASSERT_EQ(gate.size(), got.size());
+  const float k = float(std::sqrt(2.0 / M_PI));
+  size_t equal = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = gate[i], want = bf16_to_f32(f32_to_bf16(0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i]));
+    equal += got[i] == want;
+    ASSERT_LE(std::fabs(got[i] - want), std::ldexp(std::fabs(want), -7) + 1e-30f) << what << ", value " << i;
+  }
+  EXPECT_GE(double(equal), 0.99 * double(got.size())) << what << ": " << got.size() - equal << " values differ";
+}
+
 // With batch invariance asked for, Q4_0 matrices of whole records (rows a multiple of 16, columns of
 // 64) are rearranged into them at their first use and run the records matmul at 1 to 64 tokens
 // (docs/DESIGN.md §7): within the GEMV's bound of the CPU (the weights exact, the activations bf16),
@@ -192,9 +208,11 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
     cpu_.matmul(x.cpu, w.cpu, y.cpu);
     gpu_->matmul(x.gpu, w.gpu, y.gpu);
     expect_matmul_close(y, what + ", 64 tokens", kGemvVsRoundedCpu);
-    const Tensor gated_all = gpu_->alloc(DType::BF16, 64, rows);
+    const Tensor gated_all = gpu_->alloc(DType::BF16, 64, rows), up_all = gpu_->alloc(DType::BF16, 64, rows);
     gpu_->gated_gelu(x.gpu, w.gpu, up.gpu, gated_all);
+    gpu_->matmul(x.gpu, up.gpu, up_all);
     const std::vector<float> want = read(*gpu_, y.gpu), gated_want = read(*gpu_, gated_all);
+    expect_gelu_of_outputs(want, read(*gpu_, up_all), gated_want, what + ": gated GELU");
     for (int64_t T : {1, 2, 5, 8, 9, 17, 40}) {
       const Tensor some = gpu_->alloc(DType::BF16, T, rows);
       for (int64_t first : {int64_t(0), 64 - T}) {

@@ -416,6 +416,7 @@ class CudaBackend final : public Backend {
     up.rows = T;
     up.cols = N;
     const Tensor ws[] = {w_gate, w_up}, ys[] = {out, up};
+    if (records_matmuls(x, ws, ys, ptr<bf16>(out))) return;
     matmuls(x, ws, ys);
     launch_gelu_tanh_mul(ptr<bf16>(out), ptr<bf16>(up), ptr<bf16>(out), out.numel(), stream_);
   }
@@ -527,8 +528,10 @@ class CudaBackend final : public Backend {
   }
 
   // Matrices that all run as Q4_0 records (batch invariance), in one launch: false (nothing done)
-  // when any does not, or a graph is captured before the group's workspace was sized.
-  bool records_matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) {
+  // when any does not, or a graph is captured before the group's workspace was sized. With
+  // gelu_out, gate and up and the GELU-mul into it (launch_q4_0_records_matmuls).
+  bool records_matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys,
+                       bf16* gelu_out = nullptr) {
     if (ws.empty() || ws.size() != ys.size() || ws.size() > size_t(kMaxSliceSums) || x.dtype != DType::BF16) return false;
     for (size_t i = 0; i < ws.size(); ++i) {
       if (ws[i].cols != x.cols || ys[i].rows != x.rows || ys[i].cols != ws[i].rows || !runs_as_records(ws[i], x.rows))
@@ -547,7 +550,7 @@ class CudaBackend final : public Backend {
     }
     quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
     launch_q4_0_records_matmuls(std::span(targets, ws.size()), ptr<bf16>(x), x.rows, x.cols, ptr<float>(packed_partials_),
-                                packed_partials_.bytes(), stream_);
+                                packed_partials_.bytes(), stream_, gelu_out);
     return true;
   }
 

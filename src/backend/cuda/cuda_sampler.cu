@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
@@ -988,6 +989,25 @@ __device__ bool arrive_last(unsigned int& arrived, int segments, SegmentShared& 
   return shared.last;
 }
 
+// fn(rank) for every rank of a row's list (written by other blocks: read past L1), each thread's
+// kLoads ranks loaded before any is used: one memory latency per 2 048 ranks, not one per 256 (the
+// list is read twice while the rest of the GPU waits for the row, docs/PERF.md).
+template <class Fn>
+__device__ void for_each_listed(const uint64_t* list, int listed, Fn fn) {
+  constexpr int kLoads = 8;
+  for (int first = 0; first < listed; first += kLoads * kSegmentThreads) {
+    uint64_t ranks[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = first + u * kSegmentThreads + int(threadIdx.x);
+      ranks[u] = i < listed ? __ldcg(reinterpret_cast<const unsigned long long*>(list + i)) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (first + u * kSegmentThreads + int(threadIdx.x) < listed) fn(ranks[u]);
+  }
+}
+
 // The finishing block of a candidate row: the token, or kUnproven when the listed candidates do not
 // decide it. `words`: kBins + kSortCapacity values of dynamic shared memory.
 //
@@ -1009,25 +1029,23 @@ __device__ uint32_t sample_listed(const SegmentRow& row, const SamplingParams& p
   __syncthreads();
   // Listed ranks at or below the boundary (and empty entries, 0) can be in no proven answer, and
   // tokens beyond the gap weigh 0: both are skipped.
-  for (int i = threadIdx.x; i < listed; i += kSegmentThreads) {
-    const uint64_t rank = __ldcg(reinterpret_cast<const unsigned long long*>(list + i));
+  for_each_listed(list, listed, [&](uint64_t rank) {
     const int bin = bin_of(rank);
-    if (rank <= boundary || bin == kOutsideGap) continue;
+    if (rank <= boundary || bin == kOutsideGap) return;
     const uint64_t measure =
         row.top_k_active ? 1 : token_weight(key_logit(uint32_t(rank >> 32)), row.z_max, row.inv_temperature);
     atomicAdd(reinterpret_cast<unsigned long long*>(&bins[bin]), measure);
-  }
+  });
   __syncthreads();
   const uint64_t target = row.top_k_active ? uint64_t(p.top_k) : top_p_target(p.top_p, row_weight);
   const int crossing = block_first_reaching<kSegmentThreads>(
       shared, kBins, [&](int b) { return bins[b]; }, [&](uint64_t) { return target; });
   const int last_bin = crossing < 0 ? kBins - 1 : crossing;
-  for (int i = threadIdx.x; i < listed; i += kSegmentThreads) {
-    const uint64_t rank = __ldcg(reinterpret_cast<const unsigned long long*>(list + i));
-    if (rank <= boundary || bin_of(rank) > last_bin) continue;
+  for_each_listed(list, listed, [&](uint64_t rank) {
+    if (rank <= boundary || bin_of(rank) > last_bin) return;
     const int slot = atomicAdd(&shared.count, 1);
     if (slot < kSortCapacity) ranks[slot] = rank;
-  }
+  });
   __syncthreads();
   const int count = shared.count;
   if (count > kSortCapacity) return kUnproven;
@@ -1167,18 +1185,24 @@ __global__ void __launch_bounds__(kSegmentThreads, 4) segment_extremes_kernel(Se
     LaneBest lane;
     uint32_t min_key = 0xFFFFFFFFu;
     bool nan = false;
+    auto offer_tile = [&](auto checked) {  // checked: some of the thread's ids may lie past the vocab
 #pragma unroll
-    for (int j = 0; j < kSegmentVectors; ++j) {
+      for (int j = 0; j < kSegmentVectors; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float z = tile_value(tile.v[j], c);
-        if (tile_id(segment, j, c) >= task.vocab) continue;
-        const uint32_t key = logit_key(z);
-        min_key = min(min_key, key);
-        nan |= z != z;
-        lane.offer(key, 4 * j + c);
+        for (int c = 0; c < 4; ++c) {
+          const float z = tile_value(tile.v[j], c);
+          if (decltype(checked)::value && tile_id(segment, j, c) >= task.vocab) continue;
+          const uint32_t key = logit_key(z);
+          min_key = min(min_key, key);
+          nan |= z != z;
+          lane.offer(key, 4 * j + c);
+        }
       }
-    }
+    };
+    if (tile_id(segment, kSegmentVectors - 1, 3) < task.vocab)  // the thread's last id is its largest
+      offer_tile(std::false_type{});
+    else
+      offer_tile(std::true_type{});
     uint64_t ranks[3];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {

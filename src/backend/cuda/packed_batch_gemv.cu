@@ -334,9 +334,28 @@ struct SliceVec<4> {
     *reinterpret_cast<uint2*>(y) = packed;
   }
 };
+// Output at's slices added from 0 in slice order, kVec outputs from at on.
+template <int kVec>
+__device__ SliceVec<kVec> sum_slices(const SliceSum& s, int64_t at) {
+  constexpr int kLoads = 4;  // slices loaded before they are added
+  SliceVec<kVec> sum{};
+  for (int j0 = 0; j0 < s.slices; j0 += kLoads) {
+    SliceVec<kVec> part[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (j0 + u < s.slices) part[u] = SliceVec<kVec>::load(s.partial + (j0 + u) * s.count + at);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (j0 + u >= s.slices) break;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum.v[e] += part[u].v[e];
+    }
+  }
+  return sum;
+}
+
 template <int kVec>
 __global__ void add_slices_kernel(SliceSumGroup group) {
-  constexpr int kLoads = 4;  // slices loaded before they are added
   pdl_launch_dependents();
   pdl_wait();
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kVec; i < group.total;
@@ -350,22 +369,36 @@ __global__ void add_slices_kernel(SliceSumGroup group) {
         s = group.sums[m];
       }
     }
-    SliceVec<kVec> sum{};
-    for (int j0 = 0; j0 < s.slices; j0 += kLoads) {
-      SliceVec<kVec> part[kLoads];
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u)
-        if (j0 + u < s.slices) part[u] = SliceVec<kVec>::load(s.partial + (j0 + u) * s.count + at);
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        if (j0 + u >= s.slices) break;
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) sum.v[e] += part[u].v[e];
-      }
-    }
-    sum.store(s.y + at);
+    sum_slices<kVec>(s, at).store(s.y + at);
   }
 }
+
+// gate's and up's sums rounded to bf16 where their outputs would store them, then
+// gelu_tanh_mul_kernel's arithmetic: its bits without the round trip through two outputs.
+template <int kVec>
+__global__ void add_slices_gelu_kernel(SliceSum gate, SliceSum up, bf16* out) {
+  pdl_launch_dependents();
+  pdl_wait();
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kVec; i < gate.count;
+       i += int64_t(gridDim.x) * blockDim.x * kVec) {
+    SliceVec<kVec> g = sum_slices<kVec>(gate, i);
+    const SliceVec<kVec> u = sum_slices<kVec>(up, i);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) g.v[e] = gelu_tanh(round_bf16(g.v[e])) * round_bf16(u.v[e]);
+    g.store(out + i);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Whether a sum's partials and output allow four outputs a thread (float4 loads, 8-byte stores).
+bool whole_vectors(const SliceSum& s) {
+  return s.count % 4 == 0 && reinterpret_cast<uintptr_t>(s.partial) % 16 == 0 && reinterpret_cast<uintptr_t>(s.y) % 8 == 0;
+}
+
+unsigned add_blocks(int64_t outputs, int vec) { return unsigned(std::min<int64_t>(ceil_div(outputs, 256 * vec), 4096)); }
 
 }  // namespace
 
@@ -373,19 +406,27 @@ void launch_add_slices(std::span<const SliceSum> sums, cudaStream_t stream) {
   G4_CHECK(!sums.empty() && sums.size() <= size_t(kMaxSliceSums), "add_slices: 1 to 3 outputs a launch");
   SliceSumGroup group{};
   group.count = int(sums.size());
-  bool vectors = true;  // every output's count and addresses whole float4s of partials, 8 bytes of y
+  bool vectors = true;
   for (size_t m = 0; m < sums.size(); ++m) {
     group.sums[m] = sums[m];
     group.total += sums[m].count;
-    vectors = vectors && sums[m].count % 4 == 0 && reinterpret_cast<uintptr_t>(sums[m].partial) % 16 == 0 &&
-              reinterpret_cast<uintptr_t>(sums[m].y) % 8 == 0;
+    vectors = vectors && whole_vectors(sums[m]);
   }
-  const int vec = vectors ? 4 : 1;
-  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(group.total, 256 * vec), 4096));
   if (vectors)
-    launch_kernel("add_slices_kernel", add_slices_kernel<4>, blocks, 256, 0, stream, Pdl::kOn, group);
+    launch_kernel("add_slices_kernel", add_slices_kernel<4>, add_blocks(group.total, 4), 256, 0, stream, Pdl::kOn, group);
   else
-    launch_kernel("add_slices_kernel", add_slices_kernel<1>, blocks, 256, 0, stream, Pdl::kOn, group);
+    launch_kernel("add_slices_kernel", add_slices_kernel<1>, add_blocks(group.total, 1), 256, 0, stream, Pdl::kOn, group);
+}
+
+void launch_add_slices_gelu(const SliceSum& gate, const SliceSum& up, bf16* out, cudaStream_t stream) {
+  G4_CHECK(gate.count == up.count, "add_slices_gelu: gate and up of different sizes");
+  const SliceSum as_out{gate.partial, gate.slices, gate.count, out};
+  if (whole_vectors(as_out) && whole_vectors(up))
+    launch_kernel("add_slices_gelu_kernel", add_slices_gelu_kernel<4>, add_blocks(gate.count, 4), 256, 0, stream, Pdl::kOn,
+                  gate, up, out);
+  else
+    launch_kernel("add_slices_gelu_kernel", add_slices_gelu_kernel<1>, add_blocks(gate.count, 1), 256, 0, stream, Pdl::kOn,
+                  gate, up, out);
 }
 
 void launch_add_slices(const float* partial, int slices, int64_t count, bf16* y, cudaStream_t stream) {

@@ -18,6 +18,7 @@
 // products in the same order.
 #include <algorithm>
 
+#include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/packed_kernels.h"
@@ -35,8 +36,7 @@ using records::kValues;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kBatch = 4;         // records a lane loads before using them (up to 8 tokens)
-constexpr int kAhead = 2;         // records a lane loads ahead of use (16 to 64 tokens)
-constexpr int kXStages = 4;       // staged records of tokens in the ring
+constexpr int kXStages = 4;       // staged records of tokens in the ring (16 to 64 tokens)
 constexpr int kTargetWarps = 132 * 32;  // slices of K are added until a matrix has about this many
                                         // warps (a constant, not the GPU's: the same bits on any GPU)
 
@@ -316,11 +316,13 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
 // block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
 // wgmma's K-major B operand, already in the records' order of K (`stage`). wgmma gives mma.sync's
 // bits for the same fragments (docs/PERF.md, fourteenth session), so a token keeps the bits it has
-// alone. The weights are loaded kAhead records ahead into registers.
+// alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 at 64
+// (3 there: gate 58.2 -> 62.2 µs; at 16 and 32 tokens 3 gains 4-5 %, docs/PERF.md).
 template <int kTokens>
 __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts launch, const bf16* x, int K) {
   // From 32 tokens the wgmma pipeline (4-7 % faster there); at 16 it lost 3-18 % (docs/PERF.md).
   constexpr bool kPipelined = kTokens >= 32;
+  constexpr int kAhead = kTokens < 64 ? 3 : 2;
   // Records staged ahead: the ring also holds the record being multiplied and, pipelined, the one
   // whose last unit is still in flight.
   constexpr int kStages = kPipelined ? kXStages + 1 : kXStages, kLead = kXStages - 1;
@@ -454,8 +456,10 @@ size_t q4_0_records_workspace_bytes(int64_t N, int64_t K) {
 }
 
 void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const bf16* x, int64_t T, int64_t K,
-                                 float* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                                 float* workspace, size_t workspace_bytes, cudaStream_t stream, bf16* gelu_out) {
   G4_CHECK(!targets.empty() && targets.size() <= size_t(kMaxSliceSums), "Q4_0 records matmul: 1 to 3 matrices a launch");
+  G4_CHECK(!gelu_out || (targets.size() == 2 && targets[0].N == targets[1].N),
+           "Q4_0 records gated GELU: gate and up of one shape");
   G4_CHECK(T >= 1 && T <= kMaxPackedMatmulTokens, "Q4_0 records matmul: " + std::to_string(T) + " tokens (1 to " +
                                                       std::to_string(kMaxPackedMatmulTokens) + ")");
   RecordsParts launch{};
@@ -487,7 +491,12 @@ void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const b
                     0, stream, Pdl::kOn, launch, x, int(K));
     });
   }
+  if (gelu_out && sum_count == 2) {
+    launch_add_slices_gelu(sums[0], sums[1], gelu_out, stream);
+    return;
+  }
   if (sum_count > 0) launch_add_slices(std::span(sums, size_t(sum_count)), stream);
+  if (gelu_out) launch_gelu_tanh_mul(targets[0].y, targets[1].y, gelu_out, T * targets[0].N, stream);
 }
 
 void launch_q4_0_records_matmul(const uint8_t* w, const bf16* x, bf16* y, int64_t T, int64_t N, int64_t K,
