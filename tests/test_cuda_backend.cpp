@@ -321,14 +321,16 @@ TEST_F(CudaOps, NormedAttentionFoldsTheHeadNormsIntoDecode) {
 
 // A decode batch's attention (one token per sequence, each over its own cache at its own
 // position) in the batched launches, against each sequence run alone: the same bits in the outputs
-// and the caches (docs/DESIGN.md §7, batch invariance). 70 sequences span two launches of 64.
+// and the caches (docs/DESIGN.md §7, batch invariance). 70 sequences span two launches of 64. The
+// 31B's sliding shape (16 kv heads) is one block per (kv head, sequence) in a batch of 64, which
+// merges its 8 splits itself, while a sequence alone takes a block per split and the merge kernel.
 TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
   const int64_t S = 70;
   struct Case {
     int heads, kv_heads, head_dim, window;
     int64_t capacity;
   };
-  for (const Case& c : {Case{4, 2, 256, 16, 32}, Case{8, 1, 512, 0, 96}})
+  for (const Case& c : {Case{4, 2, 256, 16, 32}, Case{8, 1, 512, 0, 96}, Case{32, 16, 256, 256, 256}})
     for (bool k_eq_v : {false, true}) {
       const int64_t hd = c.head_dim, kv_cols = int64_t(c.kv_heads) * hd, q_cols = int64_t(c.heads) * hd;
       Both inv_freq = rope_inv_freq(hd, hd / 8);

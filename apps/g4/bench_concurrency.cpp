@@ -51,9 +51,16 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   int64_t steps = 0, full_decode_steps = 0, replayed_steps = 0;
   double full_decode_s = 0;
   Clock::time_point step_start = start;
+  // Past a few full decode steps (the steady state), the next profile_steps are bracketed for a
+  // profiler (Backend::set_profiling; ncu --profile-from-start off).
+  constexpr int64_t kUnprofiledSteps = 4;
+  int64_t profiled_steps = 0;
   while (!scheduler.idle()) {
+    const bool profiling = full_decode_steps >= kUnprofiledSteps && profiled_steps < b.profile_steps;
+    if (profiling && profiled_steps == 0) backend.set_profiling(true);
     const std::vector<SequenceEvent> events = scheduler.step();
     backend.synchronize();
+    if (profiling && ++profiled_steps == b.profile_steps) backend.set_profiling(false);
     const Clock::time_point now = Clock::now();
     ++steps;
     replayed_steps += scheduler.last_step().replayed_forwards > 0 ? 1 : 0;

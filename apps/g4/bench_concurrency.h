@@ -17,6 +17,7 @@ struct ConcurrencyBench {
   uint64_t seed = 1;
   bool batch_invariant = true;       // SchedulerOptions::batch_invariant
   bool cuda_graphs = false;          // SchedulerOptions::cuda_graphs
+  int64_t profile_steps = 0;         // > 0: each run's full decode steps 5.. 4 + this, bracketed for a profiler
 };
 
 // One JSON object per sequence count; every sequence samples with top-k 64 / top-p 0.95 and its own seed.

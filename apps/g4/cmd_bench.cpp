@@ -36,6 +36,7 @@ struct BenchOptions {
   std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
   bool batch_invariant = true;        // the continuous-batching bench's SchedulerOptions::batch_invariant
   bool cuda_graph = false;            // the continuous-batching bench's SchedulerOptions::cuda_graphs
+  int64_t profile_steps = 0;          // the continuous-batching bench's ConcurrencyBench::profile_steps
   bool suite = false;                 // issue 15's table in one load (suite_report)
   std::vector<int64_t> suite_prompts{512, 2048}, suite_contexts{1024, 32768};
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
@@ -228,7 +229,8 @@ double step_collective_seconds(Backend& be, Communicator& comm, const Gemma4& mo
 
 // The continuous-batching bench's report (bench_concurrency) on `model`.
 nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
-  nlohmann::json r = bench_concurrency(model, be, {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph});
+  nlohmann::json r = bench_concurrency(
+      model, be, {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph, o.profile_steps});
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
   r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
   r["load_s"] = load_s;
@@ -480,6 +482,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--cuda_graph,--cuda-graph", opts->cuda_graph,
                 "With --concurrency: steps that only decode replay a CUDA graph recorded per batch size");
+  cmd->add_option("--profile_steps,--profile-steps", opts->profile_steps,
+                  "With --concurrency: bracket this many full decode steps of each run (from the fifth) for a "
+                  "profiler started with collection off (ncu --profile-from-start off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "

@@ -134,6 +134,9 @@ class Backend {
   // The queue this backend's ops run on, for a communicator that enqueues collectives among them
   // (docs/DESIGN.md, "Tensor parallel"): CUDA's cudaStream_t; nullptr where ops run at once (CPU).
   virtual void* stream_handle() const { return nullptr; }
+  // Brackets the work a profiler records (CUDA: cudaProfilerStart/Stop, for ncu --profile-from-start
+  // off); nothing where there is no such profiler.
+  virtual void set_profiling(bool /*on*/) {}
   // Peak bytes of backend memory allocated so far (device memory on CUDA; on the CPU, buffers
   // only: mapped weights are not allocations).
   virtual size_t peak_memory_bytes() const = 0;

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 
 #include <algorithm>
 #include <memory>
@@ -470,6 +471,10 @@ class CudaBackend final : public Backend {
 
   void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
   void* stream_handle() const override { return stream_; }
+  void set_profiling(bool on) override {
+    synchronize();  // the bracket holds exactly the work queued inside it
+    G4_CUDA(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
   size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
 
   bool records_steps() const override { return true; }

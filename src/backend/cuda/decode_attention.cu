@@ -15,6 +15,13 @@
 // to read quickly. Both grids have a third dimension, the sequences of a decode batch: block z
 // works on sequence z alone, with sequence_launch's arguments, exactly as a launch of that
 // sequence by itself would.
+// A split block may take several splits (every P-th, P = the grid's y), one after the other with
+// the next tile's copies in flight across them: a full batch of short contexts is then one block
+// per (kv head, sequence) instead of thousands of one-tile blocks, each paying the queries' norms
+// and a chain of memory latencies (docs/DESIGN.md §3). A block that took all of its cache's splits
+// merges them itself when their partials are few (merged_in_split), in the merge kernel's exact
+// order, so the bits never depend on P: P follows the batch's size, the split of the keys only
+// the position.
 #include <algorithm>
 #include <cfloat>
 
@@ -33,6 +40,11 @@ constexpr int kTileKeys = 32;     // keys staged per step: two 16-key tiles of t
 constexpr int kSplitWarps = 4;    // QK: (key tile, half of the head dims) per warp; PV: every 4th 16-dim tile
 constexpr int kSplitThreads = 32 * kSplitWarps;
 constexpr int kMaxDimTiles = kMaxAttentionHeadDim / 16 / kSplitWarps;  // 16-dim tiles of O a warp owns
+// Registers for as many split blocks a multiprocessor as their shared memory allows at head dim
+// 256: 5 with up to 8 heads a group, 4 with 16 (left to itself, ptxas gave the 16-head kernel 158
+// registers: 3 blocks).
+template <int kHeadTiles>
+constexpr int kSplitMinBlocks = kHeadTiles == 1 ? 5 : kHeadTiles == 2 ? 4 : 1;
 constexpr int kMaxSplits = 256;   // the merge holds every split's (m, l) in a warp's registers
 // Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
 // each summing every kMergeLanes-th split with kMergeLoads loads in flight.
@@ -44,8 +56,19 @@ struct SplitPartials {
   float* acc;  // [heads][max_splits][head_dim] unnormalised outputs
   float2* ml;  // [heads][max_splits] running max m (scaled scores) and sum l
   int max_splits;
-  int launched;  // splits with a block in this launch (the grid may stop short of max_splits)
+  int launched;         // splits this launch may fill (the grid may stop short of max_splits)
+  int blocks_per_head;  // P: a split block takes splits y, y + P, ... of its (kv head, sequence)
 };
+
+// Partials a block that took all of its cache's splits merges itself: at most this many floats
+// (a thread's 64 float4 loads, under the time the merge kernel's launch would take; a sliding
+// layer's 32 splits of 2 heads x 256 dims are half of it), and their weights fit in the K and V
+// tiles' shared memory (32 (D + 8) floats) that the merge reuses.
+constexpr int64_t kMergedInSplitFloats = 32768;
+__host__ __device__ inline bool merged_in_split(const SplitPartials& p, int used, int group, int D) {
+  return p.blocks_per_head == 1 && int64_t(used) * group * D <= kMergedInSplitFloats &&
+         int64_t(used) * group <= int64_t(kTileKeys) * D;
+}
 
 // Sequence z's arguments: row z of the batch's query, new K/V, output and positions, and its caches.
 __device__ inline AttentionLaunch sequence_launch(const AttentionLaunch& batch, const DecodeCaches& caches, int z) {
@@ -71,17 +94,17 @@ __device__ inline SplitPartials sequence_partials(const SplitPartials& batch, co
 
 // Keys per split for the query at `pos`: its visible keys spread over all max_splits (whole tiles),
 // so a short context is not one block's long walk. The position alone decides it, so a captured
-// graph replays at any position and a sequence's result does not depend on its batch.
-__host__ __device__ inline int64_t split_keys_at(int64_t pos, int window, int max_splits) {
-  const int64_t visible = pos + 1 - first_key(pos, window);
-  return std::max(int64_t(kTileKeys), (visible + int64_t(max_splits) * kTileKeys - 1) / (int64_t(max_splits) * kTileKeys) *
-                                     kTileKeys);
+// graph replays at any position and a sequence's result does not depend on its batch. Positions
+// are below 2^31 (the context), and 32-bit divisions are a fraction of 64-bit ones: the split
+// kernel's first copies wait for this.
+__host__ __device__ inline int split_keys_at(int pos, int window, int max_splits) {
+  const int visible = pos + 1 - int(first_key(pos, window)), keys_per_round = max_splits * kTileKeys;
+  return std::max(int(kTileKeys), (visible + keys_per_round - 1) / keys_per_round * kTileKeys);
 }
 
 // Splits holding keys of the query at `pos` (the rest are empty).
-__host__ __device__ inline int used_splits(int64_t pos, int window, int max_splits) {
-  const int64_t split_keys = split_keys_at(pos, window, max_splits);
-  return int((pos + 1 - first_key(pos, window) + split_keys - 1) / split_keys);
+__host__ __device__ inline int used_splits(int pos, int window, int split_keys) {
+  return (pos - int(first_key(pos, window))) / split_keys + 1;
 }
 
 // The split kernel's shared memory for head dim D and a GQA group padded to 8 * kHeadTiles heads
@@ -110,16 +133,17 @@ struct DecodeSmem {
 // elements (a cp.async wait completes it): keys past `last` become zeros (P is 0 there, and 0
 // times a stale NaN would not be), the new token's (key pos) is left to place_fresh_row. Key
 // kp < pos is cache slot kp % capacity; a tile's keys lie within one window (or the flat cache),
-// so its slots wrap at most once and one 64-bit modulo serves the whole tile.
-__device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int64_t kb, int64_t last, int64_t pos,
-                           int kvh, bf16* rows, int ld) {
-  const int vecs = a.head_dim / 8;
-  const int64_t first_slot = kb % a.capacity, head_offset = int64_t(kvh) * a.head_dim;
+// so its slots wrap at most once and one modulo serves the whole tile (32-bit: positions and
+// capacities are below 2^31).
+__device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int kb, int last, int pos, int kvh, bf16* rows,
+                           int ld) {
+  const int vecs = a.head_dim / 8, capacity = int(a.capacity), first_slot = kb % capacity;
+  const int64_t head_offset = int64_t(kvh) * a.head_dim;
   for (int i = threadIdx.x; i < kTileKeys * vecs; i += blockDim.x) {
     const int j = i / vecs, c = (i - j * vecs) * 8;
     if (kb + j == pos) continue;
     int64_t slot = first_slot + j;
-    if (slot >= a.capacity) slot -= a.capacity;
+    if (slot >= capacity) slot -= capacity;
     const bool valid = kb + j <= last;
     cp_async16(shared_addr(rows + j * ld + c), cache + (valid ? slot * a.kv_stride + head_offset + c : 0), valid);
   }
@@ -306,20 +330,125 @@ __device__ void tile_values(const DecodeSmem<kHeadTiles>& lay, const bf16* vs, c
   }
 }
 
-// Block (kv head, split, sequence): keys [begin, end) of the split, scored for every query head
-// of the GQA group at once on the tensor cores (mma.sync: S^T = K·Q^T with the heads as the mma's
-// 8 columns, then O^T += V^T·P^T), tile by tile through shared memory; leaves each head's
-// softmax state (m, l) and unnormalised output for the merge. K and V are bf16, Q is rounded to
-// bf16 (as the separate head-norm op stores it) and P to bf16, as in prefill; sums are float32.
+// The merge's weights of one head's splits, by one warp whose lane holds the (m, l) of splits
+// lane + 32 j (any values past `used`): w_s = exp(m_s - m) / sum_s' l_s' exp(m_s' - m) for s < used.
+__device__ void merge_weights(const float2 (&ml_lane)[kMaxSplits / 32], int used, float* weights) {
+  const int lane = threadIdx.x & 31;
+  float ms[kMaxSplits / 32], ls[kMaxSplits / 32], m = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < kMaxSplits / 32; ++j) {
+    const bool in = lane + 32 * j < used;
+    ms[j] = in ? ml_lane[j].x : -FLT_MAX, ls[j] = in ? ml_lane[j].y : 0.0f;
+    m = fmaxf(m, ms[j]);
+  }
+  m = warp_reduce<MaxOp>(m);
+  float l = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxSplits / 32; ++j) l += ls[j] * __expf(ms[j] - m);
+  l = warp_reduce<SumOp>(l);
+#pragma unroll
+  for (int j = 0; j < kMaxSplits / 32; ++j)
+    if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;
+}
+
+// Stores a merged float4 of head `head` at dims [d, d + 4) (when `store`) in bf16, and, with
+// `planes`, quantizes it for o_proj: `part` is the float4's place among the 8 of its block of 32,
+// whose 8 lanes run this together (launch_decode_attention allows planes when D % 32 == 0, so a
+// block's lanes are all inside or all past the head).
+__device__ void store_merged(const AttentionLaunch& a, int head, int d, float4 sum, int part, bool store,
+                             uint4* planes) {
+  const float stored[4] = {round_bf16(sum.x), round_bf16(sum.y), round_bf16(sum.z), round_bf16(sum.w)};
+  const int64_t at = int64_t(head) * a.head_dim + d;  // in the row of all heads
+  if (store) {
+    bf16* out = a.out + at;
+    out[0] = __float2bfloat16(stored[0]), out[1] = __float2bfloat16(stored[1]);
+    out[2] = __float2bfloat16(stored[2]), out[3] = __float2bfloat16(stored[3]);
+  }
+  if (planes)
+    quantize_block_part<4>(stored, part, at / packed::kBlock, int64_t(a.heads) * a.head_dim / packed::kBlock, store,
+                           planes);
+}
+
+__device__ inline void fma4(float w, const float4& v, float4& sum) {
+  sum.x = fmaf(w, v.x, sum.x), sum.y = fmaf(w, v.y, sum.y);
+  sum.z = fmaf(w, v.z, sum.z), sum.w = fmaf(w, v.w, sum.w);
+}
+__device__ inline void add4(const float4& o, float4& sum) { sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w; }
+
+// The merge of the group's heads by the block that computed all their splits, with the merge
+// kernel's bits: its 8 lane groups' sums (group g: splits g, g + 8, ... from 0) become a thread's 8
+// running sums, added in group order.
+__device__ void merge_group(const AttentionLaunch& a, const SplitPartials& parts, int kvh, int used, float* weights,
+                            uint4* planes) {
+  const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, columns = D / 4;
+  for (int h = warp; h < group; h += blockDim.x >> 5) {
+    const float2* ml = parts.ml + int64_t(kvh * group + h) * parts.max_splits;
+    float2 ml_lane[kMaxSplits / 32];
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int s = (threadIdx.x & 31) + 32 * j;
+      ml_lane[j] = s < used ? __ldcg(ml + s) : make_float2(-FLT_MAX, 0.0f);
+    }
+    merge_weights(ml_lane, used, weights + h * used);
+  }
+  __syncthreads();
+  // Every thread runs every round (quantize_block_part's shuffles): columns past the group's idle.
+  for (int c0 = 0; c0 < group * columns; c0 += blockDim.x) {
+    const int c = c0 + int(threadIdx.x), h = min(c / columns, group - 1), d = 4 * (c % columns);
+    const float* acc = parts.acc + int64_t(kvh * group + h) * parts.max_splits * D + d;
+    const float* w = weights + h * used;
+    float4 sums[8] = {};
+    for (int s0 = 0; s0 < used; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int g = 0; g < 8; ++g)
+        v[g] = s0 + g < used ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s0 + g) * D)) : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int g = 0; g < 8; ++g)
+        if (s0 + g < used) fma4(w[s0 + g], v[g], sums[g]);
+    }
+#pragma unroll
+    for (int g = 1; g < 8; ++g) add4(sums[g], sums[0]);
+    store_merged(a, kvh * group + h, d, sums[0], (c % columns) % 8, c < group * columns, planes);
+  }
+}
+
+// The tiles a split block walks: splits y, y + P, ... below `used`, each one's tiles of kTileKeys
+// keys in order. Positions are below 2^31 (the context), so 32-bit.
+struct SplitTiles {
+  int first, split_keys, stop, step, used;  // the first visible key, keys per split, pos + 1, P
+};
+// The tile [kb, min(kb + kTileKeys, end)) of split `split`.
+struct Tile {
+  int split, kb, end;
+  __device__ bool valid(const SplitTiles& w) const { return split < w.used; }
+  __device__ bool ends_split() const { return kb + kTileKeys >= end; }
+  __device__ static Tile first_of(const SplitTiles& w, int split) {
+    const int kb = w.first + split * w.split_keys;
+    return {split, kb, min(kb + w.split_keys, w.stop)};
+  }
+  __device__ Tile next(const SplitTiles& w) const {
+    if (kb + kTileKeys < end) return {split, kb + kTileKeys, end};
+    return split + w.step < w.used ? first_of(w, split + w.step) : Tile{w.used, 0, 0};
+  }
+};
+
+// Block (kv head, y, sequence): splits y, y + P, ... (P = gridDim.y) of the sequence's keys, one
+// after another, each scored for every query head of the GQA group at once on the tensor cores
+// (mma.sync: S^T = K·Q^T with the heads as the mma's 8 columns, then O^T += V^T·P^T), tile by tile
+// through shared memory; leaves each split's per-head softmax state (m, l) and unnormalised output
+// for the merge, which the block then does itself when merged_in_split. K and V are bf16, Q is
+// rounded to bf16 (as the separate head-norm op stores it) and P to bf16, as in prefill; sums are
+// float32. A split's arithmetic does not depend on which block takes it.
 template <int kHeadTiles>
-__global__ void __launch_bounds__(kSplitThreads) decode_split_kernel(AttentionLaunch batch, DecodeCaches caches,
-                                                                     SplitPartials batch_parts) {
+__global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
+    decode_split_kernel(AttentionLaunch batch, DecodeCaches caches, SplitPartials batch_parts, uint4* planes) {
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t decode_smem[];
   const AttentionLaunch a = sequence_launch(batch, caches, int(blockIdx.z));
   const SplitPartials parts = sequence_partials(batch_parts, batch, int(blockIdx.z));
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvh = blockIdx.x, split = blockIdx.y;
+  const int kvh = blockIdx.x, y = blockIdx.y;
   const DecodeSmem<kHeadTiles> lay(D);
   bf16* ks = reinterpret_cast<bf16*>(decode_smem + lay.k);
   bf16* vs = reinterpret_cast<bf16*>(decode_smem + lay.v);
@@ -330,59 +459,83 @@ __global__ void __launch_bounds__(kSplitThreads) decode_split_kernel(AttentionLa
   bf16* fresh_k = reinterpret_cast<bf16*>(decode_smem + lay.fresh_k);
   bf16* fresh_v = reinterpret_cast<bf16*>(decode_smem + lay.fresh_v);
   pdl_wait();
-  const int64_t pos = a.positions[0], first = first_key(pos, a.window);
-  const int64_t split_keys = split_keys_at(pos, a.window, parts.max_splits);
-  const int64_t begin = first + split * split_keys, end = min(begin + split_keys, pos + 1);
-  if (begin >= end) return;  // an empty split: the merge does not read it
+  const int pos = a.positions[0], first = int(first_key(pos, a.window));
+  const int split_keys = split_keys_at(pos, a.window, parts.max_splits);
+  if (first + y * split_keys > pos) return;  // empty splits only: the merge does not read them
+  const int used = used_splits(pos, a.window, split_keys);
+  const SplitTiles walk{first, split_keys, pos + 1, int(gridDim.y), used};
+  // The next tile is computed where it is needed: held in a variable across the loop, it cost 30
+  // registers (4 blocks a multiprocessor instead of 5).
+  Tile tile = Tile::first_of(walk, y);
   // K and V of a tile are separate copy groups, so that each is waited for only where it is used:
   // V's copies run under the scores and the softmax, the next K's under the softmax and P·V.
-  auto stage = [&](const bf16* cache, int64_t kb, bf16* rows) {
-    if (kb < end) stage_tile(a, cache, kb, end - 1, pos, kvh, rows, lay.ld);
+  auto stage = [&](const bf16* cache, const Tile& t, bf16* rows) {
+    if (t.valid(walk)) stage_tile(a, cache, t.kb, t.end - 1, pos, kvh, rows, lay.ld);
     cp_async_commit();  // empty past the last tile, so that the counts below hold
   };
-  stage(a.k_cache, begin, ks);  // in flight while the queries (and the new K/V) are read
-  stage(a.v_cache, begin, vs);
+  stage(a.k_cache, tile, ks);  // in flight while the queries (and the new K/V) are read
+  stage(a.v_cache, tile, vs);
   load_queries<kHeadTiles>(a, pos, kvh, qs, lay.ld);
-  if (end == pos + 1) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);
+  if ((used - 1 - y) % int(gridDim.y) == 0) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);  // the last split is ours
   __syncthreads();  // the new K/V rows (normed by two warps) visible to place_fresh_row's threads
   const float scale_log2 = a.scale * 1.4426950408889634f;
-  float m[2 * kHeadTiles], l[2 * kHeadTiles], o[kMaxDimTiles][kHeadTiles][4] = {};
+  float m[2 * kHeadTiles], l[2 * kHeadTiles], o[kMaxDimTiles][kHeadTiles][4];
+  auto reset = [&] {
 #pragma unroll
-  for (int i = 0; i < 2 * kHeadTiles; ++i) m[i] = -INFINITY, l[i] = 0.0f;
-  for (int64_t kb = begin; kb < end; kb += kTileKeys) {
+    for (int i = 0; i < 2 * kHeadTiles; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kMaxDimTiles; ++t)
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[t][nt][e] = 0.0f;
+  };
+  // The state of the heads this warp's softmax owns, then the outputs of its dim tiles.
+  auto store_split = [&](int split) {
+#pragma unroll
+    for (int i = 0; i < 2 * kHeadTiles; ++i) {
+      const int h = warp * 2 * kHeadTiles + i;
+      if (h < group && lane == 0)
+        parts.ml[int64_t(kvh * group + h) * parts.max_splits + split] = make_float2(m[i] * a.scale, l[i]);
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxDimTiles; ++t) {
+      const int d = (warp + kSplitWarps * t) * 16 + (lane >> 2);
+      if (d >= D) break;
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = nt * 8 + 2 * (lane & 3) + (e & 1);
+          if (h < group)
+            parts.acc[(int64_t(kvh * group + h) * parts.max_splits + split) * D + d + 8 * (e >> 1)] = o[t][nt][e];
+        }
+    }
+  };
+  reset();
+  while (tile.valid(walk)) {
     cp_async_wait_group<1>();  // this tile's K (its V may still be in flight)
-    place_fresh_row(kb, pos, D, lay.ld, fresh_k, ks);
+    place_fresh_row(tile.kb, pos, D, lay.ld, fresh_k, ks);
     __syncthreads();  // K (and the queries) visible to every warp
     tile_scores(lay, ks, qs, scores, D);
     __syncthreads();  // K consumed, the scores complete
-    stage(a.k_cache, kb + kTileKeys, ks);
-    tile_softmax<kHeadTiles>(kb, end, group, scale_log2, scores, p, alphas, m, l);
+    stage(a.k_cache, tile.next(walk), ks);
+    tile_softmax<kHeadTiles>(tile.kb, tile.end, group, scale_log2, scores, p, alphas, m, l);
     cp_async_wait_group<1>();  // this tile's V (the next K may still be in flight)
-    place_fresh_row(kb, pos, D, lay.ld, fresh_v, vs);
+    place_fresh_row(tile.kb, pos, D, lay.ld, fresh_v, vs);
     __syncthreads();  // V, P and alpha visible to every warp
     tile_values(lay, vs, p, alphas, D, o);
     __syncthreads();  // V consumed
-    stage(a.v_cache, kb + kTileKeys, vs);
+    stage(a.v_cache, tile.next(walk), vs);
+    if (tile.ends_split()) {
+      store_split(tile.split);
+      reset();
+    }
+    tile = tile.next(walk);
   }
-  // The state of the heads this warp's softmax owns, then the outputs of its dim tiles.
-#pragma unroll
-  for (int i = 0; i < 2 * kHeadTiles; ++i) {
-    const int h = warp * 2 * kHeadTiles + i;
-    if (h < group && lane == 0)
-      parts.ml[int64_t(kvh * group + h) * parts.max_splits + split] = make_float2(m[i] * a.scale, l[i]);
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxDimTiles; ++t) {
-    const int d = (warp + kSplitWarps * t) * 16 + (lane >> 2);
-    if (d >= D) break;
-#pragma unroll
-    for (int nt = 0; nt < kHeadTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = nt * 8 + 2 * (lane & 3) + (e & 1);
-        if (h < group) parts.acc[(int64_t(kvh * group + h) * parts.max_splits + split) * D + d + 8 * (e >> 1)] = o[t][nt][e];
-      }
-  }
+  if (!merged_in_split(parts, used, group, D)) return;
+  __syncthreads();  // every split's partials stored (and the tiles' shared memory free: no copy pending)
+  merge_group(a, parts, kvh, used, reinterpret_cast<float*>(decode_smem + lay.k), planes);
 }
 
 // Block (head, dims [128 y, 128 y + 128)): out = sum_s w_s * acc_s over the non-empty splits with
@@ -419,25 +572,9 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
   float4 v[kMergeLoads];
 #pragma unroll
   for (int u = 0; u < kMergeLoads; ++u) v[u] = load_acc(lane_group + u * kMergeLanes);
-  const int used = used_splits(pos, a.window, parts.max_splits);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float ms[kMaxSplits / 32], ls[kMaxSplits / 32], m = -FLT_MAX;
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j) {
-      const bool in = lane + 32 * j < used;
-      ms[j] = in ? ml_lane[j].x : -FLT_MAX, ls[j] = in ? ml_lane[j].y : 0.0f;
-      m = fmaxf(m, ms[j]);
-    }
-    m = warp_reduce<MaxOp>(m);
-    float l = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j) l += ls[j] * __expf(ms[j] - m);
-    l = warp_reduce<SumOp>(l);
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j)
-      if (lane + 32 * j < used) weights[lane + 32 * j] = __expf(ms[j] - m) / l;
-  }
+  const int used = used_splits(int(pos), a.window, split_keys_at(int(pos), a.window, parts.max_splits));
+  if (merged_in_split(parts, used, a.heads / a.kv_heads, D)) return;  // the split kernel merged them
+  if (threadIdx.x < 32) merge_weights(ml_lane, used, weights);
   __syncthreads();
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int s0 = lane_group; s0 < used; s0 += kMergeLanes * kMergeLoads) {
@@ -447,32 +584,14 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
 #pragma unroll
     for (int u = 0; u < kMergeLoads; ++u) {
       const int s = s0 + u * kMergeLanes;
-      if (s >= used) continue;
-      const float w = weights[s];
-      sum.x = fmaf(w, v[u].x, sum.x), sum.y = fmaf(w, v[u].y, sum.y);
-      sum.z = fmaf(w, v[u].z, sum.z), sum.w = fmaf(w, v[u].w, sum.w);
+      if (s < used) fma4(weights[s], v[u], sum);
     }
   }
   sums[lane_group][column] = sum;
   __syncthreads();
   if (lane_group != 0) return;  // warp 0 writes the block's dims
-  for (int g = 1; g < kMergeLanes; ++g) {
-    const float4 o = sums[g][column];
-    sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
-  }
-  const float stored[4] = {round_bf16(sum.x), round_bf16(sum.y), round_bf16(sum.z), round_bf16(sum.w)};
-  const int64_t at = int64_t(head) * D + d;  // in the row of all heads
-  if (d < D) {
-    bf16* out = a.out + at;
-    out[0] = __float2bfloat16(stored[0]), out[1] = __float2bfloat16(stored[1]);
-    out[2] = __float2bfloat16(stored[2]), out[3] = __float2bfloat16(stored[3]);
-  }
-  // One sequence's row quantized for o_proj (launch_decode_attention allows it when D % 32 == 0, so
-  // a column's 8-lane group is inside or past the head as a whole): column c holds values
-  // 4 (c % 8).. of block at / 32.
-  if (planes)
-    quantize_block_part<4>(stored, column % 8, at / packed::kBlock, int64_t(a.heads) * D / packed::kBlock, d < D,
-                           planes);
+  for (int g = 1; g < kMergeLanes; ++g) add4(sums[g][column], sum);
+  store_merged(a, head, d, sum, column % 8, d < D, planes);
 }
 
 }  // namespace
@@ -482,7 +601,8 @@ int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits) {
 }
 
 int decode_attention_splits(int64_t position, int window, int max_splits) {
-  return used_splits(position, window, max_splits);
+  const int pos = int(position);
+  return used_splits(pos, window, split_keys_at(pos, window, max_splits));
 }
 
 void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
@@ -504,16 +624,24 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   int splits = int(std::min<int64_t>(max_splits, ceil_div(span, int64_t(kTileKeys))));
   if (splits_bound > 0) splits = std::min(splits, splits_bound);  // past it every split is empty
   parts.launched = splits;  // the merge loads no more (at 64 sequences the loads were most of its time)
-  const dim3 grid(unsigned(a.kv_heads), unsigned(splits), unsigned(caches.sequences));
   const int group = a.heads / a.kv_heads;
   auto launch_split = [&](auto kernel, size_t smem) {
-    launch_kernel("decode_split_kernel", kernel, grid, kSplitThreads, smem, stream, Pdl::kOn, a, caches, parts);
+    // Every split its own block when the GPU holds them all at once; else the fewest blocks per
+    // (kv head, sequence) that still fill it, each taking every P-th split.
+    const int64_t heads = int64_t(a.kv_heads) * caches.sequences, blocks = int64_t(splits) * heads;
+    const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), kSplitThreads, smem);
+    parts.blocks_per_head = blocks <= resident ? splits : int(ceil_div(splits, ceil_div(blocks, resident)));
+    launch_kernel("decode_split_kernel", kernel,
+                  dim3(unsigned(a.kv_heads), unsigned(parts.blocks_per_head), unsigned(caches.sequences)),
+                  kSplitThreads, smem, stream, Pdl::kOn, a, caches, parts, planes);
   };
   if (group <= 8) launch_split(decode_split_kernel<1>, DecodeSmem<1>(a.head_dim).total);
   else if (group <= 16) launch_split(decode_split_kernel<2>, DecodeSmem<2>(a.head_dim).total);
   else launch_split(decode_split_kernel<4>, DecodeSmem<4>(a.head_dim).total);
+  if (merged_in_split(parts, splits, group, a.head_dim)) return;  // at every position this launch can be at
   launch_kernel("decode_merge_kernel", decode_merge_kernel,
-                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))), grid.z),
+                dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))),
+                     unsigned(caches.sequences)),
                 kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, caches, parts, planes);
 }
 

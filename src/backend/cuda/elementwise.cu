@@ -346,9 +346,11 @@ void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, co
   G4_CHECK(!planes || (rows == 1 && next_out && cols % packed::kBlock == 0),
            "residual_norm: quantized planes need one row of whole blocks and a next output");
   const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
-  if (rows == 1)
-    return launch_kernel("residual_norm_kernel", residual_norm_decode_kernel, 1u, threads, 0, stream, Pdl::kOn, x, o,
-                         cols, post_weight, scalar, eps, next_weight, next_out, planes);
+  // A decode batch's rows are one wave of blocks: registers do not limit them, so their weights
+  // load while the previous kernel finishes (the same arithmetic as the prefill kernel's).
+  if (rows <= kMaxDecodeSequences)
+    return launch_kernel("residual_norm_kernel", residual_norm_decode_kernel, unsigned(rows), threads, 0, stream,
+                         Pdl::kOn, x, o, cols, post_weight, scalar, eps, next_weight, next_out, planes);
   launch_kernel("residual_norm_kernel", residual_norm_prefill_kernel, unsigned(rows), threads, 0, stream, Pdl::kOn, x,
                 o, cols, post_weight, scalar, eps, next_weight, next_out);
 }

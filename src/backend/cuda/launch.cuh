@@ -5,9 +5,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -34,6 +36,25 @@ inline void ensure_dynamic_smem(const void* kernel, size_t bytes) {
   if (bytes <= limit) return;
   G4_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   limit = bytes;
+}
+
+// Thread blocks of `kernel` (block threads, dynamic shared bytes `smem`) the current device holds
+// at once: its multiprocessors times the blocks one of them holds. Known once per device, kernel
+// and size, as ensure_dynamic_smem's attribute (which it sets first: it bounds the answer).
+inline int resident_blocks(const void* kernel, int threads, size_t smem) {
+  ensure_dynamic_smem(kernel, smem);
+  int device = 0;
+  G4_CUDA(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  int& blocks = known[{device, kernel, threads, smem}];
+  if (blocks > 0) return blocks;
+  int per_sm = 0, sms = 0;
+  G4_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  G4_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  blocks = std::max(1, per_sm * sms);
+  return blocks;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialisation allowed
