@@ -354,6 +354,35 @@ TEST_F(CudaQuant, ResidualNormQuantizesTheNextInputBitForBit) {
   }
 }
 
+// A residual block's end over Q4_0 records (batch invariant): projected_residual_norm sums the
+// matmul's slices in the norm's launch; x, o and the next input must have the bits of matmul then
+// residual_norm, at the 31B's o_proj shape (12 slices) and a small one (16), with and without the
+// layer scalar and the next norm, for 1 to 64 rows.
+TEST_F(CudaQuant, ProjectedResidualNormHasTheBitsOfMatmulThenNorm) {
+  gpu_->set_batch_invariant(true);
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{5376, 8192}, {256, 1024}}) {
+    const Both w = random_weight(DType::Q4_0, N, K);
+    const Both post = weight(0, N, DType::BF16, 1.0f, 0.2f), next = weight(0, N, DType::BF16, 1.0f, 0.2f);
+    const Both scalar = weight(0, 1, DType::BF16, 0.7f, 0.0f);
+    for (int64_t T : {1, 7, 64})
+      for (bool last : {false, true}) {
+        const std::string what = "[" + std::to_string(N) + ", " + std::to_string(K) + "] T=" + std::to_string(T) +
+                                 (last ? " last layer" : "");
+        const std::vector<float> xv = test::random_values(size_t(T * N), 4.0f, seed_++);
+        const Both a = activation(T, K), x = activation(T, N, xv), x2 = activation(T, N, xv);
+        const Both o = activation(T, N), o2 = activation(T, N), h = activation(T, N), h2 = activation(T, N);
+        const Tensor s = last ? scalar.gpu : Tensor{}, nw = last ? Tensor{} : next.gpu;
+        gpu_->projected_residual_norm(a.gpu, w.gpu, o.gpu, x.gpu, post.gpu, s, 1e-6f, nw, last ? Tensor{} : h.gpu);
+        gpu_->matmul(a.gpu, w.gpu, o2.gpu);
+        gpu_->residual_norm(x2.gpu, o2.gpu, post.gpu, s, 1e-6f, nw, last ? Tensor{} : h2.gpu);
+        EXPECT_EQ(read(*gpu_, o.gpu), read(*gpu_, o2.gpu)) << what << ": o";
+        EXPECT_EQ(read(*gpu_, x.gpu), read(*gpu_, x2.gpu)) << what << ": x";
+        if (!last) EXPECT_EQ(read(*gpu_, h.gpu), read(*gpu_, h2.gpu)) << what << ": next input";
+      }
+  }
+  gpu_->set_batch_invariant(false);
+}
+
 // One sequence's decode attention also quantizes its output row for the packed o_proj that reads
 // it: the product must have the bits of a GEMV over a copy of that row (quantized by the quantize
 // kernel), by the single-sequence launch and by a decode batch of one; the 31B's sliding (ring

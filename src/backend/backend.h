@@ -118,6 +118,15 @@ class Backend {
   // next block's normed input (next_weight may be empty: no weight). o is only read.
   virtual void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar,
                              float eps, const Tensor& next_weight, const Tensor& next_out) = 0;
+  // A residual block's projection and end: o = a · w^T, then residual_norm(x, o, ...). In one call,
+  // a backend may hand the projection's partial sums to the norm without storing them first (CUDA,
+  // Q4_0 records); o holds the projection afterwards either way, with the same bits.
+  virtual void projected_residual_norm(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                                       const Tensor& post_weight, const Tensor& scalar, float eps,
+                                       const Tensor& next_weight, const Tensor& next_out) {
+    matmul(a, w, o);
+    residual_norm(x, o, post_weight, scalar, eps, next_weight, next_out);
+  }
   // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
   // t[i] = center + spread * uniform_hash(seed, i) for F32 or BF16 t; for a block-quantized t

@@ -93,11 +93,8 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
   be.normed_attention_batch(norms, args);
   if (out_rows == 0) return;
 
-  Tensor o = rows(buf.proj, first, out_rows, H);
-  be.matmul(head(buf.attn, out_rows, q_cols), w.o_proj, o);
-  reduce_partial(o);
-  be.residual_norm(x.rows_view(first, out_rows), o, w.post_attn_norm, Tensor{}, eps, w.ffn_norm,
-                   h.rows_view(first, out_rows));
+  end_block(be, head(buf.attn, out_rows, q_cols), w.o_proj, rows(buf.proj, first, out_rows, H),
+            x.rows_view(first, out_rows), w.post_attn_norm, Tensor{}, eps, w.ffn_norm, h.rows_view(first, out_rows));
 }
 
 void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const {
@@ -106,12 +103,19 @@ void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t firs
   Tensor x = rows(buf.x, first, n, H), h = rows(buf.normed, first, n, H);
   Tensor gate = rows(buf.gate, first, n, I), o = rows(buf.proj, first, n, H);
   be.gated_gelu(h, w.gate_proj, w.up_proj, gate);
-  be.matmul(gate, w.down_proj, o);
-  reduce_partial(o);
   // The last layer leaves x un-normed: logits() applies the final norm.
   const bool last = layer + 1 == config_.num_layers();
-  be.residual_norm(x, o, w.post_ffn_norm, w.layer_scalar, float(config_.rms_norm_eps),
-                   last ? Tensor{} : weights_.layers[size_t(layer) + 1].attn_norm, last ? Tensor{} : h);
+  end_block(be, gate, w.down_proj, o, x, w.post_ffn_norm, w.layer_scalar, float(config_.rms_norm_eps),
+            last ? Tensor{} : weights_.layers[size_t(layer) + 1].attn_norm, last ? Tensor{} : h);
+}
+
+void Gemma4::end_block(Backend& be, const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                       const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
+                       const Tensor& next_out) const {
+  if (!comm_) return be.projected_residual_norm(a, w, o, x, post_weight, scalar, eps, next_weight, next_out);
+  be.matmul(a, w, o);
+  reduce_partial(o);  // each rank's o is a partial sum: complete before the norm
+  be.residual_norm(x, o, post_weight, scalar, eps, next_weight, next_out);
 }
 
 void Gemma4::forward_batch(Backend& be, ForwardBuffers& buf, std::span<const SequenceRows> sequences,

@@ -72,6 +72,11 @@ class Gemma4 {
   // The MLP block over rows [first, first + n).
   void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const;
 
+  // A residual block's output projection o = a · w^T and its residual_norm (Backend::
+  // projected_residual_norm; split over ranks, o is summed over them in between).
+  void end_block(Backend& be, const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                 const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
+                 const Tensor& next_out) const;
   // After a projection split by its input (o_proj, down_proj): the sum of every rank's partial
   // output. Nothing on one device.
   void reduce_partial(const Tensor& partial) const {

@@ -433,6 +433,24 @@ class CudaBackend final : public Backend {
                          quantize_alongside(next_out, x.rows == 1 && !next_out.empty()), stream_);
   }
 
+  // Over Q4_0 records, the matmul's slices are summed by the norm's launch (as add_slices stores
+  // them, o included); the next block's input is then not quantized alongside (the records read
+  // bf16 inputs).
+  void projected_residual_norm(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                               const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
+                               const Tensor& next_out) override {
+    if (x.dtype == DType::BF16 && o.dtype == DType::BF16 && x.rows == o.rows && x.cols == o.cols &&
+        (next_out.empty() || (next_out.dtype == DType::BF16 && next_out.rows == x.rows && next_out.cols == x.cols))) {
+      const ResidualNormTail tail{ptr<bf16>(x), optional_f32(post_weight, "residual_norm weight"),
+                                  optional_f32(scalar, "residual_norm scalar"), eps,
+                                  optional_f32(next_weight, "residual_norm next weight"),
+                                  next_out.empty() ? nullptr : ptr<bf16>(next_out)};
+      const Tensor ws[] = {w}, ys[] = {o};
+      if (records_matmuls(a, ws, ys, nullptr, &tail)) return;
+    }
+    Backend::projected_residual_norm(a, w, o, x, post_weight, scalar, eps, next_weight, next_out);
+  }
+
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
     expect_dtype(out, DType::F32, "softcap output");
     launch_softcap(ptr<bf16>(x), x.numel(), cap, ptr<float>(out), stream_);
@@ -534,9 +552,10 @@ class CudaBackend final : public Backend {
 
   // Matrices that all run as Q4_0 records (batch invariance), in one launch: false (nothing done)
   // when any does not, or a graph is captured before the group's workspace was sized. With
-  // gelu_out, gate and up and the GELU-mul into it (launch_q4_0_records_matmuls).
+  // gelu_out, gate and up and the GELU-mul into it; with then_norm, a residual norm after the one
+  // matrix (launch_q4_0_records_matmuls).
   bool records_matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys,
-                       bf16* gelu_out = nullptr) {
+                       bf16* gelu_out = nullptr, const ResidualNormTail* then_norm = nullptr) {
     if (ws.empty() || ws.size() != ys.size() || ws.size() > size_t(kMaxSliceSums) || x.dtype != DType::BF16) return false;
     for (size_t i = 0; i < ws.size(); ++i) {
       if (ws[i].cols != x.cols || ys[i].rows != x.rows || ys[i].cols != ws[i].rows || !runs_as_records(ws[i], x.rows))
@@ -555,7 +574,7 @@ class CudaBackend final : public Backend {
     }
     quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
     launch_q4_0_records_matmuls(std::span(targets, ws.size()), ptr<bf16>(x), x.rows, x.cols, ptr<float>(packed_partials_),
-                                packed_partials_.bytes(), stream_, gelu_out);
+                                packed_partials_.bytes(), stream_, gelu_out, then_norm);
     return true;
   }
 

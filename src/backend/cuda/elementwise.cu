@@ -11,6 +11,7 @@
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_blocks.h"
+#include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/quantized_planes.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -160,8 +161,49 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 // slower on prefill rows: 53 against 41 us at 2048 x 5376.)
 constexpr int kResidualVecs = 2;
 
-template <bool kWeightsFirst>
-__device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
+// A residual block's output o, row by row as packed bf16 vectors (zeros past the row): read from o
+// (OutputRows), or summed from a matmul's slices (SliceRows).
+struct OutputRows {
+  const bf16* o;
+  __device__ uint4 load(int64_t row, int64_t cols, int64_t v, bool vector_rows) const {
+    return load8_raw(o + row * cols, cols, v, vector_rows);
+  }
+};
+// Each output its slices' partials added from 0 in slice order and rounded to bf16, as add_slices
+// stores it (sum_slices), and stored there too. Rows of whole 16-byte vectors, 16-byte aligned
+// partials and o (launch_residual_norm_of_slices).
+struct SliceRows {
+  SliceSum o;
+  __device__ uint4 load(int64_t row, int64_t cols, int64_t v, bool) const {
+    if (8 * v >= cols) return make_uint4(0, 0, 0, 0);
+    constexpr int kLoads = 4;  // slices loaded before they are added
+    const int64_t at = row * cols + 8 * v;
+    float sum[8] = {};
+    for (int j0 = 0; j0 < o.slices; j0 += kLoads) {
+      float4 part[kLoads][2];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        if (j0 + u < o.slices) {
+          const float4* p = reinterpret_cast<const float4*>(o.partial + (j0 + u) * o.count + at);
+          part[u][0] = __ldcs(p), part[u][1] = __ldcs(p + 1);
+        }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        if (j0 + u >= o.slices) break;
+        const float values[8] = {part[u][0].x, part[u][0].y, part[u][0].z, part[u][0].w,
+                                 part[u][1].x, part[u][1].y, part[u][1].z, part[u][1].w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[e] += values[e];
+      }
+    }
+    const uint4 raw = pack8(sum);
+    *reinterpret_cast<uint4*>(o.y + at) = raw;
+    return raw;
+  }
+};
+
+template <bool kWeightsFirst, typename ORows>
+__device__ inline void residual_norm_row(bf16* x, const ORows& o, int64_t cols, const float* post_weight,
                                          const float* scalar, float eps, const float* next_weight, bf16* next_out,
                                          uint4* planes) {
   pdl_launch_dependents();
@@ -176,13 +218,12 @@ __device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, c
   }
   pdl_wait();
   bf16* xr = x + int64_t(blockIdx.x) * cols;
-  const bf16* orow = o + int64_t(blockIdx.x) * cols;
   uint4 o_raw[kResidualVecs], x_raw[kResidualVecs];
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kResidualVecs; ++k) {
     const int64_t v = threadIdx.x + int64_t(k) * blockDim.x;
-    o_raw[k] = load8_raw(orow, cols, v, vector_rows);
+    o_raw[k] = o.load(blockIdx.x, cols, v, vector_rows);
     x_raw[k] = load8_raw(xr, cols, v, vector_rows);
     float ov[8];
     unpack8(o_raw[k], ov);
@@ -234,7 +275,12 @@ __device__ inline void residual_norm_row(bf16* x, const bf16* o, int64_t cols, c
 __global__ void residual_norm_decode_kernel(bf16* x, const bf16* o, int64_t cols, const float* post_weight,
                                             const float* scalar, float eps, const float* next_weight, bf16* next_out,
                                             uint4* planes) {
-  residual_norm_row<true>(x, o, cols, post_weight, scalar, eps, next_weight, next_out, planes);
+  residual_norm_row<true>(x, OutputRows{o}, cols, post_weight, scalar, eps, next_weight, next_out, planes);
+}
+
+__global__ void residual_norm_slices_kernel(bf16* x, SliceSum o, int64_t cols, const float* post_weight,
+                                            const float* scalar, float eps, const float* next_weight, bf16* next_out) {
+  residual_norm_row<true>(x, SliceRows{o}, cols, post_weight, scalar, eps, next_weight, next_out, nullptr);
 }
 
 // At most 56 registers: three 352-thread blocks (a 5376-wide row) per SM instead of two, for a
@@ -242,7 +288,7 @@ __global__ void residual_norm_decode_kernel(bf16* x, const bf16* o, int64_t cols
 __global__ __maxnreg__(56) void residual_norm_prefill_kernel(bf16* x, const bf16* o, int64_t cols,
                                                              const float* post_weight, const float* scalar, float eps,
                                                              const float* next_weight, bf16* next_out) {
-  residual_norm_row<false>(x, o, cols, post_weight, scalar, eps, next_weight, next_out, nullptr);
+  residual_norm_row<false>(x, OutputRows{o}, cols, post_weight, scalar, eps, next_weight, next_out, nullptr);
 }
 
 // 8 values per thread with 16-byte accesses (the launcher checks the pointers' alignment); the
@@ -353,6 +399,22 @@ void launch_residual_norm(bf16* x, const bf16* o, int64_t rows, int64_t cols, co
                          Pdl::kOn, x, o, cols, post_weight, scalar, eps, next_weight, next_out, planes);
   launch_kernel("residual_norm_kernel", residual_norm_prefill_kernel, unsigned(rows), threads, 0, stream, Pdl::kOn, x,
                 o, cols, post_weight, scalar, eps, next_weight, next_out);
+}
+
+void launch_residual_norm_of_slices(const SliceSum& o, int64_t rows, int64_t cols, const ResidualNormTail& r,
+                                    cudaStream_t stream) {
+  G4_CHECK(o.count == rows * cols, "residual_norm of slices: the partials are not [rows, cols]");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // A decode batch's rows (weights first, as launch_residual_norm takes them) of whole vectors.
+  if (rows > kMaxDecodeSequences || cols % 8 != 0 || cols > 1024 * 8 * kResidualVecs || !aligned(o.partial) ||
+      !aligned(o.y)) {
+    launch_add_slices(std::span(&o, 1), stream);
+    return launch_residual_norm(r.x, o.y, rows, cols, r.post_weight, r.scalar, r.eps, r.next_weight, r.next_out,
+                                nullptr, stream);
+  }
+  const unsigned threads = unsigned(row_threads(ceil_div(cols, 8 * kResidualVecs), 1024));
+  launch_kernel("residual_norm_slices_kernel", residual_norm_slices_kernel, unsigned(rows), threads, 0, stream,
+                Pdl::kOn, r.x, o, cols, r.post_weight, r.scalar, r.eps, r.next_weight, r.next_out);
 }
 
 void launch_gelu_tanh_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t stream) {

@@ -99,6 +99,18 @@ void launch_add_slices(std::span<const SliceSum> sums, cudaStream_t stream);
 // out = gelu_tanh(bf16(gate's sum)) · bf16(up's sum): add_slices of both, then gelu_tanh_mul, in one
 // launch with their bits. up.y is unused.
 void launch_add_slices_gelu(const SliceSum& gate, const SliceSum& up, bf16* out, cudaStream_t stream);
+// launch_residual_norm's arguments but o (elementwise.cu).
+struct ResidualNormTail {
+  bf16* x;
+  const float *post_weight, *scalar;
+  float eps;
+  const float* next_weight;
+  bf16* next_out;
+};
+// launch_residual_norm(x, o.y, ...) of the [rows, cols] o that add_slices(o) would store, which
+// it also stores: one launch, the same bits (elementwise.cu).
+void launch_residual_norm_of_slices(const SliceSum& o, int64_t rows, int64_t cols, const ResidualNormTail& r,
+                                    cudaStream_t stream);
 
 // out[T, N] = gelu_tanh(x · w_gate^T) * (x · w_up^T), both weights packed in `type`, for few tokens.
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up, bf16* out,
@@ -122,10 +134,12 @@ struct RecordsTarget {
 };
 // With gelu_out: the targets are gate and up, and gelu_out = gelu_tanh(gate's y) · up's y, as
 // launch_gelu_tanh_mul would write it (their slices' sums and the GELU-mul in one launch where both
-// have several slices; the targets' y may then be left unwritten).
+// have several slices; the targets' y may then be left unwritten). With `then_norm`: one target,
+// its y a residual block's o, and launch_residual_norm(x, y, ...) after it (with the slices' sums in
+// one launch where the target has several slices).
 void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const bf16* x, int64_t T, int64_t K,
                                  float* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                 bf16* gelu_out = nullptr);
+                                 bf16* gelu_out = nullptr, const ResidualNormTail* then_norm = nullptr);
 // Rows [first_row, first_row + n) (whole tiles) of a packed Q4_0 matrix (packed_blocks.h) written as
 // records into `w`, the [rows, K] matrix's records: `qs` holds those rows' quants (the packed qs
 // plane from row first_row), `params` the whole params plane (copies: the records overwrite the

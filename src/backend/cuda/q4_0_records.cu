@@ -456,10 +456,12 @@ size_t q4_0_records_workspace_bytes(int64_t N, int64_t K) {
 }
 
 void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const bf16* x, int64_t T, int64_t K,
-                                 float* workspace, size_t workspace_bytes, cudaStream_t stream, bf16* gelu_out) {
+                                 float* workspace, size_t workspace_bytes, cudaStream_t stream, bf16* gelu_out,
+                                 const ResidualNormTail* then_norm) {
   G4_CHECK(!targets.empty() && targets.size() <= size_t(kMaxSliceSums), "Q4_0 records matmul: 1 to 3 matrices a launch");
   G4_CHECK(!gelu_out || (targets.size() == 2 && targets[0].N == targets[1].N),
            "Q4_0 records gated GELU: gate and up of one shape");
+  G4_CHECK(!then_norm || (targets.size() == 1 && !gelu_out), "Q4_0 records: a residual norm follows one matrix");
   G4_CHECK(T >= 1 && T <= kMaxPackedMatmulTokens, "Q4_0 records matmul: " + std::to_string(T) + " tokens (1 to " +
                                                       std::to_string(kMaxPackedMatmulTokens) + ")");
   RecordsParts launch{};
@@ -494,6 +496,12 @@ void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const b
   if (gelu_out && sum_count == 2) {
     launch_add_slices_gelu(sums[0], sums[1], gelu_out, stream);
     return;
+  }
+  if (then_norm) {
+    const ResidualNormTail& r = *then_norm;
+    if (sum_count == 1) return launch_residual_norm_of_slices(sums[0], T, targets[0].N, r, stream);
+    return launch_residual_norm(r.x, targets[0].y, T, targets[0].N, r.post_weight, r.scalar, r.eps, r.next_weight,
+                                r.next_out, nullptr, stream);
   }
   if (sum_count > 0) launch_add_slices(std::span(sums, size_t(sum_count)), stream);
   if (gelu_out) launch_gelu_tanh_mul(targets[0].y, targets[1].y, gelu_out, T * targets[0].N, stream);
