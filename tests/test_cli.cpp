@@ -150,6 +150,10 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
   const test::CommandResult bad = test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 0");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("counts must be >= 1"), std::string::npos) << bad.output;
+  const test::CommandResult bad_profile =
+      test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 1 --profile_steps -1");
+  EXPECT_NE(bad_profile.exit_code, 0);
+  EXPECT_NE(bad_profile.output.find("--profile_steps"), std::string::npos) << bad_profile.output;
 }
 
 // g4 bench --suite: prompt processing and decode at each length, cut to the model's context

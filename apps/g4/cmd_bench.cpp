@@ -485,7 +485,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--profile_steps,--profile-steps", opts->profile_steps,
                   "With --concurrency: bracket this many full decode steps of each run (from the fifth) for a "
                   "profiler started with collection off (ncu --profile-from-start off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "
