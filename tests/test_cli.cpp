@@ -150,6 +150,14 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
   const test::CommandResult bad = test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 0");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("counts must be >= 1"), std::string::npos) << bad.output;
+  // Prompts longer than a step's prefill: the first sequence ends before the third is admitted, so no
+  // step decodes every sequence, and the report says why instead of a figure.
+  const test::CommandResult short_run =
+      test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 3 --prompt_len 300 --gen 2 2>/dev/null");
+  ASSERT_EQ(short_run.exit_code, 0) << short_run.output;
+  const nlohmann::json short_report = nlohmann::json::parse(short_run.output)["runs"][0];
+  EXPECT_FALSE(short_report.contains("full_decode_step_ms")) << short_report.dump();
+  EXPECT_NE(short_report.value("full_decode_missing", "").find("raise --gen"), std::string::npos) << short_report.dump();
   const test::CommandResult bad_profile =
       test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 1 --profile_steps -1");
   EXPECT_NE(bad_profile.exit_code, 0);

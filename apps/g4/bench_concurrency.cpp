@@ -75,6 +75,7 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
       ++tokens[e.id];
     }
   }
+  if (profiled_steps > 0 && profiled_steps < b.profile_steps) backend.set_profiling(false);  // the run ended first
   const double wall = seconds_between(start, Clock::now());
   std::vector<double> ttft, per_sequence;
   int64_t generated = 0;
@@ -98,9 +99,13 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
           {"ttft_p99_s", quantile(ttft, 0.99)},
           {"full_decode_steps", full_decode_steps},
           {"replayed_steps", replayed_steps}};
+  if (b.profile_steps > 0) run["profiled_steps"] = profiled_steps;
   if (full_decode_steps > 0) {
     run["full_decode_step_ms"] = 1e3 * full_decode_s / double(full_decode_steps);
     run["full_decode_tok_s"] = double(n * full_decode_steps) / full_decode_s;
+  } else {
+    run["full_decode_missing"] = "no step decoded every one of the " + std::to_string(n) +
+                                 " sequences: the first ended before the last was admitted (raise --gen)";
   }
   return run;
 }
