@@ -376,8 +376,8 @@ __device__ inline void fma4(float w, const float4& v, float4& sum) {
 __device__ inline void add4(const float4& o, float4& sum) { sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w; }
 
 // The merge of the group's heads by the block that computed all their splits, with the merge
-// kernel's bits: its 8 lane groups' sums (group g: splits g, g + 8, ... from 0) become a thread's 8
-// running sums, added in group order.
+// kernel's bits: its kMergeLanes lane groups' sums (group g: splits g, g + kMergeLanes, ... from 0)
+// become a thread's kMergeLanes running sums, added in group order.
 __device__ void merge_group(const AttentionLaunch& a, const SplitPartials& parts, int kvh, int used, float* weights,
                             uint4* planes) {
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, columns = D / 4;
@@ -397,18 +397,19 @@ __device__ void merge_group(const AttentionLaunch& a, const SplitPartials& parts
     const int c = c0 + int(threadIdx.x), h = min(c / columns, group - 1), d = 4 * (c % columns);
     const float* acc = parts.acc + int64_t(kvh * group + h) * parts.max_splits * D + d;
     const float* w = weights + h * used;
-    float4 sums[8] = {};
-    for (int s0 = 0; s0 < used; s0 += 8) {
-      float4 v[8];
+    float4 sums[kMergeLanes] = {};
+    for (int s0 = 0; s0 < used; s0 += kMergeLanes) {
+      float4 v[kMergeLanes];
 #pragma unroll
-      for (int g = 0; g < 8; ++g)
+      for (int g = 0; g < kMergeLanes; ++g)
         v[g] = s0 + g < used ? __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s0 + g) * D)) : make_float4(0, 0, 0, 0);
 #pragma unroll
-      for (int g = 0; g < 8; ++g)
+      for (int g = 0; g < kMergeLanes; ++g)
         if (s0 + g < used) fma4(w[s0 + g], v[g], sums[g]);
     }
 #pragma unroll
-    for (int g = 1; g < 8; ++g) add4(sums[g], sums[0]);
+    for (int g = 1; g < kMergeLanes; ++g) add4(sums[g], sums[0]);
+    // The float4's place among the 8 of its block of 32 (the head's columns start at a block).
     store_merged(a, kvh * group + h, d, sums[0], (c % columns) % 8, c < group * columns, planes);
   }
 }
