@@ -43,6 +43,10 @@ constexpr int kTargetWarps = 132 * 32;  // slices of K are added until a matrix 
 struct Slicing {
   int slices, chunks_per_slice;
 };
+// N: the rows of the launch (q/k/v together: k and v alone would get 14 slices each, whose float
+// partials at 64 tokens weigh as much as their weights; beside q, 4), or of the one matrix (gate
+// and up keep their own: at 2 slices instead of 3 they were slower at 1 and at 64 tokens). The launch's
+// members are fixed by the model, so a matrix's bits still depend on nothing a batch decides.
 Slicing slicing_of(int64_t N, int64_t K) {
   const int64_t tiles = N / kTileRows, chunks = K / kValues;
   const int64_t per_slice = ceil_div(chunks, std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
@@ -469,10 +473,12 @@ void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const b
   SliceSum sums[kMaxSliceSums];
   int sum_count = 0, blocks = 0;
   size_t used = 0;  // workspace bytes: each matrix of several slices its partials [slice][T][N]
+  int64_t launch_rows = 0;
+  for (const RecordsTarget& t : targets) launch_rows += t.N;
   for (size_t m = 0; m < targets.size(); ++m) {
     const RecordsTarget& t = targets[m];
     check_records_shape(t.N, K, t.w);
-    const Slicing s = slicing_of(t.N, K);
+    const Slicing s = slicing_of(gelu_out ? t.N : launch_rows, K);  // at most its slices alone (the workspace's)
     float* partial = nullptr;
     if (s.slices > 1) {
       partial = workspace + used / sizeof(float);
