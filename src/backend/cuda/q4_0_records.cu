@@ -44,9 +44,10 @@ struct Slicing {
   int slices, chunks_per_slice;
 };
 // N: the rows of the launch (q/k/v together: k and v alone would get 14 slices each, whose float
-// partials at 64 tokens weigh as much as their weights; beside q, 4), or of the one matrix (gate
-// and up keep their own: at 2 slices instead of 3 they were slower at 1 and at 64 tokens). The launch's
-// members are fixed by the model, so a matrix's bits still depend on nothing a batch decides.
+// partials at 64 tokens weigh as much as their weights; beside q, 4 — and 3 was slower at 1 and at
+// 64 tokens), or of the one matrix (gate and up keep their own: at 2 slices instead of 3 they were
+// slower at 1 and at 64 tokens). The launch's members are fixed by the model, so a matrix's bits
+// still depend on nothing a batch decides (docs/DESIGN.md §7, seventeenth session).
 Slicing slicing_of(int64_t N, int64_t K) {
   const int64_t tiles = N / kTileRows, chunks = K / kValues;
   const int64_t per_slice = ceil_div(chunks, std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
