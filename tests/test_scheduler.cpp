@@ -193,6 +193,73 @@ class CpuBackendInvariantToFourRows : public CpuBackend {
   int64_t batch_invariant_rows() const override { return 4; }
 };
 
+// A CPU backend that records, for each matmul launch of up to `invariant_rows` rows, which weights
+// it multiplies together (its arithmetic is the CPU's).
+class CpuBackendRecordingLaunches : public CpuBackend {
+ public:
+  explicit CpuBackendRecordingLaunches(int64_t invariant_rows) : invariant_rows_(invariant_rows) {}
+  int64_t batch_invariant_rows() const override { return invariant_rows_; }
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override {
+    if (!inside_matmuls_) launches.push_back({{w.data}, x.rows});
+    CpuBackend::matmul(x, w, y);
+  }
+  void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
+    Launch launch{{}, x.rows};
+    for (const Tensor& w : ws) launch.weights.push_back(w.data);
+    launches.push_back(launch);
+    inside_matmuls_ = true;
+    CpuBackend::matmuls(x, ws, ys);
+    inside_matmuls_ = false;
+  }
+  struct Launch {
+    std::vector<const void*> weights;
+    int64_t rows;
+    bool has(const void* w) const { return std::find(weights.begin(), weights.end(), w) != weights.end(); }
+  };
+  std::vector<Launch> launches;
+
+ private:
+  int64_t invariant_rows_;
+  bool inside_matmuls_ = false;
+};
+
+// A backend may slice the matrices of one launch by their rows together (CUDA's Q4_0 records), so
+// up to its batch_invariant_rows() the model launches every layer's k and v with q — also in the
+// last layer of a prefill step, whose queries are read only for the rows that give logits — else
+// their bits would depend on whether another sequence decodes in the same step. Past those rows
+// the last layer launches q for the read rows alone, and the tokens are the same either way.
+TEST(Scheduler, KeysAndValuesLaunchWithTheQueriesUpToTheInvariantRows) {
+  auto engine = demo_engine(4);
+  const std::vector<SchedulerRequest> all = requests();
+  const std::vector<SchedulerRequest> rs(all.begin() + 8, all.begin() + 12);  // prompts of 27 to 36 tokens
+  const std::vector<std::vector<int32_t>> want = alone(*engine, rs);
+  const auto& layers = engine->model().weights().layers;
+  for (int64_t invariant_rows : {64, 4}) {
+    CpuBackendRecordingLaunches backend(invariant_rows);
+    ModelRunner runner(engine->model(), backend,
+                       RunnerOptions{.max_seq_len = kMaxSeqLen, .max_batch_sequences = 4, .kv_budget_sequences = 4});
+    Scheduler scheduler(runner, SchedulerOptions{.prefill_tokens_per_step = 16, .batch_invariant = false});
+    std::vector<size_t> order = {0, 1, 2, 3};
+    std::vector<RequestId> ids;
+    const auto got = run(scheduler, rs, order, {0, 1, 2, 3}, &ids);
+    for (size_t i = 0; i < rs.size(); ++i)
+      EXPECT_EQ(got.tokens.at(ids[i]), want[i]) << "request " << i << ", invariant rows " << invariant_rows;
+    int64_t k_launches = 0, k_without_q = 0;
+    for (const auto& launch : backend.launches) {
+      for (const auto& layer : layers) {
+        if (!launch.has(layer.k_proj.data)) continue;
+        ++k_launches;
+        if (!launch.has(layer.q_proj.data)) {
+          ++k_without_q;
+          EXPECT_GT(launch.rows, invariant_rows) << "k_proj launched without q_proj over " << launch.rows << " rows";
+        }
+      }
+    }
+    EXPECT_GT(k_launches, 0);
+    if (invariant_rows == 4) EXPECT_GT(k_without_q, 0) << "the last layer's own q launch, past the invariant rows";
+  }
+}
+
 TEST(Scheduler, BatchInvariantFalseFillsWholeForwards) {
   auto engine = demo_engine(1);
   CpuBackendInvariantToFourRows backend;

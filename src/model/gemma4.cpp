@@ -47,11 +47,16 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
   const int64_t H = config_.hidden_size, hd = l.head_dim, out_rows = T - first;
   const int64_t heads = rank_config_.num_heads, q_cols = heads * hd, kv_cols = l.kv_heads * hd;
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
-  // Queries only for rows [first, T), whose output is read; keys and values for all T.
-  Tensor q = head(buf.q, out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
-  if (first == 0) {  // one input for all three: one launch for a decode step
+  // Queries are read only for rows [first, T); keys and values for all T. Up to the backend's
+  // batch_invariant_rows() the three are one launch whatever `first` (q for every row): a backend
+  // may slice a launch's matrices by their rows together (CUDA's Q4_0 records, docs/DESIGN.md §7),
+  // so k and v launched without q would get other bits in a prefill step than in a decode step.
+  const bool one_launch = first == 0 || T <= be.batch_invariant_rows();
+  Tensor q = head(buf.q, one_launch ? T : out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
+  if (one_launch) {
     const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, ys[] = {q, k, v};
     be.matmuls(h, std::span(ws, l.k_eq_v ? 2 : 3), std::span(ys, l.k_eq_v ? 2 : 3));
+    q = q.rows_view(first, out_rows);
   } else {
     if (out_rows > 0) be.matmul(h.rows_view(first, out_rows), w.q_proj, q);
     const Tensor ws[] = {w.k_proj, w.v_proj}, ys[] = {k, v};
