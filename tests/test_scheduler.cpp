@@ -185,30 +185,33 @@ TEST(Scheduler, RecordedDecodeStepsNeedABackendWithGraphs) {
             "CUDA graph decoding (--cuda_graph) needs a backend with graphs (--backend cuda); the cpu backend has none");
 }
 
-// A CPU backend that promises row-by-row equality only up to 4 rows, as CUDA's GEMV does up to 8:
-// what SchedulerOptions::batch_invariant decides between. (Its arithmetic is the CPU's, which is
-// the same for a row at any row count.)
-class CpuBackendInvariantToFourRows : public CpuBackend {
+// A CPU backend that promises row-by-row equality only up to `rows` rows, as CUDA's GEMV does up
+// to 8: what SchedulerOptions::batch_invariant decides between. (Its arithmetic is the CPU's, which
+// is the same for a row at any row count.)
+class CpuBackendInvariantToRows : public CpuBackend {
  public:
-  int64_t batch_invariant_rows() const override { return 4; }
+  explicit CpuBackendInvariantToRows(int64_t rows) : rows_(rows) {}
+  int64_t batch_invariant_rows() const override { return rows_; }
+
+ private:
+  int64_t rows_;
 };
 
-// A CPU backend that records, for each matmul launch of up to `invariant_rows` rows, which weights
-// it multiplies together (its arithmetic is the CPU's).
-class CpuBackendRecordingLaunches : public CpuBackend {
+// The same, recording for every matmul launch which weights it multiplies together and over how
+// many rows.
+class CpuBackendRecordingLaunches : public CpuBackendInvariantToRows {
  public:
-  explicit CpuBackendRecordingLaunches(int64_t invariant_rows) : invariant_rows_(invariant_rows) {}
-  int64_t batch_invariant_rows() const override { return invariant_rows_; }
+  using CpuBackendInvariantToRows::CpuBackendInvariantToRows;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override {
     if (!inside_matmuls_) launches.push_back({{w.data}, x.rows});
-    CpuBackend::matmul(x, w, y);
+    CpuBackendInvariantToRows::matmul(x, w, y);
   }
   void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
     Launch launch{{}, x.rows};
     for (const Tensor& w : ws) launch.weights.push_back(w.data);
     launches.push_back(launch);
     inside_matmuls_ = true;
-    CpuBackend::matmuls(x, ws, ys);
+    CpuBackendInvariantToRows::matmuls(x, ws, ys);
     inside_matmuls_ = false;
   }
   struct Launch {
@@ -219,7 +222,6 @@ class CpuBackendRecordingLaunches : public CpuBackend {
   std::vector<Launch> launches;
 
  private:
-  int64_t invariant_rows_;
   bool inside_matmuls_ = false;
 };
 
@@ -262,7 +264,7 @@ TEST(Scheduler, KeysAndValuesLaunchWithTheQueriesUpToTheInvariantRows) {
 
 TEST(Scheduler, BatchInvariantFalseFillsWholeForwards) {
   auto engine = demo_engine(1);
-  CpuBackendInvariantToFourRows backend;
+  CpuBackendInvariantToRows backend(4);
   ModelRunner runner(engine->model(), backend,
                      RunnerOptions{.max_seq_len = kMaxSeqLen, .max_batch_sequences = 13, .kv_budget_sequences = 13});
   const std::vector<SchedulerRequest> rs = requests();
