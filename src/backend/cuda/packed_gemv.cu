@@ -14,7 +14,7 @@
 // Geometry (docs/DESIGN.md §3, measured on the H200): kRowsPerWarp = 2 consecutive rows per warp
 // (a lone last row is read twice and stored once), the gated GELU one row of gate and the same row
 // of up; 2 blocks per row in flight in 8-warp blocks, or for one token over the types that gain
-// from it (wide_geometry) 6 in 4-warp blocks. A lane sums its blocks in the same order whatever the
+// from it (wide_geometry) 6 in 4-warp blocks (Q8_0's 32-byte blocks: 3). A lane sums its blocks in the same order whatever the
 // geometry, so the results do not depend on it. Token counts 1, 2, 4 and 8 are compiled; 3 runs the
 // 4-token kernel with the 4th token skipped.
 #include "backend/cuda/gemv_common.cuh"
@@ -40,6 +40,10 @@ struct Geometry {
 };
 using Narrow = Geometry<2>;
 using Wide = Geometry<6>;
+// Q8_0 for one token (eighteenth session, each 31B matrix alone on the H200, µs, narrow / 3 / 4 in
+// flight): o_proj 21.7 / 18.8 / 19.1, down 50.3 / 45.2 / 47.8, q/k/v 30.7 / 29.8 / 28.9, gate/up
+// 77.9 / 73.4 / 69.8, LM head 446 / 352 (4.25 TB/s) / 377; a decode step 71.0 / 79.8 / 76.6 tok/s.
+using WideQ8_0 = Geometry<3>;
 constexpr int64_t kWideRowsMaxK = 6144;
 
 // Where 6 blocks in flight beat 2 for one token (the 31B's matrices timed alone on the H200, both
@@ -47,7 +51,7 @@ constexpr int64_t kWideRowsMaxK = 6144;
 // 49, LM head 346 -> 323); the 32-weight 4- and 5-bit types on rows of at most kWideRowsMaxK values
 // (Q4_0 v_proj 8.2 -> 6.7 us, q/k/v 18.3 -> 17.7; its 21 504-wide down_proj is slower: 25.5 -> 27.5).
 // Q4_K is faster with 2 (gate/up 40.8 against 42.0, LM head 230 against 242, down 24 against 28),
-// and so, by its like layout, is taken Q5_K; Q8_0's 32-byte blocks hold 2 x 16 bytes in flight already.
+// and so, by its like layout, is taken Q5_K. Q8_0 has a geometry of its own (WideQ8_0).
 bool wide_geometry(DType type, int64_t T, int64_t K) {
   if (T != 1) return false;
   if (type == DType::Q6_K) return true;
@@ -309,6 +313,8 @@ void with_gemv_kernel(DType type, int64_t T, int64_t K, SumOrder order, F&& f) {
       return with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}, Invariant{}); });
     if constexpr (kType == DType::Q6_K || (!is_k_quant(kType) && format_of(kType).qs == 16))
       if (wide_geometry(type, T, K)) return f(weights, std::integral_constant<int, 1>{}, Wide{}, Fastest{});
+    if constexpr (kType == DType::Q8_0)
+      if (T == 1) return f(weights, std::integral_constant<int, 1>{}, WideQ8_0{}, Fastest{});
     with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}, Fastest{}); });
   });
 }
