@@ -14,9 +14,9 @@
 // Geometry (docs/DESIGN.md §3, measured on the H200): kRowsPerWarp = 2 consecutive rows per warp
 // (a lone last row is read twice and stored once), the gated GELU one row of gate and the same row
 // of up; 2 blocks per row in flight in 8-warp blocks, or for one token over the types that gain
-// from it (wide_geometry) 6 in 4-warp blocks (Q8_0's 32-byte blocks: 3). A lane sums its blocks in the same order whatever the
-// geometry, so the results do not depend on it. Token counts 1, 2, 4 and 8 are compiled; 3 runs the
-// 4-token kernel with the 4th token skipped.
+// from it (wide_geometry) 6 in 4-warp blocks (Q8_0's 32-byte blocks: 3). A lane sums its blocks
+// in the same order whatever the geometry, so the results do not depend on it. Token counts 1, 2, 4
+// and 8 are compiled; 3 runs the 4-token kernel with the 4th token skipped.
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
