@@ -279,6 +279,16 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
   cpu_.fill_uniform(w.cpu, 0.0f, 0.05f, 99);
   gpu_->fill_uniform(w.gpu, 0.0f, 0.05f, 99);
   check_matmul(w, 1, "Q4_0 [32000, 512] filled again");
+  // The prefill's rows dequantized from records are the packed layout's, bit for bit: the same GEMM
+  // gives the same output over either.
+  const Both x100 = activation(100, 512);
+  const Tensor from_packed = gpu_->alloc(DType::BF16, 100, w.gpu.rows);
+  const Tensor from_records = gpu_->alloc(DType::BF16, 100, w.gpu.rows);
+  gpu_->matmul(x100.gpu, w.gpu, from_packed);
+  gpu_->set_batch_invariant(true);
+  gpu_->matmul(x100.gpu.rows_view(0, 1), w.gpu, from_records.rows_view(0, 1));  // rearranges it
+  gpu_->matmul(x100.gpu, w.gpu, from_records);
+  EXPECT_EQ(read(*gpu_, from_records), read(*gpu_, from_packed)) << "prefill over records against over packed rows";
 }
 
 // The 31B shapes: hidden 5376 (the prefill runs three chunks of rows through the dequantized

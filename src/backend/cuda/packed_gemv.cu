@@ -13,10 +13,10 @@
 //
 // Geometry (docs/DESIGN.md §3, measured on the H200): kRowsPerWarp = 2 consecutive rows per warp
 // (a lone last row is read twice and stored once), the gated GELU one row of gate and the same row
-// of up; 2 blocks per row in flight in 8-warp blocks, or for one token over the types that gain
-// from it (wide_geometry) 6 in 4-warp blocks (Q8_0's 32-byte blocks: 3). A lane sums its blocks
-// in the same order whatever the geometry, so the results do not depend on it. Token counts 1, 2, 4
-// and 8 are compiled; 3 runs the 4-token kernel with the 4th token skipped.
+// of up; 2 blocks per row in flight in 8-warp blocks, or for one token (OneToken) 3 in 4-warp
+// blocks. A lane sums its blocks in the same order whatever the geometry, so the results do not
+// depend on it. Token counts 1, 2, 4 and 8 are compiled; 3 runs the 4-token kernel with the 4th
+// token skipped.
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/packed_kernels.h"
@@ -39,24 +39,12 @@ struct Geometry {
   static constexpr int kWarps = U > 2 ? 4 : kGemvWarpsPerBlock;  // fewer warps when each holds more registers
 };
 using Narrow = Geometry<2>;
-using Wide = Geometry<6>;
-// Q8_0 for one token (eighteenth session, each 31B matrix alone on the H200, µs, narrow / 3 / 4 in
-// flight): o_proj 21.7 / 18.8 / 19.1, down 50.3 / 45.2 / 47.8, q/k/v 30.7 / 29.8 / 28.9, gate/up
-// 77.9 / 73.4 / 69.8, LM head 446 / 352 (4.25 TB/s) / 377; a decode step 71.0 / 79.8 / 76.6 tok/s.
-using WideQ8_0 = Geometry<3>;
-constexpr int64_t kWideRowsMaxK = 6144;
-
-// Where 6 blocks in flight beat 2 for one token (the 31B's matrices timed alone on the H200, both
-// geometries without a serial tail): Q6_K at every row length (down_proj 47 -> 31 us, gate/up 56 ->
-// 49, LM head 346 -> 323); the 32-weight 4- and 5-bit types on rows of at most kWideRowsMaxK values
-// (Q4_0 v_proj 8.2 -> 6.7 us, q/k/v 18.3 -> 17.7; its 21 504-wide down_proj is slower: 25.5 -> 27.5).
-// Q4_K is faster with 2 (gate/up 40.8 against 42.0, LM head 230 against 242, down 24 against 28),
-// and so, by its like layout, is taken Q5_K. Q8_0 has a geometry of its own (WideQ8_0).
-bool wide_geometry(DType type, int64_t T, int64_t K) {
-  if (T != 1) return false;
-  if (type == DType::Q6_K) return true;
-  return !is_k_quant(type) && format_of(type).qs == 16 && K <= kWideRowsMaxK;
-}
+// One token, every type (nineteenth session, the H200; docs/PERF.md): 3 blocks a row in flight in
+// 4-warp blocks beat the earlier per-type choice of 2 in 8-warp blocks or 6 in 4-warp blocks in
+// whole decode steps — Q4_0 126.6 -> 132.7 tok/s, Q4_K_M 109.2 -> 113.6 (Q8_0 took it in the
+// eighteenth: 71.0 -> 79.8) — though a few matrices alone are faster another way (Q4_0's q/k/v at 6:
+// 16.2 against 18.1 us); 4 in flight was slower in the steps (Q4_0 127.0, Q4_K_M 112.1).
+using OneToken = Geometry<3>;
 
 // Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where
 // load_block's instantiations exist too but never run.
@@ -300,21 +288,16 @@ void launch_quantize_activations(const bf16* x, int64_t T, int64_t K, uint4* out
 }
 
 // Calls f(weights, tokens, geometry, order): the weight type, the compiled token count, the
-// geometry and the sum order of a T-token launch over a K-wide weight of `type`, as integral
-// constants and a Geometry (the wide one compiled only for the types it serves, and only for the
-// fastest order: the geometry does not change the sums).
+// geometry and the sum order of a T-token launch over weights of `type`, as integral constants and
+// a Geometry (OneToken compiled only for the fastest order: the geometry does not change the sums).
 template <typename F>
-void with_gemv_kernel(DType type, int64_t T, int64_t K, SumOrder order, F&& f) {
+void with_gemv_kernel(DType type, int64_t T, SumOrder order, F&& f) {
   with_block_type(type, [&](auto weights) {
-    constexpr DType kType = decltype(weights)::value;
     using Fastest = std::integral_constant<SumOrder, SumOrder::kFastest>;
     using Invariant = std::integral_constant<SumOrder, SumOrder::kBatchInvariant>;
     if (order == SumOrder::kBatchInvariant)
       return with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}, Invariant{}); });
-    if constexpr (kType == DType::Q6_K || (!is_k_quant(kType) && format_of(kType).qs == 16))
-      if (wide_geometry(type, T, K)) return f(weights, std::integral_constant<int, 1>{}, Wide{}, Fastest{});
-    if constexpr (kType == DType::Q8_0)
-      if (T == 1) return f(weights, std::integral_constant<int, 1>{}, WideQ8_0{}, Fastest{});
+    if (T == 1) return f(weights, std::integral_constant<int, 1>{}, OneToken{}, Fastest{});
     with_token_bucket(T, [&](auto tokens) { f(weights, tokens, Narrow{}, Fastest{}); });
   });
 }
@@ -322,7 +305,7 @@ void with_gemv_kernel(DType type, int64_t T, int64_t K, SumOrder order, F&& f) {
 void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targets, int count, int64_t T,
                         int64_t K, SumOrder order, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
-  with_gemv_kernel(type, T, K, order, [&](auto weights, auto tokens, auto geometry, auto sum_order) {
+  with_gemv_kernel(type, T, order, [&](auto weights, auto tokens, auto geometry, auto sum_order) {
     using G = decltype(geometry);
     const GemvTargets<PackedGemvTarget> plan = plan_gemv_targets(
         targets, count, [](const PackedGemvTarget& t) { return ceil_div(t.rows, G::kWarps * kRowsPerWarp); });
@@ -335,7 +318,7 @@ void launch_packed_gemv(DType type, const uint4* x, const PackedGemvTarget* targ
 void launch_packed_gated_gelu(DType type, const uint4* x, const uint8_t* w_gate, const uint8_t* w_up,
                               bf16* out, int64_t T, int64_t N, int64_t K, SumOrder order, cudaStream_t stream) {
   check_gemv_shape(type, K, x);
-  with_gemv_kernel(type, T, K, order, [&](auto weights, auto tokens, auto geometry, auto sum_order) {
+  with_gemv_kernel(type, T, order, [&](auto weights, auto tokens, auto geometry, auto sum_order) {
     using G = decltype(geometry);
     launch_kernel("packed_gated_gelu_kernel",
                   packed_gated_gelu_kernel<decltype(weights)::value, decltype(tokens)::value, G,

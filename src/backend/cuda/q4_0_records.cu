@@ -430,12 +430,39 @@ __device__ inline void store_block(const uint8_t* w, int64_t K, int64_t row, int
   }
 }
 
+// Rows [first_row, first_row + n) dequantized as store_block computes them, a warp a record: lane
+// 4g + c's 16 bytes are rows g and g + 8's values 8c .. 8c + 7 of both blocks (place_of), four 16-byte
+// pieces of the output, so the record is read with one load a lane and written in whole sectors.
 __global__ void dequantize_records_kernel(const uint8_t* w, int64_t K, int64_t first_row, int64_t n, bf16* out) {
   pdl_launch_dependents();
   pdl_wait();  // `out` is a scratch the previous chunk's GEMM reads
-  const int64_t blocks = K / 32;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * blocks; i += int64_t(gridDim.x) * blockDim.x)
-    store_block(w, K, first_row + i / blocks, i % blocks, 1.0f, out + i * 32);
+  const int64_t chunks = K / kValues, first_tile = first_row / kTileRows;
+  const int64_t records = ((first_row + n - 1) / kTileRows - first_tile + 1) * chunks;
+  const int lane = int(threadIdx.x % 32), g = lane / 4, c = lane % 4;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; i < records; i += warps) {
+    const int64_t tile = first_tile + i / chunks, chunk = i % chunks;
+    const uint8_t* record = w + records::record_offset(K, tile, chunk);
+    const uint4 quants = reinterpret_cast<const uint4*>(record)[lane];
+    const uint32_t words[4] = {quants.x, quants.y, quants.z, quants.w};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      const int64_t row = tile * kTileRows + r;
+      if (row < first_row || row >= first_row + n) continue;
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const float d = packed::f16_bits_to_float(records::scale_bits_at(record, r, 32 * b));
+        float values[8];
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+          const records::Place p = records::place_of(r, 32 * b + 8 * c + v);
+          values[v] = d * float(int((words[p.word] >> p.shift) & 15) - 8);
+        }
+        *reinterpret_cast<uint4*>(out + (row - first_row) * K + chunk * kValues + 32 * b + 8 * c) = pack8(values);
+      }
+    }
+  }
 }
 
 __global__ void embed_records_kernel(const uint8_t* table, int64_t hidden, const int32_t* ids, float scale, bf16* out) {
@@ -534,7 +561,8 @@ void launch_dequantize_q4_0_records(const uint8_t* w, int64_t rows, int64_t K, i
   check_records_shape(rows, K, w);
   G4_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0 && first_row >= 0 && first_row + n <= rows,
            "dequantize Q4_0 records: bad rows or output");
-  launch_kernel("dequantize_records_kernel", dequantize_records_kernel, grid_stride_blocks(n * (K / 32), 256), 256, 0,
+  const int64_t records = ((first_row + n - 1) / kTileRows - first_row / kTileRows + 1) * (K / kValues);
+  launch_kernel("dequantize_records_kernel", dequantize_records_kernel, grid_stride_blocks(records * 32, 256), 256, 0,
                 stream, Pdl::kOn, w, K, first_row, n, out);
 }
 
