@@ -415,7 +415,7 @@ __global__ void records_from_planes_kernel(const uint8_t* qs, const uint8_t* par
   }
 }
 
-// out[0..32) = bf16(weight · scale) for the 32 weights of block b of `row`, as store_dequantized in
+// out[0..32) = bf16(weight · scale) for the 32 weights of block b of `row`, as dequantize_block in
 // packed_weights.cu computes them from the packed layout (dequantize_quant: d · (q - 8)).
 __device__ inline void store_block(const uint8_t* w, int64_t K, int64_t row, int64_t b, float scale, bf16* out) {
   const uint8_t* record = w + records::record_offset(K, row / kTileRows, b / 2);
