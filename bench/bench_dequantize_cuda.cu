@@ -25,10 +25,6 @@ namespace {
 using namespace g4;
 using g4::bench::check;
 
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + cublasGetStatusString(s));
-}
-
 constexpr size_t kChunkBytes = size_t(128) << 20;  // the backend's dequantized scratch
 constexpr int kCopies = 3;                         // weights rotated so that L2 holds none
 constexpr int kReps = 12;

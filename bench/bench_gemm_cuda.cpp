@@ -20,10 +20,6 @@ namespace {
 
 using g4::bench::check;
 
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + cublasGetStatusString(s));
-}
-
 struct Shape {
   const char* name;
   int n, k;

@@ -1,6 +1,7 @@
-// What the CUDA benches share: CUDA errors as exceptions, and the time of back-to-back launches
-// measured by events on their stream.
+// What the CUDA benches share: CUDA and cuBLAS errors as exceptions, and the time of back-to-back
+// launches measured by events on their stream.
 #pragma once
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -10,6 +11,9 @@ namespace g4::bench {
 
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+inline void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + cublasGetStatusString(s));
 }
 
 // Milliseconds per call of launch(i), i = 0 .. reps - 1, after `warmup` calls launch(0 .. warmup - 1),
