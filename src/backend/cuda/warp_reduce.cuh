@@ -43,7 +43,7 @@ __device__ inline unsigned long long warp_max_u64(unsigned long long v) {
 // The whole warp: offsets 16, 8, 4, 2, 1 (a 64-bit maximum: warp_max_u64).
 template <typename Op, typename T>
 __device__ inline T warp_reduce(T v) {
-  if constexpr (std::is_same_v<Op, MaxOp> && sizeof(T) == 8 && std::is_integral_v<T> && std::is_unsigned_v<T>)
+  if constexpr (std::is_same_v<Op, MaxOp> && sizeof(T) == 8 && std::is_unsigned_v<T>)
     return T(warp_max_u64(static_cast<unsigned long long>(v)));
   else
     return xor_reduce<Op, 16, 8, 4, 2, 1>(v);
