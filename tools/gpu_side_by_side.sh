@@ -8,6 +8,10 @@
 # each type, writes the file (random-looking blocks), runs llama-bench on it, then g4 bench
 # --model_path on it, and deletes it; `all` (the default) does both. The two phases fit two calls on
 # a machine kept warm (the build folders are git-ignored and stay there between calls).
+# fetch.sh's tarball (8 MB) and the tracked tree together exceed the device's 64 MiB carry; a slim
+# one (4 MB) builds llama-bench just as well: from the fetched src/, drop .github .devops benches
+# docs examples pocs tests tools/ui tools/server media and ggml/src/ggml-<backend> for every backend
+# but cpu and cuda, then `tar cJf KIT_DIR/llama-src.tar.xz src`.
 # Environment: TYPES (default "q4_0 q4_k q8_0"; "q4_k" gets a Q6_K embedding, like Q4_K_M),
 # LLAMA_ARGS (default "-p 512,2048 -n 128 -fa 1 -ngl 99 -r 2"), G4_ARGS (default "--suite --gen 128":
 # pp512, pp2048, decode at 1 k and 32 k), OUT (results, default /tmp/side-by-side).
