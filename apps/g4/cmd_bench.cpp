@@ -40,6 +40,7 @@ struct BenchOptions {
   bool suite = false;                 // issue 15's table in one load (suite_report)
   std::vector<int64_t> suite_prompts{512, 2048}, suite_contexts{1024, 32768};
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
+  std::string tp_all_reduce = "peer";  // how CUDA ranks sum: "peer" (peer memory when reachable) or "nccl"
 };
 
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
@@ -208,7 +209,8 @@ std::vector<double> prefill_runs(Session& s, Backend& be, std::span<const int32_
 }
 
 // Seconds of one decode step's collectives alone, back to back: an all-reduce of one hidden row
-// after each layer's o_proj and down_proj, and the gather of the LM head's vocabulary shards.
+// after each layer's o_proj and down_proj, and the gather of the LM head's vocabulary shards. On a
+// backend with graphs they run as the graph decode runs them: recorded once, replayed.
 double step_collective_seconds(Backend& be, Communicator& comm, const Gemma4& model) {
   const ModelConfig& c = model.config();
   const Tensor row = be.alloc(be.activation_dtype(), 1, c.hidden_size);
@@ -220,9 +222,17 @@ double step_collective_seconds(Backend& be, Communicator& comm, const Gemma4& mo
   };
   step();
   comm.barrier();
+  std::unique_ptr<Backend::RecordedStep> recorded;
+  if (be.records_steps()) {
+    be.begin_capture();
+    step();
+    be.end_capture(recorded);
+    be.replay(*recorded);
+    comm.barrier();
+  }
   const int kSteps = 20;
   return seconds_of([&] {
-    for (int i = 0; i < kSteps; ++i) step();
+    for (int i = 0; i < kSteps; ++i) recorded ? be.replay(*recorded) : step();
     comm.barrier();
   }) / kSteps;
 }
@@ -238,7 +248,8 @@ nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Ba
 }
 
 // One rank of `g4 bench --tp N`: every rank runs the same prefill and decode steps on its shard;
-// rank 0 reports. Eager decode only: graph capture does not run split yet. With --concurrency,
+// rank 0 reports eager decode, and graph decode on CUDA. The collectives' share is of the graph
+// step where there is one (of the eager step on the CPU). With --concurrency,
 // every rank runs the same requests through its own scheduler: the scheduler is deterministic,
 // so the ranks' forwards (and their collectives) stay in step (docs/DESIGN.md §9).
 void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
@@ -272,6 +283,8 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
     SamplingParams greedy;
     greedy.temperature = 0.0f;
     const DecodeResult decode = time_decode(s, be, prompt, Sampler(greedy), o.gen, false);
+    const bool graphs = be.records_steps();
+    const DecodeResult graph = graphs ? time_decode(s, be, prompt, Sampler(greedy), o.gen, true) : decode;
     const double collectives_s = step_collective_seconds(be, *comm, *model);
     if (rank != 0) return;
     nlohmann::json r = {
@@ -288,8 +301,13 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
         {"decode_greedy_tok_s", decode.tok_s},
         {"step_ms_greedy", decode.step_ms},
         {"collectives_ms_per_step", collectives_s * 1e3},
-        {"all_reduce_pct_of_step", 100.0 * collectives_s / (decode.step_ms * 1e-3)},
+        {"all_reduce_pct_of_step", 100.0 * collectives_s / (graph.step_ms * 1e-3)},
     };
+    if (graphs) {
+      r["decode_greedy_graph_tok_s"] = graph.tok_s;
+      r["step_ms_greedy_graph"] = graph.step_ms;
+    }
+    r["all_reduce_path"] = comm->all_reduce_path();
     std::printf("%s\n", r.dump(1).c_str());
   });
 }
@@ -299,6 +317,7 @@ void bench_tensor_parallel(const BenchOptions& o) {
   EngineOptions eo;
   eo.backend = o.backend;
   eo.tp = o.tp;
+  eo.tp_all_reduce = o.tp_all_reduce == "nccl" ? CudaAllReduce::kNccl : CudaAllReduce::kPeerWhenReachable;
   const std::unique_ptr<CommGroup> group = make_comm_group(eo);  // checks the GPUs and NCCL first
   run_rank_threads(*group, [&](int rank) { bench_rank(o, *group, rank); });
 }
@@ -489,7 +508,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "
-                  "prefill, eager decode and the collectives' share of a step");
+                  "prefill, decode (eager, and graph replay on CUDA) and the collectives' share of a step");
+  cmd->add_option("--tp_all_reduce,--tp-all-reduce", opts->tp_all_reduce,
+                  "How CUDA ranks sum: peer (one kernel over peer memory when the GPUs reach each other's, "
+                  "else NCCL) or nccl")
+      ->check(CLI::IsMember({"peer", "nccl"}))
+      ->capture_default_str();
   cmd->callback([opts] { run_bench(*opts); });
 }
 

@@ -36,8 +36,6 @@ std::vector<uintptr_t> cache_layout(std::span<const std::vector<KvCache>* const>
 void check_graphs_run(const ModelRunner& runner) {
   G4_CHECK(runner.backend().records_steps(), "CUDA graph decoding (--cuda_graph) needs a backend with graphs (--backend "
                                              "cuda); the " + runner.backend().name() + " backend has none");
-  G4_CHECK(!runner.model().communicator(),
-           "CUDA graph decoding (--cuda_graph) does not run with --tp > 1 yet: decode eagerly");
 }
 
 DecodeGraph::DecodeGraph(Session& session) : session_(session) { check_graphs_run(session.runner()); }
@@ -76,7 +74,7 @@ int64_t DecodeGraph::next() {
   Backend& be = s.backend();
   be.replay(*recorded_);
   int64_t token = 0;
-  be.download(s.decode_step_tensors().token, &token);
+  s.runner().download_result(s.decode_step_tensors().token, &token);
   // The replay made kNanLogitsToken the next input id: only a new start() may replay again.
   if (token == kNanLogitsToken) started_ = false;
   const int32_t fed = input_;

@@ -37,8 +37,8 @@ namespace g4 {
 // What a recording bakes in of some sequences' caches: every layer's K and V addresses and capacity.
 std::vector<uintptr_t> cache_layout(std::span<const std::vector<KvCache>* const> sequences);
 
-// Throws unless the runner's backend records steps, and for a rank of a split model: capturing the
-// NCCL collectives is not verified on two GPUs yet (docs/DESIGN.md, "Tensor parallel").
+// Throws unless the runner's backend records steps. A rank of a split model records its step's
+// collectives too (docs/DESIGN.md, "Tensor parallel").
 void check_graphs_run(const ModelRunner& runner);
 
 class DecodeGraph {

@@ -38,6 +38,7 @@ struct EngineOptions {
   int tp = 1;
   CommGroup* tp_group = nullptr;
   int tp_rank = 0;
+  CudaAllReduce tp_all_reduce = CudaAllReduce::kPeerWhenReachable;  // how CUDA ranks sum
 };
 
 // The backend an engine of `options` runs on: rank tp_rank's device (CUDA), or its share of the

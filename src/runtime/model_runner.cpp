@@ -130,9 +130,14 @@ std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChu
     backend_.sample(out.logits, params_.rows_view(0, n), tokens_.rows_view(0, n));
   });
   std::vector<int64_t> drawn(size_t(n), 0);
-  backend_.download(tokens_.rows_view(0, n), drawn.data());
+  download_result(tokens_.rows_view(0, n), drawn.data());
   for (const SequenceChunk& c : chunks) c.kv->append(c.tokens);
   return std::vector<int32_t>(drawn.begin(), drawn.end());
+}
+
+void ModelRunner::download_result(const Tensor& t, void* out) const {
+  backend_.download(t, out);
+  if (Communicator* comm = model_.communicator()) comm->throw_if_failed();
 }
 
 void ModelRunner::enqueue(std::span<const SequenceRows> sequences, const Tensor& ids, const Tensor& positions,

@@ -50,6 +50,10 @@ class ModelRunner {
   const Gemma4& model() const { return model_; }
   const ModelConfig& config() const { return model_.config(); }
   Backend& backend() const { return backend_; }
+  // Copies a step's result `t` to the host once the step is done. A split model's step ends early,
+  // its sums unreduced, when its group failed: then this throws PeerFailure instead of returning
+  // garbage.
+  void download_result(const Tensor& t, void* out) const;
   KvPool& kv_pool() { return pool_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   int64_t max_prefill_chunk() const { return buffers_.max_tokens; }

@@ -83,7 +83,7 @@ std::vector<float> Scheduler::logprob_rows(std::span<Sequence* const> rows, cons
   const bool wanted = std::any_of(rows.begin(), rows.end(), [](const Sequence* s) { return s->top_logprobs >= 0; });
   if (!wanted) return {};
   std::vector<float> host(size_t(logits.numel()));
-  runner_.backend().download(logits, host.data());
+  runner_.download_result(logits, host.data());
   return host;
 }
 

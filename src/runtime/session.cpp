@@ -111,7 +111,7 @@ std::vector<float> Session::logits_all(std::span<const int32_t> tokens, int64_t 
     const SequenceChunk part{&kv_, tokens.subspan(at, size_t(n)), n};
     const LogitsOutput rows{all_normed_.rows_view(0, n), all_act_.rows_view(0, n), all_logits_.rows_view(0, n)};
     runner_.forward(std::span(&part, 1), rows);
-    be.download(rows.logits, out.data() + at * size_t(c.vocab_size));
+    runner_.download_result(rows.logits, out.data() + at * size_t(c.vocab_size));
   }
   // Keep last_logits() meaningful after an all-positions run too.
   be.upload(out.data() + (tokens.size() - 1) * size_t(c.vocab_size), logits_);
@@ -120,7 +120,7 @@ std::vector<float> Session::logits_all(std::span<const int32_t> tokens, int64_t 
 
 std::vector<float> Session::last_logits_host() {
   std::vector<float> out(static_cast<size_t>(vocab_size()));
-  runner_.backend().download(logits_, out.data());
+  runner_.download_result(logits_, out.data());
   return out;
 }
 
@@ -131,7 +131,7 @@ int64_t Session::sample(const Sampler& sampler, int64_t j) {
   be.upload(&params, step_.params);
   be.sample(logits_, step_.params, step_.token);
   int64_t token = 0;
-  be.download(step_.token, &token);
+  runner_.download_result(step_.token, &token);
   return checked_token(token);
 }
 
@@ -165,7 +165,7 @@ int32_t Session::feed_and_draw(int32_t token, int64_t j) {
   be.upload(&params, step_.params);
   enqueue_decode_step();
   int64_t drawn = 0;
-  be.download(step_.token, &drawn);
+  runner_.download_result(step_.token, &drawn);
   const int32_t next = int32_t(checked_token(drawn));
   note_fed(token);
   return next;

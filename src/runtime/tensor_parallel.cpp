@@ -22,7 +22,7 @@ void check_tensor_parallel_options(const EngineOptions& o) {
 std::unique_ptr<CommGroup> make_comm_group(const EngineOptions& o) {
   check_tensor_parallel_options(o);
   if (o.backend == "cpu") return make_cpu_comm_group(o.tp);
-  if (o.backend == "cuda") return make_nccl_comm_group(o.tp);
+  if (o.backend == "cuda") return make_nccl_comm_group(o.tp, kDefaultCollectiveTimeout, o.tp_all_reduce);
   throw Error("unknown backend '" + o.backend + "' (expected cpu or cuda)");
 }
 

@@ -36,6 +36,13 @@ class Communicator {
   // collective throws PeerFailure("tensor parallel: rank R failed: <what>") instead of waiting for
   // this one. Safe from any thread, any number of times (the first failure stays).
   virtual void abort(const std::string& what) = 0;
+  // Throws PeerFailure once the group has failed. Collectives check this themselves; a replayed
+  // graph's collectives cannot, so its caller checks after the replay's results came back (a failed
+  // group's replay leaves them unreduced).
+  virtual void throw_if_failed() = 0;
+  // How all_reduce_sum moves the data: "shared memory" (CPU ranks), "peer memory" (one kernel over
+  // the GPUs' peer access) or "nccl".
+  virtual std::string all_reduce_path() const = 0;
 };
 
 class CommGroup {
@@ -78,8 +85,12 @@ std::unique_ptr<CommGroup> make_cpu_comm_group(int size, std::chrono::millisecon
 
 // True when this build has NCCL (found with the CUDA toolkit at configure time).
 bool nccl_available();
+// How a CUDA group sums: over peer memory (backend/comm/peer_all_reduce.h) when every pair of its
+// GPUs reaches the other's memory, else NCCL; or NCCL always (for comparison and debugging).
+enum class CudaAllReduce { kPeerWhenReachable, kNccl };
 // The NCCL group of `size` CUDA ranks (rank r on device r): ncclCommInitRank from one unique id.
 // Throws a clear error when this build has no NCCL.
-std::unique_ptr<CommGroup> make_nccl_comm_group(int size, std::chrono::milliseconds timeout = kDefaultCollectiveTimeout);
+std::unique_ptr<CommGroup> make_nccl_comm_group(int size, std::chrono::milliseconds timeout = kDefaultCollectiveTimeout,
+                                                CudaAllReduce all_reduce = CudaAllReduce::kPeerWhenReachable);
 
 }  // namespace g4

@@ -33,7 +33,7 @@ class Rendezvous {
   // failed, or fails the group when the others do not come within the timeout.
   void wait_all(int rank) {
     std::unique_lock lock(mutex_);
-    throw_if_failed();
+    throw_if_failed_locked();
     const uint64_t generation = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -57,6 +57,10 @@ class Rendezvous {
     std::lock_guard lock(mutex_);
     return failed_rank_;
   }
+  void throw_if_failed() {
+    std::lock_guard lock(mutex_);
+    throw_if_failed_locked();
+  }
 
  private:
   void fail_locked(const std::string& why, int rank = -1) {
@@ -67,7 +71,7 @@ class Rendezvous {
     failed_ = true;
     changed_.notify_all();
   }
-  void throw_if_failed() const {
+  void throw_if_failed_locked() const {
     if (failed_) throw PeerFailure(why_);
   }
 
@@ -130,6 +134,8 @@ class CpuCommunicator final : public Communicator {
 
   void barrier() override { group_->wait_all(rank_); }
   void abort(const std::string& what) override { group_->abort(rank_, what); }
+  void throw_if_failed() override { group_->throw_if_failed(); }
+  std::string all_reduce_path() const override { return "shared memory"; }
 
  private:
   std::shared_ptr<Rendezvous> group_;
