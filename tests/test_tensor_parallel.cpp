@@ -556,9 +556,10 @@ TEST(TensorParallelCli, BadTpAndUnsupportedFrontEndsAreClearErrors) {
   };
   EXPECT_NE(error_of("run -p x --tp 3").find("--tp 3: 8 query heads are not divisible by 3"), std::string::npos);
   EXPECT_NE(error_of("run -p x --tp 2 --cuda_graph").find("--cuda_graph needs --backend cuda"), std::string::npos);
-  EXPECT_NE(error_of("bench --synthetic 31b --tp 2").find("--tp 2 needs 2 CUDA GPUs, and " +
-                                                          std::to_string(cuda_devices())),
-            std::string::npos);
+  if (cuda_devices() < 2)
+    EXPECT_NE(error_of("bench --synthetic 31b --tp 2").find("--tp 2 needs 2 CUDA GPUs, and " +
+                                                            std::to_string(cuda_devices())),
+              std::string::npos);
 }
 
 TEST(TensorParallelCli, BenchReportsTheCollectivesShare) {

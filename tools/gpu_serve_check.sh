@@ -8,7 +8,8 @@
 # SYSROOT and KIT: the httplib/ and kit/ of tools/make_serve_kit.sh's archive (Debian's cpp-httplib,
 # its libraries and pkgconf unpacked; the llama.cpp kit's GGUF writer with its gguf-py). Writes a 31B-shaped Q4_0 file, then for each of CLIENTS (default "64"): g4 bench
 # --concurrency, then g4 serve with tools/serve_load.py; BATCH_INVARIANT (default false), PROMPT
-# (default 128 tokens), GEN (default 64). Logs in $OUT/logs.tgz.
+# (default 128 tokens), GEN (default 64), TPS (tensor-parallel sizes, default "1"; "1 2" runs each
+# pair at --tp 1 and at --tp 2), EXTRA_ARGS (more flags for both, e.g. --cuda_graph). Logs in $OUT/logs.tgz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sysroot=$(cd "$1" && pwd)
@@ -18,6 +19,7 @@ CLIENTS=${CLIENTS:-64}
 BATCH_INVARIANT=${BATCH_INVARIANT:-false}
 PROMPT=${PROMPT:-128}
 GEN=${GEN:-64}
+TPS=${TPS:-1}
 mkdir -p "$OUT/pc"
 lib=$sysroot/root/usr/lib/x86_64-linux-gnu
 libs=$lib:$sysroot/root/lib/x86_64-linux-gnu
@@ -49,21 +51,23 @@ model=/tmp/g4-31b-q4_0.gguf
   > "$OUT/gen.log" 2>&1 || { tail -5 "$OUT/gen.log"; exit 1; }
 echo "model written at $((SECONDS - started)) s"
 seq_len=$((PROMPT + GEN + 16 > 1024 ? PROMPT + GEN + 16 : 1024))  # the 31B needs its sliding window (1 024)
+for tp in $TPS; do
 for n in $CLIENTS; do
   "$G4" bench --model_path "$model" --concurrency "$n" --batch_invariant "$BATCH_INVARIANT" --prompt_len "$PROMPT" \
-    --gen "$GEN" > "$OUT/bench_$n.json" 2> "$OUT/bench_$n.log"
-  echo "bench  $n: $(tr -d ' \n' < "$OUT/bench_$n.json" | grep -oE '"runs":\[\{[^}]*\}')"
-  port=$((18000 + n))
+    --gen "$GEN" --tp "$tp" ${EXTRA_ARGS:-} > "$OUT/bench_${n}_tp$tp.json" 2> "$OUT/bench_${n}_tp$tp.log"
+  echo "bench  $n --tp $tp: $(tr -d ' \n' < "$OUT/bench_${n}_tp$tp.json" | grep -oE '"runs":\[\{[^}]*\}')"
+  port=$((18000 + n + 1000 * tp))
   "$G4" serve --model_path "$model" --backend cuda --port $port --max_sessions "$n" --max_seq_len $seq_len \
-    --batch_invariant "$BATCH_INVARIANT" > "$OUT/serve_$n.log" 2>&1 &
+    --batch_invariant "$BATCH_INVARIANT" --tp "$tp" ${EXTRA_ARGS:-} > "$OUT/serve_${n}_tp$tp.log" 2>&1 &
   server=$!
   get() { LD_LIBRARY_PATH= python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
   for _ in $(seq 120); do get "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break; sleep 1; done
   LD_LIBRARY_PATH= python3 "$root/tools/serve_load.py" --url "http://127.0.0.1:$port" --clients "$n" --prompt_chars $((PROMPT - 1)) \
-    --max_tokens "$GEN" > "$OUT/serve_load_$n.json" 2>&1
-  echo "serve  $n: $(tr -d ' \n' < "$OUT/serve_load_$n.json")"
-  get "http://127.0.0.1:$port/metrics" > "$OUT/metrics_$n.txt"
+    --max_tokens "$GEN" > "$OUT/serve_load_${n}_tp$tp.json" 2>&1
+  echo "serve  $n --tp $tp: $(tr -d ' \n' < "$OUT/serve_load_${n}_tp$tp.json")"
+  get "http://127.0.0.1:$port/metrics" > "$OUT/metrics_${n}_tp$tp.txt"
   kill -TERM $server; wait $server; echo "  serve exit $?"
+done
 done
 echo "done in $((SECONDS - started)) s"
 (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.json *.txt 2>/dev/null)

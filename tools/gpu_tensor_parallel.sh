@@ -77,12 +77,17 @@ case $phase in
     ;;
   peer)
     [ -n "$kit" ] || { echo "peer needs KIT_DIR"; exit 1; }
-    while [ ! -x "$root/build-llama/bin/llama-bench" ] && pgrep -f run_bench.sh > /dev/null; do sleep 5; done
-    [ -x "$root/build-llama/bin/llama-bench" ] || { echo "no llama-bench: run the build phase with KIT_DIR"; tail -5 "$OUT/llama-build.txt"; exit 1; }
+    [ -f /tmp/llama-src/src/CMakeLists.txt ] || { mkdir -p /tmp/llama-src && tar xJf "$kit/llama-src.tar.xz" -C /tmp/llama-src; }
     export LLAMA_SRC=/tmp/llama-src/src  # gen_gemma4_gguf.py takes gguf-py from there
     f=/tmp/g4-31b-$TYPE.gguf
-    python3 "$kit/gen_gemma4_gguf.py" "$f" --type "$TYPE" --fill pattern --threads 24 > "$OUT/gen.txt" 2>&1 ||
-      { tail -5 "$OUT/gen.txt"; exit 1; }
+    python3 "$kit/gen_gemma4_gguf.py" "$f" --type "$TYPE" --fill pattern --threads 8 > "$OUT/gen.txt" 2>&1 &
+    gen=$!
+    if [ ! -x "$root/build-llama/bin/llama-bench" ]; then
+      BUILD_DIR=$root/build-llama SRC=/tmp/llama-src/src OUT=$OUT JOBS=24 BUDGET_S=420 bash "$kit/run_bench.sh" build \
+        > "$OUT/llama-build.txt" 2>&1 || { tail -5 "$OUT/llama-build.txt"; exit 1; }
+      echo "== llama-bench built at ${SECONDS}s"
+    fi
+    wait "$gen" || { tail -5 "$OUT/gen.txt"; exit 1; }
     echo "== $TYPE file written at ${SECONDS}s"
     for sm in none layer row; do
       "$root/build-llama/bin/llama-bench" -m "$f" -p 512 -n 128 -fa 1 -ngl 99 -r 2 -sm "$sm" -o json \

@@ -104,6 +104,10 @@ __device__ bool wait_for_flag(const PeerGroupView& g, int sender, uint32_t epoch
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) peer_all_reduce_kernel(uint4* data, int64_t vectors, PeerGroupView g) {
+  // Launched with PDL: resident while the projection before it runs; nothing is touched, the
+  // epoch counter included, before that projection has completed.
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ uint32_t epoch_shared;
   __shared__ int gave_up;
   if (threadIdx.x == 0) {
@@ -147,8 +151,12 @@ void launch_pieces(const Tensor& t, const PeerGroupView& g, cudaStream_t stream)
   uint8_t* bytes = static_cast<uint8_t*>(t.data);
   for (size_t done = 0, total = t.bytes(); done < total;) {
     const size_t piece = std::min(kPeerSlotBytes, total - done);
-    launch_kernel("peer_all_reduce", peer_all_reduce_kernel<T>, dim3(kPeerBlocks), dim3(kThreads), 0, stream, Pdl::kOff,
-                  reinterpret_cast<uint4*>(bytes + done), int64_t(piece / 16), g);
+    const int64_t vectors = int64_t(piece / 16);
+    // Only blocks that own a tile of this piece run (a decode row: 6 of them). Every rank skips the
+    // same blocks, whose epochs then stay unchanged on every rank alike.
+    const unsigned blocks = unsigned(std::min<int64_t>(kPeerBlocks, ceil_div(vectors, kThreads)));
+    launch_kernel("peer_all_reduce", peer_all_reduce_kernel<T>, dim3(blocks), dim3(kThreads), 0, stream, Pdl::kOn,
+                  reinterpret_cast<uint4*>(bytes + done), vectors, g);
     done += piece;
   }
 }

@@ -7,11 +7,11 @@
 // its own memory, then sums the N pieces in rank order 0 + 1 + … in float32 and stores the result
 // in place. Every rank adds the same values in the same order, so every rank holds the same bits.
 //
-// The kernel always runs kPeerBlocks blocks; block b owns the 16-byte vectors of the tiles
-// t ≡ b (mod kPeerBlocks), whatever the piece's size, and keeps its own epoch counter (device
-// memory, so graph replays advance it). The inbox has two halves, used by epoch parity: a rank
-// writes half e % 2 again only at epoch e + 2, after it saw every peer's flag of epoch e + 1,
-// which that peer raised after its epoch-e kernel (which read half e % 2) had ended.
+// Block b owns the 16-byte vectors of the tiles t ≡ b (mod kPeerBlocks), whatever the piece's
+// size, and keeps its own epoch counter (device memory, so graph replays advance it); a block that
+// owns no tile of a piece does not run. The inbox has two halves, used by the block's epoch parity:
+// block b writes half e % 2 again only at its epoch e + 2, after it saw every peer's block-b flag of
+// epoch e + 1, which that peer raised after its epoch-e kernel (which read half e % 2) had ended.
 //
 // A block that waits longer than the timeout, or sees the group's abort flag (host memory the
 // watchdog sets when the group fails), gives up: it sets `timed_out` (host memory the watchdog
