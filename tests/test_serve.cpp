@@ -7,9 +7,13 @@
 // session when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9); a request
 // with NaN logits failing alone (500, or an error event when streamed). ReplyText's hold-back rules (whole UTF-8 characters, partial
 // stop strings) are tested on byte tokens.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -266,6 +270,46 @@ TEST_F(Serve, ClientDisconnectCancelsTheStream) {
   for (std::thread& t : threads) t.join();
 }
 
+// A connected socket to the loopback server on `port` that has sent `bytes`, or -1.
+int raw_connection(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != ssize_t(bytes.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` (a read sees the end or an error) within `wait`.
+bool closed_by_server(int fd, std::chrono::milliseconds wait) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, int(wait.count())) <= 0) return false;
+  char byte = 0;
+  return recv(fd, &byte, 1, MSG_DONTWAIT) <= 0;
+}
+
+// A non-streamed request whose client hangs up is cancelled as a stream's is: the request does not
+// run on to max_tokens for nobody, and its session is free again.
+TEST_F(Serve, AnAbandonedWholeRequestIsCancelled) {
+  const uint64_t cancelled_before = worker_->cancelled();
+  const std::string body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 200}}.dump();
+  const int fd = raw_connection(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + kKey +
+                                           "\r\nContent-Type: application/json\r\nContent-Length: " +
+                                           std::to_string(body.size()) + "\r\n\r\n" + body);
+  ASSERT_GE(fd, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the request is read and admitted
+  close(fd);
+  for (int i = 0; i < 500 && worker_->cancelled() == cancelled_before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(worker_->cancelled(), cancelled_before + 1) << "the whole request ran on after its client left";
+}
+
 // Every session streams at once: no request waits for an HTTP thread while sessions are free. 20
 // greedy streams of 64 tokens ("Once upon a time" does not end sooner) all start before any ends;
 // with httplib's default pool (one thread per core, at least 8) the ninth or the sixteenth would
@@ -298,6 +342,86 @@ TEST(ServeThreads, EverySessionStreamsAtOnce) {
 
 // tools/serve_load.py, the load client of the H200 serve check (docs/PERF.md "g4 serve under
 // load"), against the demo: every request answered, the tokens counted from the usage chunks.
+// Slow clients hold only their own connections: 200 connections that send a header's first bytes
+// and no more leave /health answered at once, and each is closed when its request deadline passes.
+TEST(ServeThreads, SlowHeadersNeitherStarveOthersNorStayOpen) {
+  serve::ServerOptions so;
+  so.request_deadline = std::chrono::milliseconds(1500);
+  test::RunningServer server(kContext, {.max_sessions = 2, .max_waiting = 4}, so);
+  std::vector<int> slow;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = raw_connection(server.port(), "POST /v1/chat/completions HTTP/1.1\r\nHo");
+    ASSERT_GE(fd, 0) << "connection " << i;
+    slow.push_back(fd);
+  }
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_connection_timeout(1, 0);
+  c.set_read_timeout(1, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const httplib::Result health = c.Get("/health");
+  EXPECT_TRUE(health && health->status == 200) << "/health went unanswered beside 200 slow connections";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  int closed = 0;
+  for (int fd : slow) closed += closed_by_server(fd, std::chrono::milliseconds(4000));
+  for (int fd : slow) close(fd);
+  EXPECT_EQ(closed, 200) << "connections that never sent a whole request stayed open past the deadline";
+}
+
+// Request bodies parse in time linear in their size: an array of N small objects (nlohmann's
+// callback parser rescans a container at each child's end, O(N²)); a body of the server's default
+// size limit made of them is answered (a 400: too many objects) in well under a second.
+TEST(ServeRequests, ParsingIsLinearInTheBody) {
+  auto seconds_for = [](size_t objects) {
+    std::string body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"metadata\":[";
+    for (size_t i = 0; i < objects; ++i) body += i ? ",{}" : "{}";
+    body += "]}";
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      serve::parse_completion_request(body, serve::Endpoint::kChat);
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400) << e.what();
+      if (objects > (size_t(1) << 18))
+        EXPECT_NE(std::string(e.what()).find("holds more than 262144 objects and arrays"), std::string::npos) << e.what();
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  seconds_for(10000);  // warm
+  const double small = seconds_for(10000), large = seconds_for(160000);
+  EXPECT_LT(large, 16 * 4 * std::max(small, 1e-4)) << "10 000 objects " << small << " s, 160 000 " << large << " s";
+  const double limit = seconds_for((size_t(8) << 20) / 3);  // 8 MiB of ",{}"
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_LT(limit, 10.0);  // ASan slows every allocation; quadratic parsing took minutes here
+#else
+  EXPECT_LT(limit, 1.0);
+#endif
+}
+
+// Counts beyond the request limits are 400s that name the limit.
+TEST(ServeRequests, TooManyMessagesToolsOrPartsAreRefused) {
+  auto error_of = [](const json& body) {
+    try {
+      serve::parse_completion_request(body.dump(), serve::Endpoint::kChat);
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const json message = {{"role", "user"}, {"content", "hi"}};
+  json many = json::array();
+  for (int i = 0; i < 8193; ++i) many.push_back(message);
+  EXPECT_NE(error_of({{"messages", many}}).find("'messages' has 8193 messages; at most 8192"), std::string::npos);
+  json parts = json::array();
+  for (int i = 0; i < 1025; ++i) parts.push_back({{"type", "text"}, {"text", "a"}});
+  EXPECT_NE(error_of({{"messages", {{{"role", "user"}, {"content", parts}}}}}).find("has 1025 parts; at most 1024"),
+            std::string::npos);
+  json tools = json::array();
+  for (int i = 0; i < 513; ++i)
+    tools.push_back({{"type", "function"}, {"function", {{"name", "f" + std::to_string(i)}}}});
+  EXPECT_NE(error_of({{"messages", {message}}, {"tools", tools}}).find("'tools' has 513 tools; at most 512"),
+            std::string::npos);
+}
+
 TEST(ServeThreads, TheLoadClientMeasuresEveryRequest) {
   std::string python;
   if (test::run_command("command -v python3", &python) != 0) GTEST_SKIP() << "no python3 to run tools/serve_load.py";

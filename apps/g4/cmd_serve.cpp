@@ -1,5 +1,6 @@
 // g4 serve: an OpenAI-compatible HTTP server (docs/DESIGN.md §8). The generation flags of g4 run
 // are the defaults of requests that leave a field out.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -33,6 +34,8 @@ struct ServeOptions {
   int port = 8080;
   int64_t max_sessions = 4, max_waiting = 64;
   int64_t max_body_bytes = 8 << 20;
+  int64_t max_connections = 0;    // serve::ServerOptions::max_connections
+  double request_timeout_s = 30;  // serve::ServerOptions::request_deadline
   bool batch_invariant = true;
 };
 
@@ -122,6 +125,11 @@ void take_flags(const ServeOptions& o, serve::ServerOptions& so) {
   G4_CHECK(o.max_body_bytes >= 1024, "--max_body_bytes must be >= 1024, got " + std::to_string(o.max_body_bytes));
   so.max_body_bytes = size_t(o.max_body_bytes);
   G4_CHECK(so.default_max_tokens >= 1, "--max_new_tokens (the default max_tokens) must be >= 1");
+  G4_CHECK(o.max_connections >= 0, "--max_connections must be >= 0 (0 = automatic), got " + std::to_string(o.max_connections));
+  so.max_connections = size_t(o.max_connections);
+  G4_CHECK(o.request_timeout_s > 0 && o.request_timeout_s <= 86400,
+           "--request_timeout must be in (0, 86400] seconds, got " + std::to_string(o.request_timeout_s));
+  so.request_deadline = std::chrono::milliseconds(int64_t(o.request_timeout_s * 1000));
 }
 
 // Binds, says where, and serves until SIGINT or SIGTERM (or server.stop()).
@@ -221,6 +229,14 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max_body_bytes,--max-body-bytes", o->max_body_bytes,
                   "Larger request bodies are answered 413")
+      ->capture_default_str();
+  cmd->add_option("--max_connections,--max-connections", o->max_connections,
+                  "Connections served at once, a thread each; more wait (0 = 1024, or twice the requests in "
+                  "flight and 64 more when larger)")
+      ->capture_default_str();
+  cmd->add_option("--request_timeout,--request-timeout", o->request_timeout_s,
+                  "Seconds a connection has to deliver a whole request (headers and body) after it opens or "
+                  "after its last answer; then it is closed")
       ->capture_default_str();
   cmd->footer("Sampling flags set the defaults of requests that leave a field out; -n is the default max_tokens.\n"
               "Example: curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' "

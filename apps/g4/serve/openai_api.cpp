@@ -18,24 +18,59 @@ ApiError bad(const std::string& param, const std::string& message) { return ApiE
 // Request JSON nests at most this deep. Values are copied and rendered recursively, so a body of a
 // few megabytes of '[' (within the body limit) could otherwise exhaust a handler thread's stack.
 constexpr int kMaxJsonDepth = 64;
+// Objects and arrays in one request body. A parsed container costs ~100 bytes, so a body of the
+// size limit made of "{}," (2.8 million of them) would take a few hundred MB and a second to hold.
+constexpr size_t kMaxJsonContainers = size_t(1) << 18;
 
-// `text` as JSON, containers deeper than kMaxJsonDepth left out (the parser itself is iterative);
-// *too_deep says whether any were. Throws json::exception on invalid JSON when allow_exceptions.
-json parse_bounded(std::string_view text, bool allow_exceptions, bool* too_deep) {
-  *too_deep = false;
-  const json::parser_callback_t keep_shallow = [too_deep](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxJsonDepth) *too_deep = true;
-    return depth <= kMaxJsonDepth;
-  };
-  return json::parse(text, keep_shallow, allow_exceptions);
+// Counts a request may hold (each a 400 naming it beyond): far above any conversation that fits a
+// context, low enough that a request's own bookkeeping stays small.
+constexpr size_t kMaxMessages = 8192, kMaxTools = 512, kMaxContentParts = 1024;
+
+// Why `text` is refused before it is parsed, or "" when it is not: it nests deeper than
+// kMaxJsonDepth or holds more than kMaxJsonContainers objects and arrays. One pass over the bytes,
+// brackets inside strings skipped; text that is not JSON may pass (the parser then refuses it).
+std::string shape_refusal(std::string_view text) {
+  int depth = 0;
+  size_t containers = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+      if (++containers > kMaxJsonContainers)
+        return "holds more than " + std::to_string(kMaxJsonContainers) + " objects and arrays";
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return "";
+}
+
+// `text` as JSON, or a discarded value with *refused saying why (shape_refusal). The shape is
+// checked in one pass before one plain parse: nlohmann's parser is iterative and linear, while its
+// callback form (the other way to bound depth) rescans a container each time a child ends, which is
+// quadratic in the values of an array. Throws json::exception on invalid JSON when allow_exceptions,
+// else returns a discarded value.
+json parse_bounded(std::string_view text, bool allow_exceptions, std::string* refused) {
+  *refused = shape_refusal(text);
+  if (!refused->empty()) return json(json::value_t::discarded);
+  return json::parse(text, nullptr, allow_exceptions);
 }
 
 // JSON text inside a request (tool arguments, a tool's response): the value it encodes, or
-// discarded when it is not JSON or nests too deep (the caller then keeps it as text).
+// discarded when it is not JSON or is refused by its shape (the caller then keeps it as text).
 json decode_embedded_json(const std::string& text) {
-  bool too_deep = false;
-  json decoded = parse_bounded(text, /*allow_exceptions=*/false, &too_deep);
-  return too_deep ? json(json::value_t::discarded) : decoded;
+  std::string refused;
+  return parse_bounded(text, /*allow_exceptions=*/false, &refused);
 }
 
 float number_field(const json& body, const char* name) {
@@ -89,6 +124,9 @@ void parse_content(const json& m, const std::string& at, ChatMessage& out) {
   }
   const std::string field = at + ".content";
   if (!content.is_array()) throw bad(field, field + " must be a string or an array of text parts");
+  if (content.size() > kMaxContentParts)
+    throw bad(field, field + " has " + std::to_string(content.size()) + " parts; at most " +
+                         std::to_string(kMaxContentParts) + " are accepted");
   std::vector<std::string> parts;
   for (const json& part : content) {
     if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string())
@@ -156,6 +194,9 @@ std::vector<ChatMessage> parse_messages(const json& body) {
   if (!body.contains("messages")) throw bad("messages", "'messages' is required");
   const json& list = body["messages"];
   if (!list.is_array() || list.empty()) throw bad("messages", "'messages' must be a non-empty array of messages");
+  if (list.size() > kMaxMessages)
+    throw bad("messages", "'messages' has " + std::to_string(list.size()) + " messages; at most " +
+                              std::to_string(kMaxMessages) + " are accepted");
   std::vector<ChatMessage> messages;
   std::map<std::string, std::string> names_by_id;
   for (size_t i = 0; i < list.size(); ++i) {
@@ -194,6 +235,9 @@ std::vector<ChatMessage> parse_messages(const json& body) {
 // OpenAI tool definitions: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
 json parse_tools(const json& tools) {
   if (!tools.is_array()) throw bad("tools", "'tools' must be an array of {\"type\": \"function\", \"function\": {...}}");
+  if (tools.size() > kMaxTools)
+    throw bad("tools", "'tools' has " + std::to_string(tools.size()) + " tools; at most " + std::to_string(kMaxTools) +
+                           " are accepted");
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string at = "tools[" + std::to_string(i) + "]";
     const json& tool = tools[i];
@@ -283,13 +327,13 @@ json error_json(const ApiError& error) {
 
 CompletionRequest parse_completion_request(std::string_view body_text, Endpoint endpoint) {
   json body;
-  bool too_deep = false;
+  std::string refused;
   try {
-    body = parse_bounded(body_text, /*allow_exceptions=*/true, &too_deep);
+    body = parse_bounded(body_text, /*allow_exceptions=*/true, &refused);
   } catch (const json::exception& e) {
     throw bad("", std::string("the request body is not valid JSON: ") + e.what());
   }
-  if (too_deep) throw bad("", "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (!refused.empty()) throw bad("", "the request body " + refused);
   if (!body.is_object()) throw bad("", "the request body must be a JSON object");
   auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
 

@@ -20,8 +20,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr size_t kSpareHttpThreads = 8;
-
 // Replies hold only whole characters, but a request's own strings are echoed nowhere unchecked:
 // replace, never throw, on bytes that are not UTF-8.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -134,12 +132,14 @@ std::string response_id(Endpoint endpoint) {
 
 Server::Server(EngineWorker& worker, const Tokenizer& tokenizer, ServerOptions options)
     : worker_(worker), tokenizer_(tokenizer), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
-  // A streamed answer holds its HTTP thread to the end, so the pool has one thread per request the
-  // worker takes, plus spares that answer /health, /metrics and the 429s while all of those stream
-  // (httplib's default pool, one thread per core, capped the requests running at once at ~15 on
-  // the H200 machine whatever max_sessions said: docs/DESIGN.md §8).
-  const size_t threads = worker_.max_in_flight() + kSpareHttpThreads;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // A streamed answer holds its HTTP thread to the end, and a slow client holds its own: one thread
+  // per connection (docs/DESIGN.md §8).
+  if (options_.max_connections == 0) options_.max_connections = std::max<size_t>(1024, 2 * worker_.max_in_flight() + 64);
+  G4_CHECK(options_.max_connections > worker_.max_in_flight(),
+           "max_connections (" + std::to_string(options_.max_connections) + ") must exceed the requests in flight (" +
+               std::to_string(worker_.max_in_flight()) + ")");
+  const size_t threads = options_.max_connections;
+  http_->new_task_queue = [threads] { return new ThreadPerConnection(threads); };
   add_routes();
 }
 
@@ -149,6 +149,7 @@ int Server::bind(const std::string& host, int port) {
   const int bound = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
   G4_CHECK(bound > 0, "cannot listen on " + host + ":" + std::to_string(port) +
                           " (address in use, or not an address of this machine)");
+  connections_ = std::make_unique<ConnectionWatch>(bound, options_.request_deadline);
   return bound;
 }
 
@@ -165,6 +166,7 @@ void Server::stop() {
 void Server::add_routes() {
   // Bearer authentication for the API; /health stays open for load balancers.
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (connections_) connections_->begin_request(req.remote_addr, req.remote_port);  // no deadline while answered
     if (options_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
@@ -187,7 +189,8 @@ void Server::add_routes() {
     }
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {  // after the answer
+    if (connections_) connections_->end_request(req.remote_addr, req.remote_port);
     metrics_.count_request(endpoint_label(req.path), res.status);
   });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
@@ -262,13 +265,19 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
     const bool with_logprobs = r.top_logprobs >= 0;
     auto reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
     if (!r.stream) {
+      // A client that hung up cancels its request at the next token, as a stream's would.
+      const int socket = connections_ ? connections_->begin_request(req.remote_addr, req.remote_port) : -1;
       ReplyPart whole;
       TokenTimer timer(metrics_, arrived);
       const Outcome outcome = collect(worker_, channel, *reply, timer, [&](ReplyPart part) {
         whole.append(std::move(part));
-        return true;
+        return !ConnectionWatch::client_gone(socket);
       });
       metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
+      if (outcome.client_gone) {  // nobody reads an answer; logged as nginx logs it
+        res.status = 499;
+        return;
+      }
       if (!outcome.failure.empty()) throw ApiError(500, outcome.failure, "", "server_error");
       send_json(res, 200, completion_json(header, whole, outcome.finish_reason,
                                           {prompt_tokens, outcome.completion_tokens}, with_logprobs));

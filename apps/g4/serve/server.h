@@ -7,22 +7,18 @@
 //   server.listen();                         // until stop()
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "sampling/sampler.h"
+#include "serve/connections.h"
 #include "serve/engine_worker.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
 #include "tokenizer/tokenizer.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}
 
 namespace g4::serve {
 
@@ -36,6 +32,13 @@ struct ServerOptions {
   int64_t default_max_tokens = 256;    // when a request gives no max_tokens (capped by the context)
   size_t max_body_bytes = 8 << 20;     // larger request bodies are answered 413
   int retry_after_seconds = 1;         // the Retry-After of a 429 (queue full)
+  // Connections served at once, each on its own thread; more wait for a thread. Must exceed the
+  // worker's requests in flight, so that /health, /metrics and the 429s are answered while those
+  // run; 0: 1 024, or twice the requests in flight and 64 more when that is larger.
+  size_t max_connections = 0;
+  // A connection that has not delivered a whole request (headers and body) this long after it
+  // opened or after its last answer is closed.
+  std::chrono::milliseconds request_deadline{30000};
 };
 
 class Server {
@@ -64,6 +67,7 @@ class Server {
   Metrics metrics_;
   std::atomic<bool> stop_requested_{false};
   std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionWatch> connections_;  // from bind(), which knows the port
 };
 
 }  // namespace g4::serve
