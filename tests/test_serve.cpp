@@ -367,6 +367,47 @@ TEST(ServeThreads, SlowHeadersNeitherStarveOthersNorStayOpen) {
   EXPECT_EQ(closed, 200) << "connections that never sent a whole request stayed open past the deadline";
 }
 
+// A burst of 256 connections at once all get their answer (httplib's listen backlog of 5 made the
+// clients beyond it wait for SYN retransmission, or reset them), and one connection carries many
+// requests (httplib closed it after 5).
+TEST(ServeThreads, ABurstOf256ConnectionsIsAnsweredAndKeepAliveLasts) {
+  test::RunningServer server(kContext, {.max_sessions = 2, .max_waiting = 4}, {});
+  std::vector<int> sockets;
+  for (int i = 0; i < 256; ++i) sockets.push_back(raw_connection(server.port(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  int answered = 0;
+  for (int fd : sockets) {
+    char buffer[64] = {};
+    pollfd p{fd, POLLIN, 0};
+    if (fd >= 0 && poll(&p, 1, 5000) > 0 && recv(fd, buffer, sizeof buffer - 1, 0) > 0 &&
+        std::string(buffer).rfind("HTTP/1.1 200", 0) == 0)
+      ++answered;
+    if (fd >= 0) close(fd);
+  }
+  EXPECT_EQ(answered, 256);
+  httplib::Client c = test::loopback_client(server.port());
+  c.set_keep_alive(true);
+  for (int i = 0; i < 12; ++i) {
+    const httplib::Result r = c.Get("/health");
+    ASSERT_TRUE(r && r->status == 200) << "request " << i;
+    EXPECT_NE(r->get_header_value("Connection"), "close") << "the server closed the connection after request " << i;
+  }
+}
+
+// The connection flags' bad values are clear errors.
+TEST(ServeCli, BadConnectionFlagsAreClearErrors) {
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--request_timeout 0", "--request_timeout must be in (0, 86400] seconds"},
+           {"--drain_timeout -1", "--drain_timeout must be in [0, 86400] seconds"},
+           {"--keep_alive_requests 0", "--keep_alive_requests must be >= 1"},
+           {"--keep_alive_timeout 0", "--keep_alive_timeout must be in [1, 3600] seconds"},
+           {"--max_connections -2", "--max_connections must be >= 0"},
+           {"--max_connections 3 --max_sessions 2 --max_waiting 4", "max_connections (3) must exceed the requests in flight (6)"}}) {
+    const test::CommandResult r = test::run_g4("serve --port 0 " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ": " << r.output;
+  }
+}
+
 // Request bodies parse in time linear in their size: an array of N small objects (nlohmann's
 // callback parser rescans a container at each child's end, O(N²)); a body of the server's default
 // size limit made of them is answered (a 400: too many objects) in well under a second.
@@ -696,33 +737,44 @@ TEST_F(Serve, MetricsCountRequestsTokensAndShowEverySessionFreed) {
 
 // stop() (what SIGINT/SIGTERM trigger in g4 serve) lets a stream in flight finish, then listen()
 // returns.
-TEST_F(Serve, StopFinishesTheRequestsInFlight) {
-  serve::ServerOptions so;
+// Stops a server of options `so` (one session, no queue) once a stream of `request` has begun;
+// returns what the stream received.
+std::string stream_until_stopped(serve::ServerOptions so, const httplib::Request& request) {
   so.stop_ids = {};
   test::RunningServer running(kContext, {.max_sessions = 1, .max_waiting = 0}, so);
-  const int port = running.port();
   std::atomic<bool> started{false};
   std::string body;
   std::thread streaming([&] {
-    httplib::Client c = test::loopback_client(port);
-    httplib::Request request;
-    request.method = "POST";
-    request.path = "/v1/completions";
-    request.headers = {{"Content-Type", "application/json"}};
-    request.body = json{{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 40}, {"stream", true}}.dump();
-    request.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    httplib::Client c = test::loopback_client(running.port());
+    httplib::Request r = request;
+    r.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
       body.append(data, n);
       started = true;
       return true;
     };
-    c.send(request);
+    c.send(r);
   });
   for (int i = 0; i < 1000 && !started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_TRUE(started);
+  EXPECT_TRUE(started);
   running.stop();  // returns once listen() has returned
   streaming.join();
+  return body;
+}
+
+TEST_F(Serve, StopFinishesTheRequestsInFlight) {
+  const std::string body = stream_until_stopped({}, long_streamed_completion(40));
   EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << "the stream in flight was cut:\n" << body;
   EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);
+}
+
+// A request still running at the drain deadline fails (a stream ends with an error event), and
+// stop() returns then instead of waiting for it to end.
+TEST_F(Serve, StopFailsWhatRunsPastTheDrainDeadline) {
+  serve::ServerOptions so;
+  so.drain_deadline = std::chrono::milliseconds(50);
+  const std::string body = stream_until_stopped(so, long_streamed_completion(240));
+  EXPECT_NE(body.find("requests still running at its drain deadline are cancelled"), std::string::npos) << body;
+  EXPECT_EQ(body.find("\"finish_reason\":\"length\""), std::string::npos) << "the stream ran to its end";
 }
 
 // The binary: SIGTERM (and SIGINT) stop g4 serve gracefully, with exit status 0 — split too, where

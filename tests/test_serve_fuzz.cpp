@@ -3,11 +3,23 @@
 // - request bodies (valid requests mutated as JSON and as bytes, and hand-made nasties: malformed
 //   JSON, wrong types, huge numbers, deep nesting, invalid UTF-8), parsed and rendered in process
 //   and posted to a running server: always a 4xx or a well-formed answer, never a crash or a 5xx;
+// - raw HTTP bytes (valid requests mutated as bytes: request lines, headers, lengths, bodies) sent
+//   over a socket: always a well-formed HTTP answer other than a 5xx, or a closed connection;
 // - the tool-call parser and the incremental output parser on mutated calls and random text: no
 //   crash, arguments that are valid JSON objects, and the same result however the text is split.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -153,6 +165,97 @@ TEST(ServeFuzz, RequestBodiesGetA4xxOrAWellFormedAnswer) {
   }
   // Still serving, and nothing left running.
   post_and_check(client, "/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump());
+}
+
+// Whether `answer` holds a whole HTTP response: its head, then Content-Length bytes or every chunk.
+bool whole_response(const std::string& answer) {
+  const size_t head_end = answer.find("\r\n\r\n");
+  if (head_end == std::string::npos) return false;
+  std::string head = answer.substr(0, head_end);
+  std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (head.find("transfer-encoding: chunked") != std::string::npos)
+    return answer.find("\r\n0\r\n\r\n", head_end) != std::string::npos;
+  const size_t length = head.find("content-length: ");
+  return length != std::string::npos && answer.size() >= head_end + 4 + std::stoul(head.substr(length + 16));
+}
+
+// Sends `bytes` on a new loopback connection to `port` and returns what the server wrote: its
+// first whole response, or all it wrote before it closed (waiting at most 30 s in all).
+std::string exchange_raw(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string answer;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+    send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    char buffer[4096];
+    while (std::chrono::steady_clock::now() < deadline && !whole_response(answer)) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 1000) <= 0) continue;
+      const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      answer.append(buffer, size_t(n));
+    }
+  }
+  close(fd);
+  return answer;
+}
+
+std::vector<std::string> seed_raw_requests() {
+  const std::string body = json{{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}}.dump();
+  const std::string chat =
+      json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}, {"stream", true}}.dump();
+  auto post = [](const std::string& path, const std::string& b) {
+    return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(b.size()) + "\r\n\r\n" + b;
+  };
+  return {"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+          "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+          "GET /v1/models HTTP/1.0\r\n\r\n",
+          post("/v1/completions", body),
+          post("/v1/chat/completions", chat),
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+              [&] {
+                std::ostringstream hex;
+                hex << std::hex << body.size();
+                return hex.str();
+              }() +
+              "\r\n" + body + "\r\n0\r\n\r\n",
+          post("/v1/completions", body) + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"};
+}
+
+// Raw bytes on the wire: httplib's request-line, header, length and chunk parsing, then the routes.
+TEST(ServeFuzz, RawHttpBytesGetAWellFormedAnswerOrAClose) {
+  serve::ServerOptions so;
+  so.stop_ids = {1, 106, 50};
+  so.max_body_bytes = 64 << 10;
+  so.request_deadline = std::chrono::milliseconds(100);  // a request cut short is closed soon
+  test::RunningServer server(256, {.max_sessions = 2, .max_waiting = 16}, so);
+  test::Mutator mutator(test::fuzz_seed(19));
+  const std::vector<std::string> seeds = seed_raw_requests();
+  const uint64_t runs = test::fuzz_runs(200);
+  for (uint64_t run = 0; run < runs; ++run) {
+    std::string request = seeds[run < seeds.size() ? run : mutator.pick(seeds.size())];
+    if (run >= seeds.size()) {
+      std::vector<uint8_t> bytes(request.begin(), request.end());
+      mutator.mutate_bytes(bytes);
+      request.assign(bytes.begin(), bytes.end());
+    }
+    SCOPED_TRACE("run " + std::to_string(run) + ": " + request.substr(0, 200));
+    const std::string answer = exchange_raw(server.port(), request);
+    if (answer.empty() && run >= seeds.size()) continue;  // closed without an answer: bytes that are no request
+    ASSERT_EQ(answer.rfind("HTTP/1.1 ", 0), 0u) << answer.substr(0, 200);
+    const int status = std::atoi(answer.substr(9, 3).c_str());
+    EXPECT_TRUE(status >= 200 && status < 500) << answer.substr(0, 300);
+    if (run < seeds.size()) EXPECT_EQ(status, 200) << answer.substr(0, 200);
+  }
+  httplib::Client client = test::loopback_client(server.port());
+  const httplib::Result health = client.Get("/health");
+  EXPECT_TRUE(health && health->status == 200);
 }
 
 // A well-formed call body in Gemma's syntax with random values (the chat format's own writer).

@@ -36,6 +36,8 @@ struct ServeOptions {
   int64_t max_body_bytes = 8 << 20;
   int64_t max_connections = 0;    // serve::ServerOptions::max_connections
   double request_timeout_s = 30;  // serve::ServerOptions::request_deadline
+  double drain_timeout_s = 30;    // serve::ServerOptions::drain_deadline
+  int64_t keep_alive_requests = 10000, keep_alive_timeout_s = 5;  // serve::ServerOptions::keep_alive_*
   bool batch_invariant = true;
 };
 
@@ -68,7 +70,7 @@ class ShutdownSignals {
       int received = 0;
       sigwait(&signals_, &received);
       if (finished_) return;
-      std::fprintf(stderr, "g4 serve: %s: finishing the requests in flight, then stopping\n",
+      std::fprintf(stderr, "g4 serve: %s: finishing the requests in flight (up to --drain_timeout), then stopping\n",
                    received == SIGINT ? "SIGINT" : "SIGTERM");
       std::lock_guard lock(stop_mutex_);
       if (stop_) stop_();
@@ -130,6 +132,14 @@ void take_flags(const ServeOptions& o, serve::ServerOptions& so) {
   G4_CHECK(o.request_timeout_s > 0 && o.request_timeout_s <= 86400,
            "--request_timeout must be in (0, 86400] seconds, got " + std::to_string(o.request_timeout_s));
   so.request_deadline = std::chrono::milliseconds(int64_t(o.request_timeout_s * 1000));
+  G4_CHECK(o.drain_timeout_s >= 0 && o.drain_timeout_s <= 86400,
+           "--drain_timeout must be in [0, 86400] seconds, got " + std::to_string(o.drain_timeout_s));
+  so.drain_deadline = std::chrono::milliseconds(int64_t(o.drain_timeout_s * 1000));
+  G4_CHECK(o.keep_alive_requests >= 1, "--keep_alive_requests must be >= 1, got " + std::to_string(o.keep_alive_requests));
+  G4_CHECK(o.keep_alive_timeout_s >= 1 && o.keep_alive_timeout_s <= 3600,
+           "--keep_alive_timeout must be in [1, 3600] seconds, got " + std::to_string(o.keep_alive_timeout_s));
+  so.keep_alive_requests = size_t(o.keep_alive_requests);
+  so.keep_alive_idle = std::chrono::seconds(o.keep_alive_timeout_s);
 }
 
 // Binds, says where, and serves until SIGINT or SIGTERM (or server.stop()).
@@ -237,6 +247,16 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--request_timeout,--request-timeout", o->request_timeout_s,
                   "Seconds a connection has to deliver a whole request (headers and body) after it opens or "
                   "after its last answer; then it is closed")
+      ->capture_default_str();
+  cmd->add_option("--keep_alive_requests,--keep-alive-requests", o->keep_alive_requests,
+                  "Requests one keep-alive connection may carry")
+      ->capture_default_str();
+  cmd->add_option("--keep_alive_timeout,--keep-alive-timeout", o->keep_alive_timeout_s,
+                  "Seconds an idle keep-alive connection waits for its next request")
+      ->capture_default_str();
+  cmd->add_option("--drain_timeout,--drain-timeout", o->drain_timeout_s,
+                  "Seconds SIGINT/SIGTERM lets the requests in flight run on; then they fail and every connection "
+                  "is closed")
       ->capture_default_str();
   cmd->footer("Sampling flags set the defaults of requests that leave a field out; -n is the default max_tokens.\n"
               "Example: curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' "

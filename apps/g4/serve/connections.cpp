@@ -116,6 +116,13 @@ size_t ConnectionWatch::timed_out() const {
   return timed_out_;
 }
 
+void ConnectionWatch::close_all() {
+  scan();
+  std::lock_guard lock(mutex_);
+  for (const auto& [peer, c] : connections_)
+    if (accepted_peer(c.socket, port_) == peer) ::shutdown(c.socket, SHUT_RDWR);
+}
+
 void ConnectionWatch::watch() {
   std::unique_lock lock(mutex_);
   while (!stop_) {

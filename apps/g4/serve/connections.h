@@ -51,8 +51,9 @@ class ConnectionWatch {
   ConnectionWatch(const ConnectionWatch&) = delete;
   ConnectionWatch& operator=(const ConnectionWatch&) = delete;
 
-  // The handler of the client at remote_addr:remote_port has the whole request: no deadline until
-  // end_request. Returns the connection's socket, or -1 when it is not found (closed meanwhile).
+  // The handler of the client at remote_addr:remote_port has the whole request (httplib's
+  // pre-routing handler runs before the body is read: call this from a route's handler): no
+  // deadline until end_request. Returns the connection's socket, or -1 when it is not found.
   int begin_request(const std::string& remote_addr, int remote_port);
   // Its answer is written: the next request's deadline starts now.
   void end_request(const std::string& remote_addr, int remote_port);
@@ -60,6 +61,8 @@ class ConnectionWatch {
   static bool client_gone(int socket);
   // Connections shut down for missing the deadline so far.
   size_t timed_out() const;
+  // Shuts down every connection, busy or not (the server's drain deadline passed).
+  void close_all();
 
  private:
   struct Connection {

@@ -113,6 +113,14 @@ void EngineWorker::cancel(const std::shared_ptr<RequestChannel>& channel) {
   work_.notify_all();
 }
 
+void EngineWorker::fail_in_flight(const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    fail_in_flight_ = why;
+  }
+  work_.notify_all();
+}
+
 void EngineWorker::ended(size_t requests) {
   if (requests == 0) return;
   std::lock_guard lock(mutex_);
@@ -122,13 +130,30 @@ void EngineWorker::ended(size_t requests) {
 void EngineWorker::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_.wait(lock, [&] { return stopping_ || !submitted_.empty() || !cancelled_.empty() || !requests_.empty(); });
+    work_.wait(lock, [&] {
+      return stopping_ || !submitted_.empty() || !cancelled_.empty() || !requests_.empty() || !fail_in_flight_.empty();
+    });
     if (stopping_) break;
     auto submitted = std::move(submitted_);
     auto cancelled = std::move(cancelled_);
+    const std::string fail_why = std::move(fail_in_flight_);
     submitted_.clear();
     cancelled_.clear();
+    fail_in_flight_.clear();
     lock.unlock();
+    if (!fail_why.empty()) {
+      for (auto& [request, channel] : submitted) channel->fail(fail_why);
+      ended(submitted.size() + requests_.size());
+      submitted.clear();
+      cancelled.clear();
+      SchedulerInputs published;  // the other ranks of a split model drop the same sequences
+      for (const auto& [id, channel] : requests_) published.cancelled.push_back(id);
+      if (ranks_) publish(std::move(published));
+      fail_all(fail_why);
+      update_gauges();
+      lock.lock();
+      continue;
+    }
 
     size_t ended_now = 0;
     // The last tokens go out after the count drops, so a client that sends its next request as

@@ -97,6 +97,9 @@ class EngineWorker {
   std::shared_ptr<RequestChannel> submit(SchedulerRequest request);
   // Ends the request (a client that went away, a stop string); its KV memory comes back at once.
   void cancel(const std::shared_ptr<RequestChannel>& channel);
+  // Fails every request in flight, running or waiting, with `why` (their handlers answer 500, or
+  // end their streams with an error event); later requests run as usual.
+  void fail_in_flight(const std::string& why);
 
  private:
   void start(const WorkerOptions& options);
@@ -125,6 +128,7 @@ class EngineWorker {
   size_t in_flight_ = 0;
   std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>> submitted_;
   std::vector<std::shared_ptr<RequestChannel>> cancelled_;
+  std::string fail_in_flight_;  // non-empty: the engine thread fails every request in flight with it
 
   // The requests in the scheduler (waiting or running), by id: the engine thread's own.
   std::map<RequestId, std::shared_ptr<RequestChannel>> requests_;

@@ -1,6 +1,7 @@
 #include "serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -140,33 +141,68 @@ Server::Server(EngineWorker& worker, const Tokenizer& tokenizer, ServerOptions o
                std::to_string(worker_.max_in_flight()) + ")");
   const size_t threads = options_.max_connections;
   http_->new_task_queue = [threads] { return new ThreadPerConnection(threads); };
+  // httplib's options for the listening socket, and the socket itself: bind() widens its backlog.
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening_socket_ = sock;
+  });
+  http_->set_keep_alive_max_count(options_.keep_alive_requests);
+  http_->set_keep_alive_timeout(options_.keep_alive_idle.count());
   add_routes();
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  if (drain_.joinable()) drain_.join();
+}
 
 int Server::bind(const std::string& host, int port) {
   const int bound = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
   G4_CHECK(bound > 0, "cannot listen on " + host + ":" + std::to_string(port) +
                           " (address in use, or not an address of this machine)");
+  // httplib listens with a backlog of 5: a burst of connections beyond it waits for the clients'
+  // SYN retransmission (a second or more) or is reset. Listening again sets the backlog (the kernel
+  // caps it at net.core.somaxconn).
+  G4_CHECK(::listen(listening_socket_, int(std::min<size_t>(options_.max_connections, 65535))) == 0,
+           "cannot widen the listen backlog of " + host + ":" + std::to_string(bound));
   connections_ = std::make_unique<ConnectionWatch>(bound, options_.request_deadline);
   return bound;
 }
 
 void Server::listen() {
-  if (!stop_requested_) http_->listen_after_bind();
+  {
+    std::lock_guard lock(drain_mutex_);
+    if (stop_requested_) return;
+    listening_ = true;
+  }
+  http_->listen_after_bind();
+  std::lock_guard lock(drain_mutex_);
+  listening_ = false;
+  drained_.notify_all();
 }
 
 // httplib's stop() acts only on a running server: the flag covers a stop() that comes first.
 void Server::stop() {
-  stop_requested_ = true;
-  if (http_->is_running()) http_->stop();
+  std::lock_guard lock(drain_mutex_);
+  if (stop_requested_.exchange(true) || !listening_) return;
+  http_->stop();
+  drain_ = std::thread([this] {
+    std::unique_lock lock(drain_mutex_);
+    if (drained_.wait_for(lock, options_.drain_deadline, [this] { return !listening_; })) return;
+    lock.unlock();
+    worker_.fail_in_flight("the server is stopping: requests still running at its drain deadline are cancelled");
+    // The failed requests' handlers answer at once; connections that still hold a thread then
+    // (an idle keep-alive, a slow client) are closed.
+    lock.lock();
+    if (drained_.wait_for(lock, std::chrono::seconds(1), [this] { return !listening_; })) return;
+    lock.unlock();
+    if (connections_) connections_->close_all();
+  });
 }
 
 void Server::add_routes() {
   // Bearer authentication for the API; /health stays open for load balancers.
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (connections_) connections_->begin_request(req.remote_addr, req.remote_port);  // no deadline while answered
     if (options_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
@@ -227,6 +263,8 @@ std::vector<int32_t> Server::prompt_ids(const CompletionRequest& r) const {
 
 void Server::complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
   const Clock::time_point arrived = Clock::now();
+  // The request is read whole: no deadline while it generates (the other routes answer at once).
+  const int socket = connections_ ? connections_->begin_request(req.remote_addr, req.remote_port) : -1;
   try {
     const CompletionRequest r = parse_completion_request(req.body, endpoint);
     if (r.model && *r.model != options_.model_id)
@@ -266,7 +304,6 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
     auto reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
     if (!r.stream) {
       // A client that hung up cancels its request at the next token, as a stream's would.
-      const int socket = connections_ ? connections_->begin_request(req.remote_addr, req.remote_port) : -1;
       ReplyPart whole;
       TokenTimer timer(metrics_, arrived);
       const Outcome outcome = collect(worker_, channel, *reply, timer, [&](ReplyPart part) {

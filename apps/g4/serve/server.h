@@ -8,9 +8,12 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sampling/sampler.h"
@@ -39,6 +42,12 @@ struct ServerOptions {
   // A connection that has not delivered a whole request (headers and body) this long after it
   // opened or after its last answer is closed.
   std::chrono::milliseconds request_deadline{30000};
+  // Keep-alive: requests one connection may carry (httplib's default closed it after 5), and how
+  // long an idle one waits for its next request.
+  size_t keep_alive_requests = 10000;
+  std::chrono::seconds keep_alive_idle{5};
+  // After stop(), requests still running this long are failed and every connection closed.
+  std::chrono::milliseconds drain_deadline{30000};
 };
 
 class Server {
@@ -51,8 +60,9 @@ class Server {
   // Serves until stop(); call after bind().
   void listen();
   // Stops accepting connections and makes listen() return once the requests in flight have
-  // finished (each runs to its end); called before listen(), listen() returns at once. Any thread
-  // may call it; g4 serve calls it on SIGINT/SIGTERM.
+  // finished: each runs to its end, or fails when it is still running at the drain deadline. Called
+  // before listen(), listen() returns at once. Any thread may call it; g4 serve calls it on SIGINT
+  // and SIGTERM.
   void stop();
 
  private:
@@ -67,7 +77,12 @@ class Server {
   Metrics metrics_;
   std::atomic<bool> stop_requested_{false};
   std::unique_ptr<httplib::Server> http_;
+  int listening_socket_ = -1;                     // httplib's, as it opened it in bind()
   std::unique_ptr<ConnectionWatch> connections_;  // from bind(), which knows the port
+  std::mutex drain_mutex_;
+  std::condition_variable drained_;
+  bool listening_ = false;
+  std::thread drain_;  // from stop(): enforces the drain deadline
 };
 
 }  // namespace g4::serve
