@@ -1,4 +1,4 @@
-// The exported program end to end (issue 4): a --sample export returns int64 tokens, the seed
+// The exported program end to end: a --sample export returns int64 tokens, the seed
 // schedule makes generations reproducible, and chunking or where sampling runs changes nothing.
 #include <gtest/gtest.h>
 

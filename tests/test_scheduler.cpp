@@ -378,7 +378,7 @@ void expect_nan_failure(const SequenceEvent& e) {
   EXPECT_FALSE(e.logprobs) << "no log-probabilities from NaN logits";
 }
 
-// Issue 16: a NaN in one sequence's logits fails that sequence alone. The fault is real: one
+// A NaN in one sequence's logits fails that sequence alone. The fault is real: one
 // token's embedding row is NaN (test::nan_embedding_demo_path), the token that the greedy "drawer"
 // draws first on the clean model, so that it fails at the decode that feeds it, and that the
 // "reader" holds in its prompt, so that it fails at its first draw. Alone, each fails with the

@@ -946,7 +946,7 @@ TEST(ServeSplit, AFailingRankFailsTheRequestAndStopsRankZero) {
   EXPECT_EQ(hooked, "simulated failure on rank 1");
 }
 
-// Issue 16: a request whose logits hold a NaN fails alone — whole, HTTP 500 with the OpenAI error
+// A request whose logits hold a NaN fails alone — whole, HTTP 500 with the OpenAI error
 // body; streamed (the headers are out), an error event, then [DONE] — while a request running
 // beside it answers as it does alone. The fault is real: the request's prompt holds a token whose
 // embedding row is NaN (test::nan_embedding_demo_path).

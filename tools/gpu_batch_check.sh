@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The batched-decode checks for the GPU machine (issues 15 and 16): builds, then the parts named
+# The batched-decode checks for the GPU machine: builds, then the parts named
 # (default: all; each fits a 10-minute call alone, not all together): `tests` runs the sampler,
 # packed-weight and scheduler tests with G4_REQUIRE_GPU=1 and times the sampler (bench_sampling)
 # and the packed GEMV's 31B matrices alone (bench_packed_gemv_cuda), and whether prefetching the
@@ -7,7 +7,7 @@
 # gap, o_proj; gate/up, a quantize launch, down_proj; Q4_0 sizes), and whether a persistent
 # cooperative kernel keeps the weight stream going across a layer's matrices (bench_layer_chain_cuda);
 # `suite` runs `g4 bench --suite` on the synthetic 31B model (q4_0, q4_k_m, q8_0, bf16);
-# `concurrency` runs continuous batching at issue 16's 1, 8, 32 and 64 sequences (q4_0 batch
+# `concurrency` runs continuous batching at 1, 8, 32 and 64 sequences (q4_0 batch
 # invariant and not, bf16 not); `steady` the steady state of 16 and 64 sequences per weight type,
 # not invariant; `crossover` times a layer's Q4_0 GEMVs and packed tensor-core matmul at 2..64
 # rows, and the Q4_0 records matmul of bench_q4_0_records_cuda at 1..64 tokens; `graphs` the scheduler's decode steps eager
@@ -36,7 +36,7 @@ if want tests; then
   for shape in "50 25 24 24" "130 65 3 40"; do timeout 30 ./build-gpu/bench/bench_l2_prefetch_cuda $shape; done
   timeout 60 ./build-gpu/bench/bench_layer_chain_cuda 8
 fi
-# Issue 15's table per weight type: pp512, pp2048, decode after 1 k and 32 k tokens, % of copy.
+# The targets' table per weight type: pp512, pp2048, decode after 1 k and 32 k tokens, % of copy.
 if want suite; then
   for w in q4_0 q4_k_m q8_0 bf16; do
     left=$((585 - (SECONDS - started)))

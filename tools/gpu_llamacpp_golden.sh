@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Golden data from llama.cpp's own tools, for the interop tests (issue 14): on the GPU machine
+# Golden data from llama.cpp's own tools, for the interop tests: on the GPU machine
 # (torch and transformers, which llama.cpp's converter needs), converts the demo checkpoint and a
 # random fixture with convert_hf_to_gguf.py, quantizes them with llama-quantize (Q8_0, Q4_0,
 # Q4_K_M), dequantizes each quantized file back to F32 with llama-quantize (llama.cpp's own

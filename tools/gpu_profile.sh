@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute's reading of decode on the GPU machine (issue 15 asks for ncu numbers where a
+# Nsight Compute's reading of decode on the GPU machine (ncu numbers where a
 # target is missed). Builds g4, then:
 #   step     every kernel of about two batch-1 decode steps of the synthetic 31B in q4_0 (step_bf16:
 #            in bf16), speed of light only: time and DRAM throughput per kernel, summed by kernel

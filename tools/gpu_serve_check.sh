@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `g4 serve --backend cuda` under many streaming clients, beside `g4 bench --concurrency` on the same
-# file and the same GPU (issue 17's HTTP-overhead figure, docs/PERF.md "g4 serve under load").
+# file and the same GPU (the HTTP overhead, docs/PERF.md "g4 serve under load").
 # The GPU machine has no cpp-httplib and no network, so Debian's packages come along unpacked:
 #
 #   tools/gpu_serve_check.sh SYSROOT KIT

@@ -1,5 +1,5 @@
-// g4 bench --concurrency: many sequences through the continuous-batching scheduler (issue 16's
-// measurement): aggregate generated tok/s, per-sequence decode tok/s and time to first token.
+// g4 bench --concurrency: many sequences through the continuous-batching scheduler
+// (docs/DESIGN.md §7): aggregate generated tok/s, per-sequence decode tok/s and time to first token.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -37,7 +37,7 @@ struct BenchOptions {
   bool batch_invariant = true;        // the continuous-batching bench's SchedulerOptions::batch_invariant
   bool cuda_graph = false;            // the continuous-batching bench's SchedulerOptions::cuda_graphs
   int64_t profile_steps = 0;          // the continuous-batching bench's ConcurrencyBench::profile_steps
-  bool suite = false;                 // issue 15's table in one load (suite_report)
+  bool suite = false;                 // llama-bench's table in one load (suite_report)
   std::vector<int64_t> suite_prompts{512, 2048}, suite_contexts{1024, 32768};
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
   std::string tp_all_reduce = "peer";  // how CUDA ranks sum: "peer" (peer memory when reachable) or "nccl"
@@ -329,7 +329,7 @@ nlohmann::json weight_bytes_json(const ModelWeights& weights) {
   return j;
 }
 
-// g4 bench --suite: issue 15's table from one load, as llama-bench's pp/tg rows: prompt processing
+// g4 bench --suite: the decode and prefill targets' table from one load, as llama-bench's pp/tg rows: prompt processing
 // (median of 3 prefills) at each of suite_prompts tokens, and greedy decode (graph replay on CUDA)
 // after each of suite_contexts tokens of context, with the weight bandwidth of the first. Lengths
 // beyond the model's context are cut to it; the report keys are the lengths run.

@@ -22,7 +22,7 @@ std::string embedded_demo_path();
 const std::string& fortune_demo_path();
 
 // A copy of the fortune demo in which the embedding row of `token` is NaN: a real fault, so that a
-// sequence that reads the token gets NaN logits (issue 16: it fails alone). The demo ties its LM
+// sequence that reads the token gets NaN logits (it fails alone). The demo ties its LM
 // head to the embedding; the copy stores the clean embedding as its own LM head (output.weight), so
 // the token's logit, which every sequence computes, stays finite. Written to a fresh temp_dir.
 std::string nan_embedding_demo_path(int32_t token);

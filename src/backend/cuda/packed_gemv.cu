@@ -39,7 +39,7 @@ struct Geometry {
   static constexpr int kWarps = U > 2 ? 4 : kGemvWarpsPerBlock;  // fewer warps when each holds more registers
 };
 using Narrow = Geometry<2>;
-// One token, every type (nineteenth session, the H200; docs/PERF.md): 3 blocks a row in flight in
+// One token, every type (measured on the H200, docs/PERF.md): 3 blocks a row in flight in
 // 4-warp blocks beat the earlier per-type choice of 2 in 8-warp blocks or 6 in 4-warp blocks in
 // whole decode steps — Q4_0 126.6 -> 132.7 tok/s, Q4_K_M 109.2 -> 113.6 (Q8_0 took it in the
 // eighteenth: 71.0 -> 79.8) — though a few matrices alone are faster another way (Q4_0's q/k/v at 6:

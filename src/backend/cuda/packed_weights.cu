@@ -65,7 +65,7 @@ __device__ inline void dequantize_block(const uint8_t* w, int64_t rows, int64_t 
 // A warp dequantizes 32 consecutive blocks (2 KB of output) a trip, a thread a block, the pieces
 // staged in shared memory so that each store instruction writes 512 contiguous bytes (whole 32-byte
 // sectors): a thread storing its own block's pieces writes 16 bytes every 64, which ran at 1.5-2.1
-// TB/s on the H200 against 3.7-3.9 this way (docs/PERF.md, nineteenth session). Shared index
+// TB/s on the H200 against 3.7-3.9 this way (docs/PERF.md). Shared index
 // q ^ ((q >> 3) & 3) (16-byte units) keeps both the writes (stride 4) and the reads (stride 1) free
 // of bank conflicts.
 template <DType kType>

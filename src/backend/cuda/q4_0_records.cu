@@ -14,7 +14,7 @@
 // matrix of one slice writes y itself). Up to 8 tokens are one mma.sync's 8 columns, read from
 // global memory (records_gemv_kernel); 16, 32 or 64 tokens are the N of a warpgroup's wgmma over
 // its four tiles, staged per record in shared memory (records_wgmma_kernel), which gives mma.sync's
-// bits for the same fragments (docs/PERF.md, fourteenth session). Every token count adds the same
+// bits for the same fragments (docs/PERF.md). Every token count adds the same
 // products in the same order.
 #include <algorithm>
 
@@ -47,7 +47,7 @@ struct Slicing {
 // partials at 64 tokens weigh as much as their weights; beside q, 4 — and 3 was slower at 1 and at
 // 64 tokens), or of the one matrix (gate and up keep their own: at 2 slices instead of 3 they were
 // slower at 1 and at 64 tokens). The launch's members are fixed by the model, so a matrix's bits
-// still depend on nothing a batch decides (docs/DESIGN.md §7, seventeenth session).
+// still depend on nothing a batch decides (docs/DESIGN.md §7).
 Slicing slicing_of(int64_t N, int64_t K) {
   const int64_t tiles = N / kTileRows, chunks = K / kValues;
   const int64_t per_slice = ceil_div(chunks, std::clamp<int64_t>(kTargetWarps / tiles, 1, chunks));
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
 // from its record as in records_gemv_kernel, each warpgroup multiplies its four tiles by the
 // block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
 // wgmma's K-major B operand, already in the records' order of K (`stage`). wgmma gives mma.sync's
-// bits for the same fragments (docs/PERF.md, fourteenth session), so a token keeps the bits it has
+// bits for the same fragments (docs/PERF.md), so a token keeps the bits it has
 // alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 at 64
 // (3 there: gate 58.2 -> 62.2 µs; at 16 and 32 tokens 3 gains 4-5 %, docs/PERF.md).
 template <int kTokens>
