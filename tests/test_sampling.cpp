@@ -18,6 +18,7 @@
 #include "sampling/sampler.h"
 #include "sampling/sampling_math.h"
 #include "sampling/sampling_params.h"
+#include "sampling/sampling_settings.h"
 #include "support/fixtures.h"
 #include "support/sampling_reference.h"
 #include "util/error.h"
@@ -379,4 +380,38 @@ TEST(SampleCommand, CudaBackendWithoutAGpuFailsClearly) {
 }
 
 }  // namespace
+// One merge for flags and requests alike: given over model over defaults, each value's source
+// reported; a given seed is kept, a missing one drawn (not for greedy decoding); a bad value fails
+// naming it, the model's too.
+TEST(ResolveSampling, GivenOverModelOverDefaultsAndTheSeed) {
+  SamplingParams defaults;
+  defaults.temperature = 0.8f;
+  defaults.top_k = 0;
+  defaults.top_p = 1.0f;
+  defaults.seed = 5;
+  const SamplingChoices model{.temperature = 1.0f, .top_p = 0.95f, .top_k = 64};
+  const SamplingChoices given{.temperature = 0.5f, .min_p = 0.1f};
+  const ResolvedSampling r = resolve_sampling(given, uint64_t(42), model, defaults);
+  const SamplingParams& p = r.sampler.params();
+  EXPECT_EQ(p.temperature, 0.5f);
+  EXPECT_EQ(p.top_k, 64);
+  EXPECT_EQ(p.top_p, 0.95f);
+  EXPECT_EQ(p.min_p, 0.1f);
+  EXPECT_EQ(p.seed, 42u);
+  EXPECT_FALSE(r.random_seed);
+  EXPECT_EQ(r.temperature_from, SettingFrom::kGiven);
+  EXPECT_EQ(r.top_k_from, SettingFrom::kModel);
+  EXPECT_EQ(r.top_p_from, SettingFrom::kModel);
+  EXPECT_EQ(r.min_p_from, SettingFrom::kGiven);
+  EXPECT_EQ(resolve_sampling({}, uint64_t(42), {}, defaults).top_k_from, SettingFrom::kDefault);
+  // No seed: a fresh one each time (two equal 64-bit draws would be a broken generator).
+  const ResolvedSampling a = resolve_sampling({}, std::nullopt, {}, defaults), b = resolve_sampling({}, std::nullopt, {}, defaults);
+  EXPECT_TRUE(a.random_seed);
+  EXPECT_NE(a.sampler.params().seed, b.sampler.params().seed);
+  // Greedy uses no seed: none is drawn.
+  EXPECT_EQ(resolve_sampling({.temperature = 0.0f}, std::nullopt, {}, defaults).sampler.params().seed, 5u);
+  EXPECT_THROW(resolve_sampling({.top_p = 1.5f}, std::nullopt, {}, defaults), Error);
+  EXPECT_THROW(resolve_sampling({}, std::nullopt, {.min_p = 2.0f}, defaults), Error);
+}
+
 }  // namespace g4

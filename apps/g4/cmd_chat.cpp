@@ -92,7 +92,7 @@ struct FailedMidReply : std::runtime_error {
 class Conversation {
  public:
   // `inputs`: rank 0's inputs to a split model's ranks (nullptr unsplit).
-  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, EffectiveSampling sampling,
+  Conversation(Engine& engine, const Tokenizer& tokenizer, const ChatOptions& options, ResolvedSampling sampling,
                RankInputs<ChatInput>* inputs)
       : rank_(engine.tp_rank()),
         speaks_(rank_ == 0),
@@ -200,7 +200,7 @@ class Conversation {
   std::unique_ptr<Session> session_;
   const Tokenizer& tokenizer_;
   const ChatOptions& options_;
-  const EffectiveSampling sampling_;
+  const ResolvedSampling sampling_;
   const std::vector<int32_t> stop_ids_, turn_end_;
   std::vector<int32_t> history_;
   uint64_t drawn_ = 0;
@@ -232,7 +232,7 @@ void converse(const ChatOptions& o, const GenerationFlags& flags, Engine& engine
   const std::optional<Tokenizer> tokenizer = open_tokenizer(flags, engine);
   if (speaks) note_foreign_chat_template(engine);
   G4_CHECK(tokenizer, "chat needs a tokenizer: the model has none embedded; pass --tokenizer_path");
-  const EffectiveSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
+  const ResolvedSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
   const bool interactive = speaks && isatty(STDIN_FILENO);
   if (speaks)
     std::fprintf(stderr, "g4 chat (%s)%s\n", describe_sampling(sampling).c_str(),

@@ -49,7 +49,7 @@ std::vector<int32_t> prompt_ids(const RunOptions& o, const std::string& text, co
   return encode_prompt(*tokenizer, text, o.raw_prompt, o.gen.bos_id);
 }
 
-void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r, const EffectiveSampling& sampling,
+void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r, const ResolvedSampling& sampling,
                   const Engine& engine, const Backend& backend, const std::string& model_path) {
   const double prefill_tps = r.prefill_seconds > 0 ? double(prompt.size()) / r.prefill_seconds : 0;
   const double decode_tps =
@@ -81,7 +81,7 @@ void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string
   request.prompt = prompt_ids(o, prompt, tokenizer, engine);
   session->check_input(request.prompt, 0);
   // Only once nothing can fail any more: the random seed line belongs to a run that happens.
-  const EffectiveSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
+  const ResolvedSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
   request.sampler = sampling.sampler;
   request.max_new_tokens = flags.max_new_tokens;
   request.stop_ids = stop_ids(flags, engine);

@@ -110,7 +110,7 @@ void take_defaults(const ServeOptions& o, const Engine& engine, serve::ServerOpt
   // --seed -1 means a fresh seed per request, not one drawn (and printed) now.
   GenerationFlags defaults = o.gen;
   if (defaults.seed == "-1") defaults.seed = "0";
-  const EffectiveSampling sampling = effective_sampling(defaults, engine.generation_defaults());
+  const ResolvedSampling sampling = effective_sampling(defaults, engine.generation_defaults());
   so.default_sampler = sampling.sampler;
   so.random_seed = o.gen.seed == "-1";
   so.stop_ids = stop_ids(o.gen, engine);

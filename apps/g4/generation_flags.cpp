@@ -114,46 +114,36 @@ void check_token_flags(const GenerationFlags& f, const Engine& engine) {
                                  std::to_string(vocab) + ")");
 }
 
-EffectiveSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d, bool announce) {
-  EffectiveSampling s;
-  SamplingParams params = flag_sampling(f);
-  auto pick = [](const CLI::Option* flag, const auto& model_value, auto& value, std::string& from) {
-    if (flag->count()) {
-      from = "flag";
-    } else if (model_value) {
-      value = *model_value;
-      from = "model";
-    } else {
-      from = "default";
-    }
-  };
-  pick(f.temperature_flag, d.temperature, params.temperature, s.temperature_from);
-  pick(f.top_k_flag, d.top_k, params.top_k, s.top_k_from);
-  pick(f.top_p_flag, d.top_p, params.top_p, s.top_p_from);
-  pick(f.min_p_flag, d.min_p, params.min_p, s.min_p_from);
+ResolvedSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d, bool announce) {
+  SamplingChoices given;
+  if (f.temperature_flag->count()) given.temperature = f.temperature;
+  if (f.top_k_flag->count()) given.top_k = f.top_k;
+  if (f.top_p_flag->count()) given.top_p = f.top_p;
+  if (f.min_p_flag->count()) given.min_p = f.min_p;
   const std::optional<uint64_t> seed = parse_seed(f.seed);
-  s.random_seed = !seed;
-  if (seed) {
-    params.seed = *seed;
-  } else if (f.drawn_seed) {
-    params.seed = *f.drawn_seed;
-  } else if (!is_greedy(params)) {
-    std::random_device rd;
-    params.seed = (uint64_t(rd()) << 32) ^ rd();
-  }
-  s.sampler = Sampler(params);  // the model's values are checked too
+  ResolvedSampling s = resolve_sampling(given, seed ? seed : f.drawn_seed, d, flag_sampling(f));
+  s.random_seed = !seed;  // a drawn_seed was drawn for every rank before they started
   if (announce && s.random_seed && !s.sampler.greedy())
-    std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(params.seed));
+    std::fprintf(stderr, "Sampling base seed: %llu\n", static_cast<unsigned long long>(s.sampler.params().seed));
   return s;
 }
 
-std::string describe_sampling(const EffectiveSampling& s) {
+// How g4 run's report names where a value came from.
+const char* from_name(SettingFrom from) {
+  switch (from) {
+    case SettingFrom::kGiven: return "flag";
+    case SettingFrom::kModel: return "model";
+    default: return "default";
+  }
+}
+
+std::string describe_sampling(const ResolvedSampling& s) {
   const SamplingParams& p = s.sampler.params();
-  if (is_greedy(p)) return "sampling: greedy (temperature " + number(p.temperature) + ", " + s.temperature_from + ")";
+  if (is_greedy(p)) return std::string("sampling: greedy (temperature ") + number(p.temperature) + ", " + from_name(s.temperature_from) + ")";
   std::ostringstream out;
-  out << "sampling: temperature " << number(p.temperature) << " (" << s.temperature_from << "), top_k " << p.top_k
-      << " (" << s.top_k_from << "), top_p " << number(p.top_p) << " (" << s.top_p_from << "), min_p "
-      << number(p.min_p) << " (" << s.min_p_from << "), seed " << p.seed << (s.random_seed ? " (random)" : "");
+  out << "sampling: temperature " << number(p.temperature) << " (" << from_name(s.temperature_from) << "), top_k "
+      << p.top_k << " (" << from_name(s.top_k_from) << "), top_p " << number(p.top_p) << " ("
+      << from_name(s.top_p_from) << "), min_p " << number(p.min_p) << " (" << from_name(s.min_p_from) << "), seed " << p.seed << (s.random_seed ? " (random)" : "");
   return out.str();
 }
 

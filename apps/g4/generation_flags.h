@@ -10,6 +10,7 @@
 
 #include "runtime/engine.h"
 #include "sampling/sampler.h"
+#include "sampling/sampling_settings.h"
 #include "tokenizer/tokenizer.h"
 
 namespace g4::cli {
@@ -46,19 +47,14 @@ std::unique_ptr<Engine> open_engine(const GenerationFlags& flags);
 // Checks bos/eos ids against the loaded model's vocabulary.
 void check_token_flags(const GenerationFlags& flags, const Engine& engine);
 
-// The sampling settings in effect and where each came from ("flag", "model" or "default").
-struct EffectiveSampling {
-  Sampler sampler{SamplingParams{}};  // its base seed draws token 0
-  std::string temperature_from, top_k_from, top_p_from, min_p_from;
-  bool random_seed = false;  // --seed -1: drawn at start
-};
-// Flags the user gave win; the others take the model's generation config, else g4's defaults.
-// Draws the base seed for --seed -1 (or takes drawn_seed) and, with `announce`, prints it, unless
+// The sampling settings in effect (resolve_sampling): flags the user gave win, the others take the
+// model's generation config, else g4 run's defaults. The base seed is --seed, or drawn_seed, or
+// drawn now (random_seed says it was not given); with `announce` a drawn one is printed, unless
 // decoding is greedy (no seed is used).
-EffectiveSampling effective_sampling(const GenerationFlags& flags, const GenerationDefaults& model_defaults,
-                                     bool announce = true);
+ResolvedSampling effective_sampling(const GenerationFlags& flags, const GenerationDefaults& model_defaults,
+                                    bool announce = true);
 // One line for a report: "sampling: temperature 0.8 (default), top_k 64 (model), ..., seed 42".
-std::string describe_sampling(const EffectiveSampling& sampling);
+std::string describe_sampling(const ResolvedSampling& sampling);
 
 // --tokenizer_path, else the model's own; nullopt when neither exists.
 std::optional<Tokenizer> open_tokenizer(const GenerationFlags& flags, const Engine& engine);

@@ -7,13 +7,12 @@
 #include <string>
 
 #include "format/gguf.h"
+#include "sampling/sampling_settings.h"
 
 namespace g4 {
 
-struct GenerationDefaults {
-  std::optional<float> temperature, top_p, min_p;
-  std::optional<int32_t> top_k;
-};
+// The model's layer of resolve_sampling.
+using GenerationDefaults = SamplingChoices;
 
 // Reads DIR/generation_config.json; all fields empty when the file is absent. `do_sample: false`
 // means greedy (temperature 0). Throws g4::Error for malformed JSON.

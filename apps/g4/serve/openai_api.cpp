@@ -5,6 +5,7 @@
 #include <random>
 
 #include "sampling/logprobs.h"
+#include "sampling/sampling_settings.h"
 #include "util/error.h"
 
 namespace g4::serve {
@@ -390,19 +391,10 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
 }
 
 Sampler request_sampler(const CompletionRequest& r, const Sampler& defaults, bool random_seed) {
-  SamplingParams p = defaults.params();
-  if (r.temperature) p.temperature = *r.temperature;
-  if (r.top_p) p.top_p = *r.top_p;
-  if (r.min_p) p.min_p = *r.min_p;
-  if (r.top_k) p.top_k = *r.top_k;
-  if (r.seed) {
-    p.seed = *r.seed;
-  } else if (random_seed) {
-    thread_local std::mt19937_64 random{std::random_device{}()};
-    p.seed = random();
-  }
+  const SamplingChoices given{r.temperature, r.top_p, r.min_p, r.top_k};
+  const std::optional<uint64_t> seed = r.seed ? r.seed : random_seed ? std::nullopt : std::optional(defaults.params().seed);
   try {
-    return Sampler(p);
+    return resolve_sampling(given, seed, {}, defaults.params()).sampler;
   } catch (const Error& e) {
     throw bad("", e.what());  // each value passed alone; only a combination can fail here
   }
