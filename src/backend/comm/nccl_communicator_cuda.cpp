@@ -51,8 +51,6 @@ class NcclShared {
  public:
   NcclShared(int size, std::chrono::milliseconds timeout, CudaAllReduce all_reduce)
       : size_(size), timeout_(timeout), all_reduce_(all_reduce), ranks_(size_t(size)) {
-    G4_CHECK(size <= kMaxPeerRanks || all_reduce == CudaAllReduce::kNccl,
-             "tensor parallel: at most " + std::to_string(kMaxPeerRanks) + " CUDA ranks, got " + std::to_string(size));
     const ncclResult_t r = ncclGetUniqueId(&id_);
     if (r != ncclSuccess) throw Error(std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r));
     void* status = nullptr;
@@ -75,7 +73,9 @@ class NcclShared {
   int size() const { return size_; }
   const ncclUniqueId& id() const { return id_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  CudaAllReduce all_reduce() const { return all_reduce_; }
+  // Whether the ranks publish mailboxes for sums over peer memory (a group of at most
+  // kMaxPeerRanks that may use them; whether it can is peer_view's to say).
+  bool wants_peer_sums() const { return all_reduce_ == CudaAllReduce::kPeerWhenReachable && size_ <= kMaxPeerRanks; }
 
   struct Rank {
     std::mutex mutex;  // held around every NCCL call on `comm`, and by the watchdog's abort
@@ -93,7 +93,7 @@ class NcclShared {
   // reach each other's memory. Every rank reads the same published devices, so all decide alike.
   // Call after ncclCommInitRank completed (every rank published its device and mailbox by then).
   std::optional<PeerGroupView> peer_view(int r) {
-    if (all_reduce_ != CudaAllReduce::kPeerWhenReachable) return std::nullopt;
+    if (!wants_peer_sums()) return std::nullopt;
     std::lock_guard lock(mutex_);
     PeerGroupView view;
     view.rank = r;
@@ -357,7 +357,7 @@ class NcclCommunicator final : public Communicator {
   // This rank's inbox, flags and epoch counters, zeroed before any peer can write (null when the
   // group sums through NCCL).
   PeerMailbox make_mailbox() {
-    if (shared_->all_reduce() != CudaAllReduce::kPeerWhenReachable) return {};
+    if (!shared_->wants_peer_sums()) return {};
     const int n = shared_->size();
     check_cuda(cudaMalloc(&mailbox_.inbox, peer_inbox_bytes(n)), "cudaMalloc (peer all-reduce inbox)");
     check_cuda(cudaMalloc(&mailbox_.flags, peer_flag_bytes(n)), "cudaMalloc (peer all-reduce flags)");
