@@ -601,6 +601,34 @@ TEST_F(Serve, UnknownModelIs404AndAnOversizedBodyIs413) {
   EXPECT_EQ(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 1}, {"model", "g4-demo"}})["object"], "text_completion");
 }
 
+// GET /v1/models/{id}: the model, or 404 for another id; a known route with another method is a
+// 405 with Allow, an unknown route a 404.
+TEST_F(Serve, ModelByIdAndWrongMethodsAre405) {
+  httplib::Result r = client().Get("/v1/models/g4-demo");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["id"], "g4-demo");
+  r = client().Get("/v1/models/gpt-9");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_not_found");
+  r = client().Get("/v1/chat/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "method_not_allowed");
+  r = client().Post("/health", "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  r = client().Delete("/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  r = client().Get("/v1/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+}
+
 const json kToolRoundTrip = json::array(
     {{{"role", "system"}, {"content", "You answer briefly."}},
      {{"role", "user"}, {"content", "What is the weather in Paris?"}},

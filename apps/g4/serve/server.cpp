@@ -244,9 +244,15 @@ void Server::add_routes() {
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(worker_.gauges()), "text/plain; version=0.0.4");
   });
-  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const json model = {{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "g4"}};
+  const json model = {{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "g4"}};
+  http_->Get("/v1/models", [model](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  http_->Get(R"(/v1/models/(.+))", [this, model](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] == options_.model_id) return send_json(res, 200, model);
+    send_error(res, ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist: this server serves '" +
+                                      options_.model_id + "'",
+                             "model", "invalid_request_error", "model_not_found"));
   });
   http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     complete(req, res, Endpoint::kChat);
@@ -254,6 +260,21 @@ void Server::add_routes() {
   http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     complete(req, res, Endpoint::kCompletion);
   });
+  // A known route asked with another method is a 405 naming the one it takes, not a 404.
+  auto only = [this](const std::string& pattern, const std::string& method) {
+    const httplib::Server::Handler refuse = [method](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", method);
+      send_error(res, ApiError(405, req.method + " " + req.path + " is not served: use " + method, "",
+                               "invalid_request_error", "method_not_allowed"));
+    };
+    if (method != "GET") http_->Get(pattern, refuse);
+    if (method != "POST") http_->Post(pattern, refuse);
+    http_->Put(pattern, refuse);
+    http_->Patch(pattern, refuse);
+    http_->Delete(pattern, refuse);
+  };
+  for (const char* pattern : {"/health", "/metrics", "/v1/models", R"(/v1/models/(.+))"}) only(pattern, "GET");
+  for (const char* pattern : {"/v1/chat/completions", "/v1/completions"}) only(pattern, "POST");
 }
 
 std::vector<int32_t> Server::prompt_ids(const CompletionRequest& r) const {
