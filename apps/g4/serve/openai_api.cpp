@@ -3,6 +3,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 #include "sampling/logprobs.h"
 #include "sampling/sampling_settings.h"
@@ -316,6 +317,35 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
   }
 }
 
+// A field g4 does not read, with a value that asks for nothing beyond what g4 does (a zero
+// penalty, no bias, plain text, one candidate): clients often send these explicitly.
+bool asks_nothing(const std::string& name, const json& value) {
+  if (name == "presence_penalty" || name == "frequency_penalty") return value.is_number() && value.get<double>() == 0.0;
+  if (name == "repetition_penalty") return value.is_number() && value.get<double>() == 1.0;
+  if (name == "logit_bias") return value.is_object() && value.empty();
+  if (name == "response_format") return value.is_object() && value.size() == 1 && value.value("type", json()) == "text";
+  if (name == "echo") return value.is_boolean() && !value.get<bool>();
+  if (name == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
+  if (name == "user") return value.is_string();  // an end user's id, for the operator's records
+  return false;
+}
+
+// Every field of the body is one g4 reads for this endpoint, or asks for nothing (asks_nothing);
+// any other is a 400 naming it, never silently ignored.
+void check_fields(const json& body, Endpoint endpoint) {
+  static const std::set<std::string> common{"model", "temperature", "top_p", "min_p", "top_k", "seed", "max_tokens",
+                                            "max_completion_tokens", "logprobs", "top_logprobs", "n", "stop",
+                                            "stream", "stream_options"};
+  static const std::set<std::string> chat{"messages", "tools", "tool_choice", "chat_template_kwargs"}, completion{"prompt"};
+  const bool is_chat = endpoint == Endpoint::kChat;
+  const std::set<std::string>&own = is_chat ? chat : completion, &other = is_chat ? completion : chat;
+  for (const auto& [name, value] : body.items()) {
+    if (common.count(name) || own.count(name) || value.is_null() || asks_nothing(name, value)) continue;
+    throw ApiError(400, "'" + name + "' is not supported by g4 serve" + (other.count(name) ? " on this endpoint" : ""),
+                   name, "invalid_request_error", "unsupported_parameter");
+  }
+}
+
 }  // namespace
 
 json error_json(const ApiError& error) {
@@ -336,6 +366,7 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
   }
   if (!refused.empty()) throw bad("", "the request body " + refused);
   if (!body.is_object()) throw bad("", "the request body must be a JSON object");
+  check_fields(body, endpoint);
   auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
 
   CompletionRequest r;
