@@ -463,6 +463,12 @@ TEST(ServeRequests, UnimplementedFieldsAreRefusedNotIgnored) {
   EXPECT_EQ(with("frequency_penalty", 3), "frequency_penalty: 'frequency_penalty' is not supported by g4 serve");
   EXPECT_EQ(with("reasoning_effort", "low"), "reasoning_effort: 'reasoning_effort' is not supported by g4 serve");
   EXPECT_EQ(with("prompt", "x"), "prompt: 'prompt' is not supported by g4 serve on this endpoint");
+  EXPECT_EQ(with("tool_choice", "required"),
+            "tool_choice: 'tool_choice' \"required\" is not supported by g4 serve (it does not force calls yet): send "
+            "\"auto\" or \"none\"");
+  EXPECT_EQ(with("tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}).rfind(
+                "tool_choice: 'tool_choice' naming a function is not supported", 0),
+            0u);
   for (const auto& [name, value] : std::vector<std::pair<const char*, json>>{{"presence_penalty", 0},
                                                                            {"frequency_penalty", 0.0},
                                                                            {"logit_bias", json::object()},

@@ -254,17 +254,21 @@ json parse_tools(const json& tools) {
   return tools;
 }
 
-// "none" keeps calls as text; "auto", "required" and a named function parse them (g4 does not
-// constrain decoding: docs/DESIGN.md §8).
+// "none" keeps calls as text; "auto" parses them. "required" and a named function would need the
+// call forced by constrained decoding, which g4 does not do yet: they are refused, not ignored
+// (docs/DESIGN.md §8).
 bool tool_choice_parses(const json& choice) {
+  const bool named = choice.is_object() && choice.value("type", json()) == "function" && choice.contains("function") &&
+                     choice["function"].is_object() && choice["function"].contains("name");
   if (choice.is_string()) {
     const std::string c = choice.get<std::string>();
     if (c == "none") return false;
-    if (c == "auto" || c == "required") return true;
-  } else if (choice.is_object() && choice.value("type", json()) == "function" && choice.contains("function") &&
-             choice["function"].is_object() && choice["function"].contains("name")) {
-    return true;
+    if (c == "auto") return true;
   }
+  if (named || choice == "required")
+    throw ApiError(400, "'tool_choice' " + (named ? std::string("naming a function") : std::string("\"required\"")) +
+                            " is not supported by g4 serve (it does not force calls yet): send \"auto\" or \"none\"",
+                   "tool_choice", "invalid_request_error", "unsupported_parameter");
   throw bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                            "\"function\": {\"name\": …}}");
 }
@@ -291,7 +295,8 @@ std::vector<std::string> parse_stop(const json& v) {
 void parse_chat_options(const json& body, CompletionRequest& r) {
   auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
   if (given("tools")) r.chat.tools = parse_tools(body["tools"]);
-  r.parse_tool_calls = !r.chat.tools.empty() && (!given("tool_choice") || tool_choice_parses(body["tool_choice"]));
+  const bool choice_parses = !given("tool_choice") || tool_choice_parses(body["tool_choice"]);  // checked with or without tools
+  r.parse_tool_calls = !r.chat.tools.empty() && choice_parses;
   r.chat.enable_thinking = nested_bool(body, "chat_template_kwargs", "enable_thinking").value_or(false);
 }
 
