@@ -237,7 +237,7 @@ TEST(ServeFuzz, RawHttpBytesGetAWellFormedAnswerOrAClose) {
   test::RunningServer server(256, {.max_sessions = 2, .max_waiting = 16}, so);
   test::Mutator mutator(test::fuzz_seed(19));
   const std::vector<std::string> seeds = seed_raw_requests();
-  const uint64_t runs = test::fuzz_runs(200);
+  const uint64_t runs = test::fuzz_runs(150);
   for (uint64_t run = 0; run < runs; ++run) {
     std::string request = seeds[run < seeds.size() ? run : mutator.pick(seeds.size())];
     if (run >= seeds.size()) {
