@@ -1,12 +1,14 @@
 // g4 serve (docs/DESIGN.md §8): the server runs in-process on a free port over the demo model and
-// is driven with httplib's client: the routes, a chat completion equal to what g4 run generates,
-// streaming equal to the whole answer, stop strings, concurrent requests equal to each alone, the
-// API key, a 400 naming the field for each kind of bad input, 404/413/429, tool messages rendered
-// as the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics,
-// stop() and SIGTERM on the binary; the binary at --tp 2 answering as --tp 1, freeing every rank's
-// session when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9); a request
-// with NaN logits failing alone (500, or an error event when streamed). ReplyText's hold-back rules (whole UTF-8 characters, partial
-// stop strings) are tested on byte tokens.
+// is driven with httplib's client and raw sockets: the routes, a chat completion equal to what g4
+// run generates, streaming equal to the whole answer, stop strings, concurrent requests equal to
+// each alone, the API key, a 400 naming the field for each kind of bad input and for fields g4 does
+// not implement, 404/405/413/429, request bodies parsed in linear time, tool messages rendered as
+// the template's tool responses, the model's thoughts and calls read back, logprobs, /metrics;
+// connections: slow clients, bursts, keep-alive, abandoned requests; stop() with its drain deadline
+// and SIGTERM on the binary; the binary at --tp 2 answering as --tp 1, freeing every rank's session
+// when a client leaves, and a failing rank stopping rank 0 (docs/DESIGN.md §9); a request with NaN
+// logits failing alone (500, or an error event when streamed). ReplyText's hold-back rules (whole
+// UTF-8 characters, partial stop strings) are tested on byte tokens.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
