@@ -111,11 +111,6 @@ bool ConnectionWatch::client_gone(int socket) {
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-size_t ConnectionWatch::timed_out() const {
-  std::lock_guard lock(mutex_);
-  return timed_out_;
-}
-
 void ConnectionWatch::close_all() {
   scan();
   std::lock_guard lock(mutex_);
@@ -158,7 +153,6 @@ void ConnectionWatch::scan() {
     c.seen = true;
     if (!c.busy && now > c.deadline && accepted_peer(fd, port_) == peer) {
       ::shutdown(fd, SHUT_RDWR);
-      ++timed_out_;
       c.deadline = std::chrono::steady_clock::time_point::max();  // once
     }
   }

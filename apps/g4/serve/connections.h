@@ -59,8 +59,6 @@ class ConnectionWatch {
   void end_request(const std::string& remote_addr, int remote_port);
   // Whether the client of `socket` (from begin_request) has closed its end or the connection broke.
   static bool client_gone(int socket);
-  // Connections shut down for missing the deadline so far.
-  size_t timed_out() const;
   // Shuts down every connection, busy or not (the server's drain deadline passed).
   void close_all();
 
@@ -81,7 +79,6 @@ class ConnectionWatch {
   std::condition_variable wake_;
   bool stop_ = false;
   std::map<std::string, Connection> connections_;  // by the peer's "addr:port"
-  size_t timed_out_ = 0;
   std::thread thread_;
 };
 

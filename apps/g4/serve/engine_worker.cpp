@@ -141,16 +141,8 @@ void EngineWorker::run() {
     cancelled_.clear();
     fail_in_flight_.clear();
     lock.unlock();
-    if (!fail_why.empty()) {
-      for (auto& [request, channel] : submitted) channel->fail(fail_why);
-      ended(submitted.size() + requests_.size());
-      submitted.clear();
-      cancelled.clear();
-      SchedulerInputs published;  // the other ranks of a split model drop the same sequences
-      for (const auto& [id, channel] : requests_) published.cancelled.push_back(id);
-      if (ranks_) publish(std::move(published));
-      fail_all(fail_why);
-      update_gauges();
+    if (!fail_why.empty()) {  // the cancelled ones are among those failed
+      fail_everything(submitted, fail_why);
       lock.lock();
       continue;
     }
@@ -268,6 +260,17 @@ EngineGauges EngineWorker::gauges() const {
     g.waiting += submitted_.size();  // handed over, not yet in the scheduler
   }
   return g;
+}
+
+void EngineWorker::fail_everything(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted,
+                                   const std::string& why) {
+  for (auto& [request, channel] : submitted) channel->fail(why);
+  ended(submitted.size() + requests_.size());
+  SchedulerInputs published;  // the other ranks of a split model drop the same sequences
+  for (const auto& [id, channel] : requests_) published.cancelled.push_back(id);
+  if (ranks_) publish(std::move(published));
+  fail_all(why);
+  update_gauges();
 }
 
 void EngineWorker::fail_all(const std::string& why) {

@@ -108,6 +108,10 @@ class EngineWorker {
   void fail_group(const std::string& why);
   void start_submitted(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted);
   void fail_all(const std::string& why);
+  // fail_in_flight on the engine thread: `submitted` (not yet added) and every request in the
+  // scheduler fail with `why`.
+  void fail_everything(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted,
+                       const std::string& why);
   void ended(size_t requests);  // that many requests left the engine: room for others
   // Hands a request's last event to its channel: its last token, or its failure.
   static void finish(RequestChannel& channel, SequenceEvent last);
