@@ -47,28 +47,31 @@ void rewrite_weights(const std::string& dir, const std::function<void(std::vecto
   fs::rename(dir + "/model.safetensors.new", dir + "/model.safetensors");
 }
 
-void expect_load_error(const std::string& dir, const std::string& fragment) {
+// Loading `dir` fails with an error of `kind` whose message holds `fragment`.
+void expect_load_error(const std::string& dir, const std::string& fragment,
+                       ErrorKind kind = ErrorKind::kInvalidArgument) {
   CpuBackend backend(1);
   try {
     load_model(dir, backend);
     FAIL() << "loading " << dir << " should fail with '" << fragment << "'";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "message: " << e.what();
+    EXPECT_EQ(e.kind(), kind) << to_string(e.kind()) << ", expected " << to_string(kind) << ": " << e.what();
   }
 }
 
-TEST(ModelErrors, MissingDirectory) { expect_load_error("/nonexistent/model", "does not exist"); }
+TEST(ModelErrors, MissingDirectory) { expect_load_error("/nonexistent/model", "does not exist", ErrorKind::kNotFound); }
 
 TEST(ModelErrors, MissingConfig) {
   const std::string dir = copy_fixture("missing_config");
   fs::remove(dir + "/config.json");
-  expect_load_error(dir, "missing config");
+  expect_load_error(dir, "missing config", ErrorKind::kNotFound);
 }
 
 TEST(ModelErrors, MissingWeights) {
   const std::string dir = copy_fixture("missing_weights");
   fs::remove(dir + "/model.safetensors");
-  expect_load_error(dir, "missing weights");
+  expect_load_error(dir, "missing weights", ErrorKind::kNotFound);
 }
 
 TEST(ModelErrors, MalformedConfigJson) {
@@ -148,7 +151,7 @@ TEST(ModelErrors, UnsupportedDtype) {
   const std::string dir = copy_fixture("bad_dtype");
   // I32 has F32's byte size, so only the type is wrong.
   edit_header(dir, [](json& h, size_t) { h["model.norm.weight"]["dtype"] = "I32"; });
-  expect_load_error(dir, "unsupported dtype I32");
+  expect_load_error(dir, "unsupported dtype I32", ErrorKind::kUnsupported);
 }
 
 TEST(ModelErrors, UnsupportedFeatures) {
@@ -158,8 +161,8 @@ TEST(ModelErrors, UnsupportedFeatures) {
     json c = read_json(dir + "/config.json");
     c[key] = value;
     write_text(dir + "/config.json", c.dump());
-    expect_load_error(dir, "'" + key + "'");
-    expect_load_error(dir, "not supported yet");
+    expect_load_error(dir, "'" + key + "'", ErrorKind::kUnsupported);
+    expect_load_error(dir, "not supported yet", ErrorKind::kUnsupported);
   }
 }
 
@@ -172,13 +175,13 @@ void edit_config(const std::string& dir, const std::function<void(json&)>& edit)
 TEST(ModelErrors, WrongModelType) {
   const std::string dir = copy_fixture("wrong_model_type");
   edit_config(dir, [](json& c) { c["model_type"] = "llama"; });
-  expect_load_error(dir, "model_type 'llama' is not a Gemma 4 text model");
+  expect_load_error(dir, "model_type 'llama' is not a Gemma 4 text model", ErrorKind::kUnsupported);
 }
 
 TEST(ModelErrors, UnknownRopeType) {
   const std::string dir = copy_fixture("bad_rope_type");
   edit_config(dir, [](json& c) { c["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; });
-  expect_load_error(dir, "rope_type 'yarn' is not supported");
+  expect_load_error(dir, "rope_type 'yarn' is not supported", ErrorKind::kUnsupported);
 }
 
 TEST(ModelErrors, LayerTypesLengthMismatch) {
@@ -226,7 +229,7 @@ TEST(ModelErrors, IndexNamesAMissingShard) {
   }
   index["weight_map"]["model.norm.weight"] = "model-00002-of-00002.safetensors";
   write_text(dir + "/model.safetensors.index.json", index.dump());
-  expect_load_error(dir, "names 'model-00002-of-00002.safetensors', which does not exist");
+  expect_load_error(dir, "names 'model-00002-of-00002.safetensors', which does not exist", ErrorKind::kNotFound);
   index["weight_map"]["model.norm.weight"] = "../../model.safetensors";
   write_text(dir + "/model.safetensors.index.json", index.dump());
   expect_load_error(dir, "shard name '../../model.safetensors' is not a file name");
@@ -288,6 +291,7 @@ TEST(ModelErrors, WeightsLargerThanTheFreeMemory) {
   const std::string demo = test::fortune_demo_path();  // 11.7 MB of weights
   SmallDevice full(size_t(1) << 30);  // the workspace margin alone
   const std::string error = test::error_of([&] { load_model(demo, full); });
+  EXPECT_EQ(test::error_kind_of([&] { load_model(demo, full); }), ErrorKind::kResourceExhausted);
   EXPECT_NE(error.find("the model's weights need 0.01 GiB of cpu memory (plus 1.00 GiB for workspaces and the KV "
                        "cache), but only 1.00 GiB are free"),
             std::string::npos)

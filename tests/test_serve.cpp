@@ -542,7 +542,8 @@ TEST_F(Serve, AFullQueueIsBusy429WithRetryAfter) {
   running.stop_ids = {};
   const std::shared_ptr<serve::RequestChannel> first = worker.submit(running);
   ASSERT_TRUE(first);
-  EXPECT_FALSE(worker.submit(running)) << "a second request with no room must be refused";
+  EXPECT_EQ(test::error_kind_of([&] { worker.submit(running); }), ErrorKind::kBusy)
+      << "a second request with no room must be refused";
   httplib::Client c = test::loopback_client(port);
   // (The socket listens from bind() on: a request before listen() waits in the backlog.)
   const httplib::Result busy = c.Post("/v1/completions", json{{"prompt", "hi"}}.dump(), "application/json");
@@ -852,6 +853,32 @@ TEST_F(Serve, StopFailsWhatRunsPastTheDrainDeadline) {
   EXPECT_EQ(body.find("\"finish_reason\":\"length\""), std::string::npos) << "the stream ran to its end";
 }
 
+// A whole (not streamed) request still running at the drain deadline is answered 503: the server
+// is unavailable, not broken (the status comes from the failure's kind, ErrorKind::kUnavailable).
+TEST_F(Serve, AWholeRequestPastTheDrainDeadlineIs503) {
+  serve::ServerOptions so;
+  so.stop_ids = {};
+  so.drain_deadline = std::chrono::milliseconds(50);
+  test::RunningServer running(kContext, {.max_sessions = 1, .max_waiting = 0}, so);
+  std::optional<httplib::Result> answer;
+  std::thread whole([&] {
+    httplib::Client c = test::loopback_client(running.port());
+    answer.emplace(c.Post("/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 240}}.dump(),
+                          "application/json"));
+  });
+  for (int i = 0; i < 1000 && running.worker().gauges().running == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(running.worker().gauges().running, 1u) << "the request never started";
+  running.stop();
+  whole.join();
+  ASSERT_TRUE(answer && *answer);
+  const httplib::Response& r = **answer;
+  EXPECT_EQ(r.status, 503) << r.body;
+  const json error = json::parse(r.body)["error"];
+  EXPECT_EQ(error["type"], "server_error");
+  EXPECT_NE(error["message"].get<std::string>().find("drain deadline"), std::string::npos) << r.body;
+}
+
 // The binary: SIGTERM (and SIGINT) stop g4 serve gracefully, with exit status 0 — split too, where
 // every rank must stop.
 TEST(ServeCli, SigtermStopsTheServerWithExitStatusZero) {
@@ -1009,10 +1036,13 @@ TEST(ServeSplit, AFailingRankFailsTheRequestAndStopsRankZero) {
       EXPECT_EQ(channel->wait_admitted(), std::nullopt);
       // The step never ends on rank 0 (rank 1 is gone): no token comes, only the failure.
       EXPECT_TRUE(channel->take().empty());
-      request_failure = channel->failure();
+      ASSERT_TRUE(channel->failure());
+      request_failure = channel->failure()->what();
+      EXPECT_EQ(channel->failure()->kind(), ErrorKind::kPeerFailure);
       for (int i = 0; i < 500 && worker.failure().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       worker_failure = worker.failure();
-      EXPECT_FALSE(worker.submit(request)) << "a failed split worker takes no more requests";
+      EXPECT_EQ(test::error_kind_of([&] { worker.submit(request); }), ErrorKind::kUnavailable)
+          << "a failed split worker takes no more requests";
     });
   });
   EXPECT_EQ(error, "simulated failure on rank 1");

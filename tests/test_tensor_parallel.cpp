@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -284,27 +285,49 @@ TEST(TensorParallel, GreedyAndSeededGenerationsEqualOneRank) {
   }
 }
 
-// Continuous batching split: every rank runs the same scheduler over the same requests (a front
-// end would broadcast them); the batched forwards, their all-reduces and the per-row draws give
-// each sequence the tokens it gets on one rank.
-std::vector<std::vector<int32_t>> scheduled(Engine& engine) {
-  Scheduler scheduler(engine.runner(), SchedulerOptions{.prefill_tokens_per_step = 24});
-  std::map<RequestId, size_t> index;
-  std::vector<std::vector<int32_t>> tokens(6);
-  for (size_t i = 0; i < tokens.size(); ++i) {
+// Continuous batching split: rank 0 plans every step and publishes its inputs and plan; the other
+// ranks run rank 0's plan (follow_scheduler) — with scheduler options of their own that would plan
+// other steps, so a rank that re-derived the plan would run other forwards than rank 0's. The
+// batched forwards, their all-reduces and the per-row draws give each sequence the tokens it gets
+// on one rank.
+std::vector<SchedulerRequest> scheduled_requests() {
+  std::vector<SchedulerRequest> out;
+  for (size_t i = 0; i < 6; ++i) {
     SchedulerRequest r;
     r.prompt = demo_tokens(8 + 7 * i);
     r.sampling = demo_request(i % 2 ? 0.9f : 0.0f, 100 + i).sampler.params();
     r.max_new_tokens = 12;
     r.stop_ids = {};
-    index[scheduler.add(r)] = i;
+    out.push_back(r);
   }
-  while (!scheduler.idle())
-    for (const SequenceEvent& e : scheduler.step()) tokens[index[e.id]].push_back(e.drawn.token);
+  return out;
+}
+
+constexpr SchedulerOptions kRankZeroScheduling{.prefill_tokens_per_step = 24};
+
+// Steps `scheduler` until idle; with `ranks`, publishes each step's inputs and plan first.
+std::vector<std::vector<int32_t>> scheduled(Engine& engine, ScheduledRanks* ranks = nullptr) {
+  Scheduler scheduler(engine.runner(), kRankZeroScheduling);
+  std::map<RequestId, size_t> index;
+  SchedulerInputs inputs;
+  for (const SchedulerRequest& r : scheduled_requests()) {
+    const RequestId id = scheduler.add(r);
+    const size_t i = index.size();
+    index[id] = i;
+    inputs.added.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> tokens(index.size());
+  while (!scheduler.idle()) {
+    const StepPlan plan = scheduler.plan();
+    inputs.plan = plan;
+    if (ranks) ranks->inputs.publish(std::exchange(inputs, {}));
+    for (const SequenceEvent& e : scheduler.execute(plan)) tokens[index[e.id]].push_back(e.drawn.token);
+  }
+  if (ranks) ranks->inputs.publish(SchedulerInputs{.stop = true});
   return tokens;
 }
 
-TEST(TensorParallel, ScheduledBatchesEqualOneRank) {
+TEST(TensorParallel, FollowersRunRankZerosPlanAndEqualOneRank) {
   EngineOptions one = demo_options(1);
   one.kv_budget_bytes = size_t(64) << 20;
   one.max_batch_sequences = 8;
@@ -312,9 +335,17 @@ TEST(TensorParallel, ScheduledBatchesEqualOneRank) {
   const auto want = scheduled(engine);
   EngineOptions split = one;
   split.tp = 2;
-  const auto got = on_every_rank<std::vector<std::vector<int32_t>>>(split, [](Engine& e) { return scheduled(e); });
-  EXPECT_EQ(got[0], want);
-  EXPECT_EQ(got[1], want);
+  ScheduledRanks ranks(2);
+  std::vector<std::vector<int32_t>> got;
+  run_with_inputs<SchedulerInputs>(split, ranks.inputs, [&](Engine& e) {
+    if (e.tp_rank() == 0) {
+      got = scheduled(e, &ranks);
+    } else {
+      follow_scheduler(e, SchedulerOptions{.prefill_tokens_per_step = 5}, ranks);
+      EXPECT_EQ(e.kv_pool().bytes_in_use(), 0u) << "the follower freed every sequence rank 0 freed";
+    }
+  });
+  EXPECT_EQ(got, want);
 }
 
 // ---- inputs from rank 0 (docs/DESIGN.md §9, "Front ends") ----

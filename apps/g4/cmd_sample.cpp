@@ -109,7 +109,7 @@ void run_sample(SampleOptions options) {
 #ifdef G4_HAVE_CUDA
     tokens = draw_on_cuda(logits, sampler, options.draws);
 #else
-    throw Error("--backend cuda: this g4 was built without CUDA");
+    throw Error(ErrorKind::kUnsupported, "--backend cuda: this g4 was built without CUDA");
 #endif
   }
   std::string text;

@@ -94,7 +94,7 @@ class ShutdownSignals {
 
 #if !G4_WITH_SERVER
 void serve(const ServeOptions&) {
-  throw Error("this g4 was built without cpp-httplib, so g4 serve is not available: install it "
+  throw Error(ErrorKind::kUnsupported, "this g4 was built without cpp-httplib, so g4 serve is not available: install it "
               "(Debian: apt install libcpp-httplib-dev) and rebuild");
 }
 #else

@@ -27,7 +27,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     return make_cuda_backend(device);
 #else
     (void)device;
-    throw Error("--backend cuda: this g4 was built without CUDA (no nvcc at configure time)");
+    throw Error(ErrorKind::kUnsupported, "--backend cuda: this g4 was built without CUDA (no nvcc at configure time)");
 #endif
   }
   throw Error("unknown backend '" + name + "' (expected cpu or cuda)");

@@ -181,7 +181,7 @@ DType dtype_of_ggml(uint32_t ggml_type, const std::string& tensor) {
     case GgmlType::Q5_K: return DType::Q5_K;
     case GgmlType::Q6_K: return DType::Q6_K;
   }
-  throw Error("tensor '" + tensor + "' has GGML type " + ggml_type_name(ggml_type) +
+  throw Error(ErrorKind::kUnsupported, "tensor '" + tensor + "' has GGML type " + ggml_type_name(ggml_type) +
               ", which g4 does not support (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
               "Q5_K, Q6_K)");
 }
@@ -303,7 +303,7 @@ GgmlType ggml_type_of(DType t) {
     case DType::Q4_K: return GgmlType::Q4_K;
     case DType::Q5_K: return GgmlType::Q5_K;
     case DType::Q6_K: return GgmlType::Q6_K;
-    default: throw Error("g4 does not store " + dtype_name(t) + " tensors in GGUF files");
+    default: throw Error(ErrorKind::kUnsupported, "g4 does not store " + dtype_name(t) + " tensors in GGUF files");
   }
 }
 

@@ -71,7 +71,7 @@ const char* dtype_string(DType t) {
     case DType::Q5_K:
     case DType::Q6_K: break;  // GGUF block formats have no safetensors dtype
   }
-  throw Error("safetensors cannot store " + dtype_name(t));
+  throw Error(ErrorKind::kUnsupported, "safetensors cannot store " + dtype_name(t));
 }
 
 }  // namespace
@@ -104,7 +104,7 @@ DType safetensors_dtype(const std::string& dtype, const std::string& tensor_name
   if (dtype == "F32") return DType::F32;
   if (dtype == "BF16") return DType::BF16;
   if (dtype == "F16") return DType::F16;
-  throw Error("tensor '" + tensor_name + "' has unsupported dtype " + dtype + " (supported: F32, BF16, F16)");
+  throw Error(ErrorKind::kUnsupported, "tensor '" + tensor_name + "' has unsupported dtype " + dtype + " (supported: F32, BF16, F16)");
 }
 
 HostTensor SafetensorsFile::tensor(const std::string& name) const {

@@ -105,17 +105,17 @@ T optional(const json& j, const char* key, T fallback) {
 }
 
 void reject_unsupported(const json& t) {
-  G4_CHECK(!optional<bool>(t, "enable_moe_block", false),
+  G4_REQUIRE(kUnsupported, !optional<bool>(t, "enable_moe_block", false),
            "config.json: 'enable_moe_block' (mixture of experts) is not supported yet");
-  G4_CHECK(optional_int(t, "hidden_size_per_layer_input", 0, 0, INT64_MAX) == 0,
+  G4_REQUIRE(kUnsupported, optional_int(t, "hidden_size_per_layer_input", 0, 0, INT64_MAX) == 0,
            "config.json: 'hidden_size_per_layer_input' > 0 (per-layer embeddings) is not supported yet");
-  G4_CHECK(optional_int(t, "num_kv_shared_layers", 0, 0, INT64_MAX) == 0,
+  G4_REQUIRE(kUnsupported, optional_int(t, "num_kv_shared_layers", 0, 0, INT64_MAX) == 0,
            "config.json: 'num_kv_shared_layers' > 0 (shared KV layers) is not supported yet");
-  G4_CHECK(!optional<bool>(t, "use_double_wide_mlp", false),
+  G4_REQUIRE(kUnsupported, !optional<bool>(t, "use_double_wide_mlp", false),
            "config.json: 'use_double_wide_mlp' is not supported yet");
-  G4_CHECK(!optional<bool>(t, "attention_bias", false), "config.json: 'attention_bias' is not supported yet");
+  G4_REQUIRE(kUnsupported, !optional<bool>(t, "attention_bias", false), "config.json: 'attention_bias' is not supported yet");
   std::string act = optional<std::string>(t, "hidden_activation", "gelu_pytorch_tanh");
-  G4_CHECK(act == "gelu_pytorch_tanh", "config.json: 'hidden_activation' " + act + " is not supported yet");
+  G4_REQUIRE(kUnsupported, act == "gelu_pytorch_tanh", "config.json: 'hidden_activation' " + act + " is not supported yet");
 }
 
 // Default Gemma 4 pattern: 5 sliding then 1 full, and the last layer is always full.
@@ -152,7 +152,7 @@ RopeSpec rope_for(const json& t, const std::string& type) {
   } else if (kind == "proportional") {
     spec.partial = optional_real(r, "partial_rotary_factor", 1.0);
   } else {
-    throw Error("config.json: rope_type '" + kind + "' is not supported yet");
+    throw Error(ErrorKind::kUnsupported, "config.json: rope_type '" + kind + "' is not supported yet");
   }
   return spec;
 }
@@ -178,7 +178,7 @@ ModelConfig parse_hf_config(const json& root) {
   G4_CHECK(root.is_object(), "config.json: not a JSON object");
   const json& t = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
   std::string model_type = optional<std::string>(t, "model_type", "gemma4_text");
-  G4_CHECK(model_type == "gemma4_text" || model_type == "gemma4",
+  G4_REQUIRE(kUnsupported, model_type == "gemma4_text" || model_type == "gemma4",
            "config.json: model_type '" + model_type + "' is not a Gemma 4 text model");
   reject_unsupported(t);
 
@@ -272,7 +272,7 @@ void validate_config(const ModelConfig& c, const std::string& source) {
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-  G4_CHECK(std::filesystem::exists(path), "missing config: '" + path + "' does not exist");
+  G4_REQUIRE(kNotFound, std::filesystem::exists(path), "missing config: '" + path + "' does not exist");
   return parse_hf_config(read_json_file(path));
 }
 

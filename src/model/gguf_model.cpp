@@ -109,12 +109,12 @@ int64_t optional_int(const GgufMetadata& m, const std::string& k, int64_t fallba
 
 void reject_unsupported(const GgufMetadata& m) {
   const std::string arch = m.get_string(gguf_key::kArchitecture);
-  G4_CHECK(arch == kGemma4Architecture,
+  G4_REQUIRE(kUnsupported, arch == kGemma4Architecture,
            "GGUF architecture '" + arch + "' is not supported (g4 runs '" + kGemma4Architecture + "')");
   for (const char* feature : {"embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count"})
-    G4_CHECK(optional_int(m, key(feature), 0) == 0,
+    G4_REQUIRE(kUnsupported, optional_int(m, key(feature), 0) == 0,
              "GGUF metadata '" + key(feature) + "' > 0 is not supported yet");
-  G4_CHECK(m.get_int(key("rope.dimension_count")) == m.get_int(key("attention.key_length")) &&
+  G4_REQUIRE(kUnsupported, m.get_int(key("rope.dimension_count")) == m.get_int(key("attention.key_length")) &&
                m.get_int(key("rope.dimension_count_swa")) == m.get_int(key("attention.key_length_swa")),
            "GGUF: RoPE over part of the head (rope.dimension_count below the key length) is not supported yet");
   for (const char* suffix : {"", "_swa"})

@@ -33,7 +33,7 @@ static std::vector<std::string> shard_files(const fs::path& dir) {
   const fs::path index = dir / "model.safetensors.index.json";
   if (!fs::exists(index)) {
     const fs::path single = dir / "model.safetensors";
-    G4_CHECK(fs::exists(single), "missing weights: neither '" + single.string() + "' nor '" + index.string() + "' exists");
+    G4_REQUIRE(kNotFound, fs::exists(single), "missing weights: neither '" + single.string() + "' nor '" + index.string() + "' exists");
     return {single.string()};
   }
   const json j = read_json_file(index.string());
@@ -49,14 +49,14 @@ static std::vector<std::string> shard_files(const fs::path& dir) {
     G4_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..",
              "'" + index.string() + "': shard name '" + f + "' is not a file name in the model directory");
     const fs::path shard = dir / f;
-    G4_CHECK(fs::exists(shard), "missing shard: '" + index.string() + "' names '" + f + "', which does not exist");
+    G4_REQUIRE(kNotFound, fs::exists(shard), "missing shard: '" + index.string() + "' names '" + f + "', which does not exist");
     paths.push_back(shard.string());
   }
   return paths;
 }
 
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
-  G4_CHECK(fs::is_directory(dir), "model directory '" + dir + "' does not exist");
+  G4_REQUIRE(kNotFound, fs::is_directory(dir), "model directory '" + dir + "' does not exist");
   config_ = load_hf_config((fs::path(dir) / "config.json").string());
   for (const auto& path : shard_files(dir)) {
     files_.push_back(std::make_unique<SafetensorsFile>(path));

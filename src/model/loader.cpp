@@ -34,7 +34,7 @@ LoadedProgram load_gguf(const GgufModel& file, Backend& backend, Communicator* c
 
 // A directory is a Hugging Face checkpoint; any other path must be a GGUF model file.
 LoadedProgram load_program(const std::string& path, Backend& backend, Communicator* comm) {
-  G4_CHECK(std::filesystem::exists(path), "model path '" + path + "' does not exist");
+  G4_REQUIRE(kNotFound, std::filesystem::exists(path), "model path '" + path + "' does not exist");
   LoadedProgram out;
   if (std::filesystem::is_directory(path)) {
     HfCheckpoint checkpoint(path);
@@ -53,7 +53,7 @@ LoadedProgram load_program(const ModelImage& image, Backend& backend, Communicat
 }
 
 std::optional<std::string> model_tokenizer_json(const std::string& path) {
-  G4_CHECK(std::filesystem::exists(path), "model path '" + path + "' does not exist");
+  G4_REQUIRE(kNotFound, std::filesystem::exists(path), "model path '" + path + "' does not exist");
   if (std::filesystem::is_directory(path))
     return read_file_if_exists((std::filesystem::path(path) / "tokenizer.json").string());
   return GgufModel(path).tokenizer_json();

@@ -33,7 +33,7 @@ void check_weights_fit(uint64_t weight_bytes, const Backend& backend) {
     std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
     return std::string(text);
   };
-  throw Error("the model's weights need " + gib(weight_bytes) + " of " + backend.name() + " memory (plus " +
+  throw Error(ErrorKind::kResourceExhausted, "the model's weights need " + gib(weight_bytes) + " of " + backend.name() + " memory (plus " +
               gib(kLoadMarginBytes) + " for workspaces and the KV cache), but only " + gib(free_bytes) +
               " are free");
 }

@@ -22,7 +22,7 @@ RandomBlockScales random_block_scales(DType t, float spread) {
     case DType::Q4_K: d = 2.0f * spread / (15.0f * 48.0f), m = spread / 48.0f; break;  // d·sc·q - dmin·min
     case DType::Q5_K: d = 2.0f * spread / (31.0f * 48.0f), m = spread / 48.0f; break;
     case DType::Q6_K: d = spread / (32.0f * 96.0f); break;            // d·sc·(q - 32)
-    default: throw Error("random blocks: " + dtype_name(t) + " is not a block-quantized type");
+    default: throw Error(ErrorKind::kInternal, "random blocks: " + dtype_name(t) + " is not a block-quantized type");
   }
   const RandomBlockScales scales{f32_to_f16(d), f32_to_f16(m)};
   G4_CHECK((scales.d & 0x7fff) != 0, "random " + dtype_name(t) + " blocks: spread " + std::to_string(spread) +

@@ -136,7 +136,7 @@ std::optional<KvSequence> KvPool::try_acquire(int64_t max_seq_len, std::span<con
 KvSequence KvPool::acquire(int64_t max_seq_len, std::span<const int32_t> prompt) {
   std::optional<KvSequence> s = try_acquire(max_seq_len, prompt);
   if (!s)
-    throw Error("out of KV memory: " + std::to_string(sequence_bytes(max_seq_len)) + " bytes requested, " +
+    throw Error(ErrorKind::kResourceExhausted, "out of KV memory: " + std::to_string(sequence_bytes(max_seq_len)) + " bytes requested, " +
                 std::to_string(in_use_) + " of " + std::to_string(budget_) +
                 " in use by live sequences (end a session, or raise the KV budget)");
   return std::move(*s);

@@ -35,7 +35,7 @@ void follow_scheduler(Engine& engine, const SchedulerOptions& options, Scheduled
     const SchedulerInputs in = ranks.inputs.next(rank);
     if (in.stop) return;
     apply(scheduler, in);
-    if (!scheduler.idle()) scheduler.step();
+    scheduler.follow(in.plan);
     ranks.set_load(rank, {scheduler.running(), engine.kv_pool().bytes_in_use()});
   }
 }

@@ -112,13 +112,15 @@ void run_with_inputs(const EngineOptions& options, RankInputs<Event>& inputs, co
 
 // ---- a scheduler split over ranks (g4 serve --tp N) ----
 
-// What rank 0's engine thread did before one step: the requests it added (in order, accepted or
-// not: add() decides the same on every rank) and the ids it cancelled; or the end of the run.
-// The scheduler is deterministic, so ranks that apply the same inputs before the same step draw
-// the same tokens and free the same sequences (docs/DESIGN.md §9, "Front ends").
+// What rank 0's engine thread did for one step: the requests it added (in order, accepted or
+// not: add() decides the same on every rank), the ids it cancelled, and the step it planned (empty
+// when it ran none); or the end of the run. Every other rank applies the same inputs and runs rank
+// 0's plan (Scheduler::follow), so the ranks run the same forwards; the draws are the same on every
+// rank, and so is what ends (docs/DESIGN.md §9, "Front ends").
 struct SchedulerInputs {
   std::vector<SchedulerRequest> added;
   std::vector<RequestId> cancelled;
+  StepPlan plan;
   bool stop = false;
 };
 
@@ -142,8 +144,8 @@ class ScheduledRanks {
   std::vector<RankLoad> loads_;
 };
 
-// A rank other than 0: runs a Scheduler over its engine, applying rank 0's inputs before each
-// step and discarding the tokens (rank 0 answers), until rank 0 publishes the end. Throws
+// A rank other than 0: runs a Scheduler over its engine, applying rank 0's inputs and running its
+// plan each step, discarding the tokens (rank 0 answers), until rank 0 publishes the end. Throws
 // PeerFailure when the group or the inputs fail.
 void follow_scheduler(Engine& engine, const SchedulerOptions& options, ScheduledRanks& ranks);
 

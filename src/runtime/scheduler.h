@@ -15,6 +15,7 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "runtime/generation.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_runner.h"
+#include "runtime/step_plan.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
 
@@ -37,8 +39,6 @@ struct SchedulerRequest {
   int32_t top_logprobs = -1;
 };
 
-using RequestId = uint64_t;
-
 // One token drawn for one request; drawn.last() says the request ended with it (and left the
 // scheduler; its caches are kept for prefix reuse). A request that failed ends with no token
 // (StopReason::kFailed) and the reason in `error`; it keeps no caches.
@@ -51,7 +51,7 @@ struct SequenceEvent {
 
 struct SchedulerOptions {
   int64_t prefill_tokens_per_step = 0;  // prompt tokens one step prefills; 0 = the runner's max_prefill_chunk
-  size_t max_waiting = 256;             // requests waiting to start; add() past it answers "busy"
+  size_t max_waiting = 256;             // requests waiting to start; add() past it is Error(kBusy)
   // true: the backend is asked for batch invariance (Backend::set_batch_invariant) and forwards
   // hold at most its batch_invariant_rows(), so a sequence's tokens do not depend on its batch.
   // false: the fastest kernels, and a decode batch (and prefill chunks) fill whole forwards of up
@@ -70,26 +70,48 @@ struct StepStats {
   int64_t replayed_forwards = 0;  // forwards that replayed a recording (SchedulerOptions::cuda_graphs)
 };
 
-class Scheduler {
+// The numbers the scheduling policy works within.
+struct SchedulerLimits {
+  int64_t max_seq_len = 0;            // positions of every sequence's KV caches
+  int64_t prefill_tokens_per_step = 0;  // prompt tokens one step prefills (>= 1)
+  int64_t forward_rows = 0;           // the most rows one forward runs (a larger chunk runs alone)
+  int64_t forward_draws = 0;          // the most tokens one forward draws
+  size_t max_waiting = 256;           // requests waiting to start; add() past it is Error(kBusy)
+};
+
+// The scheduling policy and the state of its sequences: plans each step (StepPlan: which
+// sequences decode, which prompt chunks run, which waiting requests start) and applies what running
+// it gave (update). It runs no forward: policy tests drive it with tokens of their choosing.
+class StepPlanner {
  public:
-  explicit Scheduler(ModelRunner& runner, SchedulerOptions options = {});
+  StepPlanner(KvPool& pool, const SchedulerLimits& limits);
 
-  // Queues a request; throws g4::Error naming the problem (empty prompt, an id out of range, a
-  // prompt longer than the context, bad sampling parameters, max_new_tokens < 1, a sequence
-  // larger than the whole KV budget, or "busy" when max_waiting requests already wait).
+  // Queues a request; throws g4::Error naming the problem (an empty prompt, a prompt longer than
+  // the context, bad sampling parameters, max_new_tokens < 1, a sequence larger than the whole KV
+  // budget (kResourceExhausted), or kBusy when max_waiting requests already wait).
   RequestId add(const SchedulerRequest& request);
-  // Ends a request now, waiting or running, and frees its KV memory at once. False if unknown
-  // (or already ended).
+  // Ends a request now, waiting or running, and frees its KV memory at once. False if unknown.
   bool cancel(RequestId id);
-  // One engine step; the tokens drawn in it, decode rows first, in arrival order. A sequence whose
-  // logits hold a NaN fails alone (its event's error is kNanLogitsError, its KV memory is freed)
-  // while the others go on.
-  std::vector<SequenceEvent> step();
 
+  // The next step: decode rows of every running sequence that has a pending token, in arrival
+  // order, then prompt chunks within the step's prefill budget; waiting requests start, in arrival
+  // order, while the KV pool has room (taking over a kept prefix when one fits). Packed into
+  // forwards of at most forward_rows rows and forward_draws draws.
+  StepPlan plan();
+  // Starts `ids`, the admissions of another scheduler's plan (a split model's rank 0), as that
+  // scheduler started them; throws Error(kInternal) when they are not the next waiting requests or
+  // this pool cannot take them (the ranks diverged).
+  void admit(std::span<const RequestId> ids);
+  // Applies what running `plan` gave: each drawn token recorded (a sequence that ends leaves, its
+  // caches kept for prefix reuse; NaN logits fail the sequence alone, its caches freed). The events
+  // in row order.
+  std::vector<SequenceEvent> update(const StepPlan& plan, const StepResult& result);
+
+  // The caches of a running sequence (the executor's view).
+  KvSequence& kv(RequestId id);
   bool idle() const { return waiting_.empty() && running_.empty(); }
   size_t waiting() const { return waiting_.size(); }
   size_t running() const { return running_.size(); }
-  const StepStats& last_step() const { return stats_; }
 
  private:
   struct Sequence {
@@ -97,40 +119,72 @@ class Scheduler {
     std::vector<int32_t> prompt;
     Generation generation;
     KvSequence kv;
+    int64_t position = 0;  // tokens whose K/V the caches hold (as of the last update)
     int32_t pending = -1;  // drawn, to be fed by the next decode
     bool ended = false;
     int32_t top_logprobs = -1;
   };
-  // A sequence's part of a step: its pending token (a decode row) or a chunk of its prompt.
-  struct Work {
-    Sequence* sequence;
-    int64_t tokens;
-    // Whether the forward draws a token for it: a decode row, or the chunk that ends its prompt.
-    bool ends_prompt_or_decodes() const {
-      return sequence->pending >= 0 || sequence->kv.position() + tokens == int64_t(sequence->prompt.size());
-    }
-  };
-  std::vector<Work> plan_prefill();
-  // One forward over `work` (its sequences' tokens at their next positions), then the draws.
-  void run_forward(std::span<const Work> work, std::vector<SequenceEvent>& events);
-  // Records the tokens drawn for `rows` (in row order) as their events.
-  void record_draws(std::span<Sequence* const> rows, std::span<const int32_t> tokens,
-                    std::vector<SequenceEvent>& events);
+  Sequence& running(RequestId id);
+  void start_front(KvSequence kv);
+  // The chunk of `s` that runs next (its pending token, or up to `budget` prompt tokens).
+  PlannedChunk chunk(const Sequence& s, int64_t tokens) const;
+  // Decode rows, then prompt chunks, packed in order into forwards.
+  std::vector<PlannedForward> pack(std::vector<PlannedChunk> chunks) const;
   // Ends `s` with `error`, keeping nothing of its caches (as cancel does).
   static SequenceEvent fail(Sequence& s, const std::string& error);
-  // The logits rows of the rows that asked for log-probabilities, read back from the backend
-  // (empty when none asked).
-  std::vector<float> logprob_rows(std::span<Sequence* const> rows, const Tensor& logits);
-  void drop_ended();
 
-  ModelRunner& runner_;
-  int64_t prefill_per_step_;
-  int64_t forward_rows_ = 0;  // the most rows one forward runs (batch_invariant's bound or the workspace)
-  size_t max_waiting_;
+  KvPool& pool_;
+  SchedulerLimits limits_;
   RequestId next_id_ = 1;
   std::deque<Sequence> waiting_;
   std::list<Sequence> running_;  // admitted (caches held), in arrival order; stable addresses
+};
+
+// Runs planned forwards on a model: uploads each forward's tokens, runs it and draws its tokens on
+// the backend (forwards that only decode may replay a recording: CUDA graphs), reads back the
+// tokens and the logits rows that asked for log-probabilities. The caches advance with the forward;
+// nothing else of the scheduler's state changes here.
+class StepExecutor {
+ public:
+  StepExecutor(ModelRunner& runner, bool cuda_graphs);
+  StepResult run(const StepPlan& plan, StepPlanner& sequences);
+
+ private:
+  ForwardDraws run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences);
+
+  ModelRunner& runner_;
   std::unique_ptr<DecodeBatchGraphs> graphs_;  // with SchedulerOptions::cuda_graphs
+};
+
+// Continuous batching on one model: a StepPlanner and a StepExecutor. step() = plan, execute,
+// update; a split model's rank 0 publishes plan() and every other rank follow()s it.
+class Scheduler {
+ public:
+  explicit Scheduler(ModelRunner& runner, SchedulerOptions options = {});
+
+  // As StepPlanner::add, with the prompt's ids checked against the vocabulary.
+  RequestId add(const SchedulerRequest& request);
+  bool cancel(RequestId id) { return planner_.cancel(id); }
+  // One engine step; the tokens drawn in it, decode rows first, in arrival order. A sequence whose
+  // logits hold a NaN fails alone (its event's error is kNanLogitsError, its KV memory is freed)
+  // while the others go on.
+  std::vector<SequenceEvent> step() { return execute(plan()); }
+  StepPlan plan() { return planner_.plan(); }
+  // Runs `plan` (made by this scheduler's plan()) and applies its results.
+  std::vector<SequenceEvent> execute(const StepPlan& plan);
+  // Runs another scheduler's plan (rank 0's, whose inputs this one applied alike): its admissions,
+  // then execute.
+  std::vector<SequenceEvent> follow(const StepPlan& plan);
+
+  bool idle() const { return planner_.idle(); }
+  size_t waiting() const { return planner_.waiting(); }
+  size_t running() const { return planner_.running(); }
+  const StepStats& last_step() const { return stats_; }
+
+ private:
+  ModelRunner& runner_;
+  StepPlanner planner_;
+  StepExecutor executor_;
   StepStats stats_;
 };
 

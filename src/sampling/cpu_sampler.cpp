@@ -45,7 +45,7 @@ uint64_t top_p_cut(const std::vector<LiveToken>& live, uint64_t target) {
     above += t.weight;
     if (above >= target) return t.rank;
   }
-  throw Error("sampler: top-p target exceeds the kept weight");  // unreachable: target <= total
+  throw Error(ErrorKind::kInternal, "sampler: top-p target exceeds the kept weight");  // unreachable: target <= total
 }
 
 // The ranks of the k best tokens (0 < k < vocab), in no particular order. Keeps a pool of the best
@@ -138,7 +138,7 @@ int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& par
     cumulative += kept_weight(t);
     if (cumulative >= target) return rank_id(t.rank);
   }
-  throw Error("sampler: draw target exceeds the kept weight");  // unreachable: target <= kept_total
+  throw Error(ErrorKind::kInternal, "sampler: draw target exceeds the kept weight");  // unreachable: target <= kept_total
 }
 
 }  // namespace g4

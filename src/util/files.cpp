@@ -20,6 +20,7 @@ std::string read_file(const std::string& path) {
   G4_CHECK(!std::filesystem::is_directory(path, ec), "cannot read '" + path + "': it is a directory");
   G4_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
            "cannot read '" + path + "': it is not a regular file");
+  G4_REQUIRE(kNotFound, std::filesystem::exists(path, ec), "cannot read '" + path + "': no such file");
   std::ifstream in(path, std::ios::binary);
   G4_CHECK(in.good(), "cannot read '" + path + "'");
   std::ostringstream text;

@@ -16,7 +16,11 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever, before the
   // regular-file check below could reject it. It has no effect on regular files.
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  G4_CHECK(fd >= 0, "cannot open '" + path + "': " + std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(err == ENOENT ? ErrorKind::kNotFound : ErrorKind::kInvalidArgument,
+                "cannot open '" + path + "': " + std::strerror(err));
+  }
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

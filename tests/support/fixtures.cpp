@@ -18,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <gtest/gtest.h>
+
 #include "util/error.h"
 #include "util/files.h"
 
@@ -171,6 +173,16 @@ std::string error_of(const std::function<void()>& action) {
     return e.what();
   }
   return "(no g4::Error thrown)";
+}
+
+ErrorKind error_kind_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no g4::Error thrown";
+  return ErrorKind::kInternal;
 }
 
 std::vector<float> read_floats(const std::string& path) {

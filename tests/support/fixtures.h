@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "util/error.h"
+
 namespace g4::test {
 
 // How transformers itself lands from the float64 reference when it runs the fixture in one dtype.
@@ -66,6 +68,9 @@ bool gpu_required();
 
 // The message of the g4::Error that `action` throws, or "(no g4::Error thrown)".
 std::string error_of(const std::function<void()>& action);
+// The kind of the g4::Error that `action` throws; FAILs the test (and answers kInternal) when it
+// throws none.
+ErrorKind error_kind_of(const std::function<void()>& action);
 // The float32 values (native order) of the file at `path`; empty when it cannot be read.
 std::vector<float> read_floats(const std::string& path);
 // Writes `values` (float32, native order) to a file `name` in a fresh temp_dir; returns its path.

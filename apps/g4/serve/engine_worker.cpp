@@ -1,10 +1,22 @@
 #include "serve/engine_worker.h"
 
+#include <utility>
+
 #include "util/error.h"
 
 namespace g4::serve {
 
-std::optional<std::string> RequestChannel::wait_admitted() {
+namespace {
+
+// An exception as a g4::Error: its own kind, or kInternal for anything that is not a g4::Error.
+Error as_error(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return *error;
+  return Error(ErrorKind::kInternal, e.what());
+}
+
+}  // namespace
+
+std::optional<Error> RequestChannel::wait_admitted() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return decided_; });
   if (admitted_) return std::nullopt;
@@ -13,13 +25,13 @@ std::optional<std::string> RequestChannel::wait_admitted() {
 
 std::vector<SequenceEvent> RequestChannel::take() {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return !tokens_.empty() || !failure_.empty(); });
+  changed_.wait(lock, [&] { return !tokens_.empty() || failure_.has_value(); });
   std::vector<SequenceEvent> out(std::make_move_iterator(tokens_.begin()), std::make_move_iterator(tokens_.end()));
   tokens_.clear();
   return out;
 }
 
-std::string RequestChannel::failure() const {
+std::optional<Error> RequestChannel::failure() const {
   std::lock_guard lock(mutex_);
   return failure_;
 }
@@ -36,10 +48,10 @@ void RequestChannel::push(SequenceEvent token) {
   changed_.notify_all();
 }
 
-void RequestChannel::fail(std::string why) {
+void RequestChannel::fail(Error why) {
   std::lock_guard lock(mutex_);
   decided_ = true;
-  failure_ = why.empty() ? "the request failed" : std::move(why);
+  failure_ = std::move(why);
   changed_.notify_all();
 }
 
@@ -97,7 +109,10 @@ std::shared_ptr<RequestChannel> EngineWorker::submit(SchedulerRequest request) {
   auto channel = std::make_shared<RequestChannel>();
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ || in_flight_ >= max_in_flight_) return nullptr;
+    if (!failure_.empty()) throw Error(ErrorKind::kUnavailable, "the engine failed: " + failure_);
+    G4_REQUIRE(kUnavailable, !stopping_, "the server is stopping");
+    G4_REQUIRE(kBusy, in_flight_ < max_in_flight_,
+               "the server is busy: every session is running and the queue is full; try again later");
     ++in_flight_;
     submitted_.emplace_back(std::move(request), channel);
   }
@@ -113,7 +128,7 @@ void EngineWorker::cancel(const std::shared_ptr<RequestChannel>& channel) {
   work_.notify_all();
 }
 
-void EngineWorker::fail_in_flight(const std::string& why) {
+void EngineWorker::fail_in_flight(const Error& why) {
   {
     std::lock_guard lock(mutex_);
     fail_in_flight_ = why;
@@ -131,18 +146,18 @@ void EngineWorker::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
     work_.wait(lock, [&] {
-      return stopping_ || !submitted_.empty() || !cancelled_.empty() || !requests_.empty() || !fail_in_flight_.empty();
+      return stopping_ || !submitted_.empty() || !cancelled_.empty() || !requests_.empty() || fail_in_flight_.has_value();
     });
     if (stopping_) break;
     auto submitted = std::move(submitted_);
     auto cancelled = std::move(cancelled_);
-    const std::string fail_why = std::move(fail_in_flight_);
+    const std::optional<Error> fail_why = std::move(fail_in_flight_);
     submitted_.clear();
     cancelled_.clear();
-    fail_in_flight_.clear();
+    fail_in_flight_.reset();
     lock.unlock();
-    if (!fail_why.empty()) {  // the cancelled ones are among those failed
-      fail_everything(submitted, fail_why);
+    if (fail_why) {  // the cancelled ones are among those failed
+      fail_everything(submitted, *fail_why);
       lock.lock();
       continue;
     }
@@ -161,7 +176,7 @@ void EngineWorker::run() {
         requests_[channel->id_] = channel;
         channel->admit();
       } catch (const std::exception& e) {
-        channel->fail(e.what());
+        channel->fail(as_error(e));
         ++ended_now;
       }
     }
@@ -175,10 +190,14 @@ void EngineWorker::run() {
       ++ended_now;
       ++cancelled_count_;
     }
-    if (ranks_) publish(std::move(published));
     if (!scheduler_->idle()) {
       try {
-        for (SequenceEvent& event : scheduler_->step()) {
+        const StepPlan plan = scheduler_->plan();
+        if (ranks_) {
+          published.plan = plan;
+          publish(std::exchange(published, {}));
+        }
+        for (SequenceEvent& event : scheduler_->execute(plan)) {
           auto it = requests_.find(event.id);
           if (it == requests_.end()) continue;
           if (!event.drawn.last()) {
@@ -192,9 +211,12 @@ void EngineWorker::run() {
       } catch (const std::exception& e) {
         // A fault of the engine, not of one request: every request in the scheduler fails (HTTP 500).
         ended_now += requests_.size();
-        fail_all(std::string("the engine failed: ") + e.what());
+        const Error cause = as_error(e);
+        fail_all(Error(cause.kind(), std::string("the engine failed: ") + e.what()));
         if (ranks_) fail_group(e.what());
       }
+    } else if (ranks_) {
+      publish(std::move(published));
     }
     update_gauges();
     ended(ended_now);
@@ -203,18 +225,19 @@ void EngineWorker::run() {
   }
   lock.unlock();
   ended(requests_.size());
-  fail_all("the server is stopping");
-  for (auto& [request, channel] : submitted_) channel->fail("the server is stopping");
-  if (ranks_ && failure().empty()) publish({{}, {}, /*stop=*/true});
+  const Error stopping(ErrorKind::kUnavailable, "the server is stopping");
+  fail_all(stopping);
+  for (auto& [request, channel] : submitted_) channel->fail(stopping);
+  if (ranks_ && failure().empty()) publish(SchedulerInputs{.stop = true});
 }
 
-// A request that failed alone (SequenceEvent::error, e.g. NaN logits) fails with that message: the
-// handler answers HTTP 500 (docs/DESIGN.md §8).
+// A request that failed alone (SequenceEvent::error, e.g. NaN logits) fails with that message, an
+// internal failure: the handler answers HTTP 500 (docs/DESIGN.md §8).
 void EngineWorker::finish(RequestChannel& channel, SequenceEvent last) {
   if (last.error.empty()) {
     channel.push(std::move(last));
   } else {
-    channel.fail(std::move(last.error));
+    channel.fail(Error(ErrorKind::kInternal, last.error));
   }
 }
 
@@ -263,7 +286,7 @@ EngineGauges EngineWorker::gauges() const {
 }
 
 void EngineWorker::fail_everything(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted,
-                                   const std::string& why) {
+                                   const Error& why) {
   for (auto& [request, channel] : submitted) channel->fail(why);
   ended(submitted.size() + requests_.size());
   SchedulerInputs published;  // the other ranks of a split model drop the same sequences
@@ -273,7 +296,7 @@ void EngineWorker::fail_everything(std::vector<std::pair<SchedulerRequest, std::
   update_gauges();
 }
 
-void EngineWorker::fail_all(const std::string& why) {
+void EngineWorker::fail_all(const Error& why) {
   for (auto& [id, channel] : requests_) {
     scheduler_->cancel(id);
     channel->fail(why);

@@ -20,6 +20,7 @@
 #include "runtime/rank_inputs.h"
 #include "runtime/scheduler.h"
 #include "serve/metrics.h"
+#include "util/error.h"
 
 namespace g4::serve {
 
@@ -29,25 +30,25 @@ class RequestChannel {
  public:
   // ---- the handler's side ----
   // Blocks until the engine thread took the request; nullopt when admitted, else why not.
-  std::optional<std::string> wait_admitted();
+  std::optional<Error> wait_admitted();
   // Blocks until there are tokens or a failure; returns the tokens since the last call. An empty
-  // result means the engine failed: failure() says why.
+  // result means the request failed: failure() says why.
   std::vector<SequenceEvent> take();
-  std::string failure() const;
+  std::optional<Error> failure() const;
 
   // ---- the engine thread's side ----
   void admit();
   void push(SequenceEvent token);
   // Refused before admission (wait_admitted() returns why) or failed after it (take() returns
   // nothing, failure() says why).
-  void fail(std::string why);
+  void fail(Error why);
 
  private:
   friend class EngineWorker;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool decided_ = false, admitted_ = false;
-  std::string failure_;
+  std::optional<Error> failure_;
   std::deque<SequenceEvent> tokens_;
   RequestId id_ = 0;  // the scheduler's id; only the engine thread reads or writes it
 };
@@ -92,14 +93,14 @@ class EngineWorker {
   // Why a split engine failed (its group is aborted and the thread has stopped); empty otherwise.
   std::string failure() const;
 
-  // Queues a request for the engine thread, or returns nullptr when max_sessions + max_waiting
-  // requests are already in flight (the caller answers "busy").
+  // Queues a request for the engine thread. Throws Error(kBusy) when max_sessions + max_waiting
+  // requests are already in flight, Error(kUnavailable) when stopping or failed.
   std::shared_ptr<RequestChannel> submit(SchedulerRequest request);
   // Ends the request (a client that went away, a stop string); its KV memory comes back at once.
   void cancel(const std::shared_ptr<RequestChannel>& channel);
-  // Fails every request in flight, running or waiting, with `why` (their handlers answer 500, or
-  // end their streams with an error event); later requests run as usual.
-  void fail_in_flight(const std::string& why);
+  // Fails every request in flight, running or waiting, with `why` (their handlers answer its
+  // kind's status, or end their streams with an error event); later requests run as usual.
+  void fail_in_flight(const Error& why);
 
  private:
   void start(const WorkerOptions& options);
@@ -107,11 +108,11 @@ class EngineWorker {
   void publish(SchedulerInputs inputs);
   void fail_group(const std::string& why);
   void start_submitted(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted);
-  void fail_all(const std::string& why);
+  void fail_all(const Error& why);
   // fail_in_flight on the engine thread: `submitted` (not yet added) and every request in the
   // scheduler fail with `why`.
   void fail_everything(std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>>& submitted,
-                       const std::string& why);
+                       const Error& why);
   void ended(size_t requests);  // that many requests left the engine: room for others
   // Hands a request's last event to its channel: its last token, or its failure.
   static void finish(RequestChannel& channel, SequenceEvent last);
@@ -132,7 +133,7 @@ class EngineWorker {
   size_t in_flight_ = 0;
   std::vector<std::pair<SchedulerRequest, std::shared_ptr<RequestChannel>>> submitted_;
   std::vector<std::shared_ptr<RequestChannel>> cancelled_;
-  std::string fail_in_flight_;  // non-empty: the engine thread fails every request in flight with it
+  std::optional<Error> fail_in_flight_;  // set: the engine thread fails every request in flight with it
 
   // The requests in the scheduler (waiting or running), by id: the engine thread's own.
   std::map<RequestId, std::shared_ptr<RequestChannel>> requests_;

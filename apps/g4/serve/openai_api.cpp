@@ -15,7 +15,9 @@ using nlohmann::json;
 
 namespace {
 
-ApiError bad(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
+ApiError bad(const std::string& param, const std::string& message) {
+  return ApiError(ErrorKind::kInvalidArgument, message, param);
+}
 
 // Request JSON nests at most this deep. Values are copied and rendered recursively, so a body of a
 // few megabytes of '[' (within the body limit) could otherwise exhaust a handler thread's stack.
@@ -266,9 +268,9 @@ bool tool_choice_parses(const json& choice) {
     if (c == "auto") return true;
   }
   if (named || choice == "required")
-    throw ApiError(400, "'tool_choice' " + (named ? std::string("naming a function") : std::string("\"required\"")) +
+    throw ApiError(ErrorKind::kUnsupported, "'tool_choice' " + (named ? std::string("naming a function") : std::string("\"required\"")) +
                             " is not supported by g4 serve (it does not force calls yet): send \"auto\" or \"none\"",
-                   "tool_choice", "invalid_request_error", "unsupported_parameter");
+                   "tool_choice", "unsupported_parameter");
   throw bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                            "\"function\": {\"name\": …}}");
 }
@@ -346,17 +348,40 @@ void check_fields(const json& body, Endpoint endpoint) {
   const std::set<std::string>&own = is_chat ? chat : completion, &other = is_chat ? completion : chat;
   for (const auto& [name, value] : body.items()) {
     if (common.count(name) || own.count(name) || value.is_null() || asks_nothing(name, value)) continue;
-    throw ApiError(400, "'" + name + "' is not supported by g4 serve" + (other.count(name) ? " on this endpoint" : ""),
-                   name, "invalid_request_error", "unsupported_parameter");
+    throw ApiError(ErrorKind::kUnsupported, "'" + name + "' is not supported by g4 serve" + (other.count(name) ? " on this endpoint" : ""),
+                   name, "unsupported_parameter");
   }
 }
 
 }  // namespace
 
+int http_status(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return 400;
+    case ErrorKind::kUnsupported: return 400;  // OpenAI's answer to a parameter it does not take
+    case ErrorKind::kUnauthenticated: return 401;
+    case ErrorKind::kNotFound: return 404;
+    case ErrorKind::kMethodNotAllowed: return 405;
+    case ErrorKind::kTooLarge: return 413;
+    case ErrorKind::kBusy: return 429;
+    case ErrorKind::kCancelled: return 499;  // the client went away (nginx's code; nobody reads it)
+    case ErrorKind::kInternal: return 500;
+    case ErrorKind::kResourceExhausted: return 503;
+    case ErrorKind::kUnavailable: return 503;
+    case ErrorKind::kPeerFailure: return 503;
+  }
+  return 500;
+}
+
+const char* openai_error_type(ErrorKind kind) {
+  if (kind == ErrorKind::kBusy) return "rate_limit_error";
+  return http_status(kind) >= 500 ? "server_error" : "invalid_request_error";
+}
+
 json error_json(const ApiError& error) {
   return {{"error",
            {{"message", error.what()},
-            {"type", error.type},
+            {"type", openai_error_type(error.kind())},
             {"param", error.param.empty() ? json(nullptr) : json(error.param)},
             {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}};
 }

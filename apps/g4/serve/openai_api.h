@@ -6,28 +6,29 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "sampling/sampler.h"
 #include "tokenizer/chat_template.h"
+#include "util/error.h"
 
 namespace g4::serve {
 
-// An answer other than success: HTTP status, OpenAI error type, the offending field (or empty) and
-// a machine-readable code (or empty).
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error",
-           std::string code = {})
-      : std::runtime_error(std::move(message)),
-        status(status),
-        param(std::move(param)),
-        type(std::move(type)),
-        code(std::move(code)) {}
+// The HTTP status of each error kind: the one place that maps them (docs/DESIGN.md §8).
+int http_status(ErrorKind kind);
+// The OpenAI error type of each kind: "invalid_request_error", "rate_limit_error" or "server_error".
+const char* openai_error_type(ErrorKind kind);
+
+// An answer other than success: a g4::Error (its kind gives the HTTP status and OpenAI error
+// type) with the offending field (or empty) and a machine-readable code (or empty).
+struct ApiError : Error {
+  ApiError(ErrorKind kind, const std::string& message, std::string param = {}, std::string code = {})
+      : Error(kind, message), status(http_status(kind)), param(std::move(param)), code(std::move(code)) {}
+  explicit ApiError(const Error& error) : ApiError(error.kind(), error.what()) {}
   int status;
-  std::string param, type, code;
+  std::string param, code;
 };
 // {"error": {"message", "type", "param", "code"}}.
 nlohmann::json error_json(const ApiError& error);

@@ -30,7 +30,12 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& error) { send_json(res, error.status, error_json(error)); }
+// Every error answer goes out here: the status from the error's kind, and Retry-After where the
+// same request may succeed later.
+void send_error(httplib::Response& res, const ApiError& error, int retry_after_seconds = 1) {
+  if (error.kind() == ErrorKind::kBusy) res.set_header("Retry-After", std::to_string(retry_after_seconds));
+  send_json(res, error.status, error_json(error));
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -40,7 +45,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) { return std::c
 struct Outcome {
   std::string finish_reason;  // "stop", "length" or "tool_calls"; empty when it did not finish
   int64_t completion_tokens = 0;
-  std::string failure;        // the engine failed (HTTP 500)
+  std::optional<Error> failure;  // the request or the engine failed (its kind gives the status)
   bool client_gone = false;   // on_part refused a part: the request was cancelled
 };
 
@@ -190,7 +195,8 @@ void Server::stop() {
     std::unique_lock lock(drain_mutex_);
     if (drained_.wait_for(lock, options_.drain_deadline, [this] { return !listening_; })) return;
     lock.unlock();
-    worker_.fail_in_flight("the server is stopping: requests still running at its drain deadline are cancelled");
+    worker_.fail_in_flight(Error(ErrorKind::kUnavailable,
+                                 "the server is stopping: requests still running at its drain deadline are cancelled"));
     // The failed requests' handlers answer at once; connections that still hold a thread then
     // (an idle keep-alive, a slow client) are closed.
     lock.lock();
@@ -206,22 +212,24 @@ void Server::add_routes() {
     if (options_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'", "",
-                             "invalid_request_error", "invalid_api_key"));
+    send_error(res, ApiError(ErrorKind::kUnauthenticated,
+                             "a valid API key is required: send 'Authorization: Bearer <key>'", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  // httplib's own answers (404, 413, a bad request line) in the same error shape.
+  // httplib's own answers (404, 413, a bad request line) in the same error shape. Those other than
+  // 404 and 413 keep the status httplib chose (its protocol answers: 400, 414, 416...).
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (res.status == 404) {
-      send_error(res, ApiError(404, "no route " + req.method + " " + req.path, "", "invalid_request_error", "not_found"));
+      send_error(res, ApiError(ErrorKind::kNotFound, "no route " + req.method + " " + req.path, "", "not_found"));
     } else if (res.status == 413) {
-      send_error(res, ApiError(413, "the request body is larger than the server's limit of " +
-                                        std::to_string(options_.max_body_bytes) + " bytes",
-                               "", "invalid_request_error", "request_too_large"));
+      send_error(res, ApiError(ErrorKind::kTooLarge, "the request body is larger than the server's limit of " +
+                                                         std::to_string(options_.max_body_bytes) + " bytes",
+                               "", "request_too_large"));
     } else {
-      send_error(res, ApiError(res.status, "HTTP error " + std::to_string(res.status)));
+      const int status = res.status;
+      send_json(res, status, error_json(ApiError(ErrorKind::kInvalidArgument, "HTTP error " + std::to_string(status))));
     }
     return httplib::Server::HandlerResponse::Handled;
   }));
@@ -230,14 +238,15 @@ void Server::add_routes() {
     metrics_.count_request(endpoint_label(req.path), res.status);
   });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
-    std::string what = "internal error";
     try {
       std::rethrow_exception(error);
+    } catch (const Error& e) {
+      send_error(res, ApiError(e));
     } catch (const std::exception& e) {
-      what = e.what();
+      send_error(res, ApiError(ErrorKind::kInternal, e.what()));
     } catch (...) {
+      send_error(res, ApiError(ErrorKind::kInternal, "internal error"));
     }
-    send_error(res, ApiError(500, what, "", "server_error"));
   });
 
   http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
@@ -250,9 +259,10 @@ void Server::add_routes() {
   });
   http_->Get(R"(/v1/models/(.+))", [this, model](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] == options_.model_id) return send_json(res, 200, model);
-    send_error(res, ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist: this server serves '" +
-                                      options_.model_id + "'",
-                             "model", "invalid_request_error", "model_not_found"));
+    send_error(res, ApiError(ErrorKind::kNotFound,
+                             "the model '" + std::string(req.matches[1]) + "' does not exist: this server serves '" +
+                                 options_.model_id + "'",
+                             "model", "model_not_found"));
   });
   http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     complete(req, res, Endpoint::kChat);
@@ -264,8 +274,8 @@ void Server::add_routes() {
   auto only = [this](const std::string& pattern, const std::string& method) {
     const httplib::Server::Handler refuse = [method](const httplib::Request& req, httplib::Response& res) {
       res.set_header("Allow", method);
-      send_error(res, ApiError(405, req.method + " " + req.path + " is not served: use " + method, "",
-                               "invalid_request_error", "method_not_allowed"));
+      send_error(res, ApiError(ErrorKind::kMethodNotAllowed, req.method + " " + req.path + " is not served: use " + method,
+                               "", "method_not_allowed"));
     };
     if (method != "GET") http_->Get(pattern, refuse);
     if (method != "POST") http_->Post(pattern, refuse);
@@ -289,31 +299,31 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
   try {
     const CompletionRequest r = parse_completion_request(req.body, endpoint);
     if (r.model && *r.model != options_.model_id)
-      throw ApiError(404, "the model '" + *r.model + "' does not exist: this server serves '" + options_.model_id + "'",
-                     "model", "invalid_request_error", "model_not_found");
+      throw ApiError(ErrorKind::kNotFound,
+                     "the model '" + *r.model + "' does not exist: this server serves '" + options_.model_id + "'",
+                     "model", "model_not_found");
     const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
     const std::vector<int32_t> prompt = prompt_ids(r);
     // One position at least must stay free for a generated token.
     const int64_t room = worker_.max_seq_len() - int64_t(prompt.size());
     if (room < 1)
-      throw ApiError(400,
+      throw ApiError(ErrorKind::kInvalidArgument,
                      "the prompt is " + std::to_string(prompt.size()) + " tokens; the context holds " +
                          std::to_string(worker_.max_seq_len()) + " (--max_seq_len), including the reply",
-                     endpoint == Endpoint::kChat ? "messages" : "prompt", "invalid_request_error",
-                     "context_length_exceeded");
+                     endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
     SchedulerRequest scheduled;
     scheduled.prompt = prompt;
     scheduled.sampling = sampler.params();
     scheduled.max_new_tokens = std::min(r.max_tokens.value_or(options_.default_max_tokens), room);
     scheduled.stop_ids = options_.stop_ids;
     scheduled.top_logprobs = r.top_logprobs;
-    std::shared_ptr<RequestChannel> channel = worker_.submit(std::move(scheduled));
-    if (!channel) {
-      res.set_header("Retry-After", std::to_string(options_.retry_after_seconds));
-      throw ApiError(429, "the server is busy: every session is running and the queue is full; try again later", "",
-                     "rate_limit_error", "server_busy");
+    std::shared_ptr<RequestChannel> channel;
+    try {
+      channel = worker_.submit(std::move(scheduled));
+    } catch (const Error& e) {
+      throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
     }
-    if (std::optional<std::string> why = channel->wait_admitted()) throw ApiError(400, *why);
+    if (std::optional<Error> why = channel->wait_admitted()) throw ApiError(*why);
 
     const ResponseHeader header{response_id(endpoint), options_.model_id,
                                 std::chrono::duration_cast<std::chrono::seconds>(
@@ -333,10 +343,10 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
       });
       metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
       if (outcome.client_gone) {  // nobody reads an answer; logged as nginx logs it
-        res.status = 499;
+        res.status = http_status(ErrorKind::kCancelled);
         return;
       }
-      if (!outcome.failure.empty()) throw ApiError(500, outcome.failure, "", "server_error");
+      if (outcome.failure) throw ApiError(*outcome.failure);
       send_json(res, 200, completion_json(header, whole, outcome.finish_reason,
                                           {prompt_tokens, outcome.completion_tokens}, with_logprobs));
       return;
@@ -360,8 +370,8 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
           });
           metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
           if (outcome.client_gone) return false;
-          if (!outcome.failure.empty()) {
-            send(dump(error_json(ApiError(500, outcome.failure, "", "server_error"))));
+          if (outcome.failure) {
+            send(dump(error_json(ApiError(*outcome.failure))));
           } else {
             send(dump(chunk_json(header, {}, outcome.finish_reason, with_logprobs)));
             if (include_usage) send(dump(usage_chunk_json(header, {prompt_tokens, outcome.completion_tokens})));
@@ -375,9 +385,9 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
           if (!success) worker_.cancel(channel);
         });
   } catch (const ApiError& e) {
-    send_error(res, e);
-  } catch (const Error& e) {
-    send_error(res, ApiError(400, e.what()));  // e.g. a prompt the tokenizer refuses
+    send_error(res, e, options_.retry_after_seconds);
+  } catch (const Error& e) {  // e.g. a prompt the tokenizer refuses
+    send_error(res, ApiError(e), options_.retry_after_seconds);
   }
 }
 

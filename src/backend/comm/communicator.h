@@ -17,7 +17,7 @@ namespace g4 {
 // root cause; run_tensor_parallel reports that one.
 class PeerFailure : public Error {
  public:
-  explicit PeerFailure(const std::string& message) : Error(message) {}
+  explicit PeerFailure(const std::string& message) : Error(ErrorKind::kPeerFailure, message) {}
 };
 
 class Communicator {

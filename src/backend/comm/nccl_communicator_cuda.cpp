@@ -36,13 +36,13 @@ ncclDataType_t nccl_type(DType t) {
     case DType::BF16: return ncclBfloat16;
     case DType::F16: return ncclFloat16;
     case DType::I32: return ncclInt32;
-    default: throw Error("nccl communicator: no NCCL type for " + dtype_name(t));
+    default: throw Error(ErrorKind::kUnsupported, "nccl communicator: no NCCL type for " + dtype_name(t));
   }
 }
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
-    throw Error(std::string("nccl communicator: ") + what + ": " + cudaGetErrorString(status));
+    throw Error(ErrorKind::kInternal, std::string("nccl communicator: ") + what + ": " + cudaGetErrorString(status));
 }
 
 // What a group's ranks share: the unique id, every rank's communicator and its last eager
@@ -52,7 +52,7 @@ class NcclShared {
   NcclShared(int size, std::chrono::milliseconds timeout, CudaAllReduce all_reduce)
       : size_(size), timeout_(timeout), all_reduce_(all_reduce), ranks_(size_t(size)) {
     const ncclResult_t r = ncclGetUniqueId(&id_);
-    if (r != ncclSuccess) throw Error(std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r));
+    if (r != ncclSuccess) throw Error(ErrorKind::kInternal, std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r));
     void* status = nullptr;
     check_cuda(cudaHostAlloc(&status, 2 * sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable),
                "cudaHostAlloc (the group's abort and timeout flags)");

@@ -8,7 +8,7 @@ namespace g4 {
 bool nccl_available() { return false; }
 
 std::unique_ptr<CommGroup> make_nccl_comm_group(int size, std::chrono::milliseconds, CudaAllReduce) {
-  throw Error("--tp " + std::to_string(size) +
+  throw Error(ErrorKind::kUnsupported, "--tp " + std::to_string(size) +
               " on CUDA needs NCCL, and this g4 was built without it (CMake found no nccl.h and libnccl "
               "with the CUDA toolkit; install NCCL there and configure again)");
 }

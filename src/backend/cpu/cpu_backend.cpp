@@ -322,7 +322,7 @@ void CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tensor
         sample_row(logits.as<float>() + r * stride, logits.cols, params.as<SamplingParams>()[r]);
 }
 
-static void no_graphs() { throw Error("the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }
+static void no_graphs() { throw Error(ErrorKind::kUnsupported, "the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }
 void CpuBackend::begin_capture() { no_graphs(); }
 void CpuBackend::end_capture(std::unique_ptr<RecordedStep>&) { no_graphs(); }
 void CpuBackend::replay(const RecordedStep&) { no_graphs(); }

@@ -27,7 +27,7 @@ namespace {
 
 void cublas_check(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cuBLAS error in ") + call + ": " + cublasGetStatusString(status));
+    throw Error(ErrorKind::kInternal, std::string("cuBLAS error in ") + call + ": " + cublasGetStatusString(status));
 }
 #define G4_CUBLAS(call) cublas_check((call), #call)
 
@@ -132,7 +132,7 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       size_t free_bytes = 0, total = 0;
       cudaMemGetInfo(&free_bytes, &total);  // best effort: only for the message
-      throw Error("CUDA out of memory: cannot allocate " + std::to_string(bytes >> 20) + " MiB for a [" +
+      throw Error(ErrorKind::kResourceExhausted, "CUDA out of memory: cannot allocate " + std::to_string(bytes >> 20) + " MiB for a [" +
                   std::to_string(rows) + ", " + std::to_string(cols) + "] " + dtype_name(dtype) + " tensor (" +
                   std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total >> 20) +
                   " MiB); use a smaller max_seq_len or prefill chunk");

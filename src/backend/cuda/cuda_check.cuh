@@ -14,7 +14,7 @@ namespace g4 {
 inline void cuda_check(cudaError_t status, const char* call) {
   if (status == cudaSuccess) return;
   cudaGetLastError();  // clear a non-sticky error so later calls are not blamed for it
-  throw Error(std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
+  throw Error(ErrorKind::kInternal, std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
 }
 #define G4_CUDA(call) ::g4::cuda_check((call), #call)
 

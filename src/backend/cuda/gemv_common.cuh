@@ -41,7 +41,7 @@ void with_token_count(int64_t T, F&& f) {
     case 6: return f(std::integral_constant<int, 6>{});
     case 7: return f(std::integral_constant<int, 7>{});
     case 8: return f(std::integral_constant<int, 8>{});
-    default: throw Error("gemv: " + std::to_string(T) + " tokens is more than kMaxGemvTokens");
+    default: throw Error(ErrorKind::kInternal, "gemv: " + std::to_string(T) + " tokens is more than kMaxGemvTokens");
   }
 }
 

@@ -546,7 +546,7 @@ decltype(auto) with_block_type(DType t, F&& f) {
     case DType::Q4_K: return f(std::integral_constant<DType, DType::Q4_K>{});
     case DType::Q5_K: return f(std::integral_constant<DType, DType::Q5_K>{});
     case DType::Q6_K: return f(std::integral_constant<DType, DType::Q6_K>{});
-    default: throw Error("packed weights: " + dtype_name(t) + " is not a block-quantized type");
+    default: throw Error(ErrorKind::kInternal, "packed weights: " + dtype_name(t) + " is not a block-quantized type");
   }
 }
 

@@ -1,0 +1,56 @@
+// One engine step as plain data (docs/DESIGN.md §7, "Plan, execute, update"): what the scheduler
+// decided (StepPlan), what running it produced (StepResult). The scheduler plans, an executor runs
+// the plan, and the results update the scheduler's state; a split model's other ranks run rank 0's
+// plan instead of deciding again.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "sampling/sampling_params.h"
+
+namespace g4 {
+
+using RequestId = uint64_t;
+
+// A sequence's part of one forward: its pending token (a decode row) or a chunk of its prompt.
+struct PlannedChunk {
+  RequestId id = 0;
+  int64_t position = 0;          // the sequence's position before the chunk
+  std::vector<int32_t> tokens;   // the ids fed at [position, position + tokens.size())
+  bool decode = false;           // a decode row (its one pending token), else a prompt chunk
+  // Set when the forward draws a token for this chunk (a decode row, or the chunk that ends the
+  // prompt): the parameters of that draw.
+  std::optional<SamplingParams> draw;
+  int32_t top_logprobs = -1;     // with a draw: -1, or the log-probabilities asked for
+};
+
+// One batched forward: its chunks in row order (decode rows first, in arrival order).
+struct PlannedForward {
+  std::vector<PlannedChunk> chunks;
+  int64_t rows() const;
+  int64_t draws() const;  // chunks with a draw: the forward's output rows
+  bool decodes_only() const;
+};
+
+struct StepPlan {
+  std::vector<RequestId> admitted;         // started this step (KV memory taken), in arrival order
+  std::vector<PlannedForward> forwards;    // run in order
+  bool empty() const { return admitted.empty() && forwards.empty(); }
+};
+
+// What running one planned forward gave.
+struct ForwardDraws {
+  std::vector<int32_t> tokens;  // one per chunk with a draw, in row order (kNanLogitsToken: NaN logits)
+  // When a drawing chunk asked for log-probabilities: every drawing row's logits, row-major
+  // [draws, vocab]; else empty.
+  std::vector<float> logits;
+  int64_t vocab = 0;
+  bool replayed = false;        // replayed a recording of itself (CUDA graphs)
+};
+
+struct StepResult {
+  std::vector<ForwardDraws> forwards;  // one per planned forward, in order
+};
+
+}  // namespace g4
