@@ -24,6 +24,7 @@
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -194,6 +195,56 @@ TEST_F(Serve, StreamingEqualsTheWholeAnswer) {
     EXPECT_EQ(streamed, text);
     EXPECT_EQ(finish, choice["finish_reason"]);
   }
+}
+
+// A list of prompts answers one choice per prompt, each as that prompt alone; token ids answer as
+// the text they encode; echo puts the prompt before the reply; streamed, the choices come one
+// after another, each chunk naming its index. Token ids outside the vocabulary are a 400.
+TEST_F(Serve, CompletionsTakeListsOfPromptsTokenIdsAndEcho) {
+  const json base = {{"max_tokens", 8}, {"temperature", 0}};
+  auto text_of = [&](json prompt, bool echo = false) {
+    json body = base;
+    body["prompt"] = std::move(prompt);
+    body["echo"] = echo;
+    return post("/v1/completions", body);
+  };
+  const std::string once = text_of("Once upon a time")["choices"][0]["text"];
+  const std::string dragon = text_of("The dragon")["choices"][0]["text"];
+  const json both = text_of({"Once upon a time", "The dragon"});
+  ASSERT_EQ(both["choices"].size(), 2u);
+  EXPECT_EQ(both["choices"][0]["index"], 0);
+  EXPECT_EQ(both["choices"][0]["text"], once);
+  EXPECT_EQ(both["choices"][1]["index"], 1);
+  EXPECT_EQ(both["choices"][1]["text"], dragon);
+  EXPECT_EQ(both["usage"]["completion_tokens"], 16);
+
+  const std::vector<int32_t> ids = encode_prompt(*tokenizer_, "Once upon a time", /*raw_prompt=*/true, 2);
+  EXPECT_EQ(text_of(ids)["choices"][0]["text"], once);
+  EXPECT_EQ(text_of(json::array({ids, ids}))["choices"][1]["text"], once);
+  EXPECT_EQ(text_of("Once upon a time", /*echo=*/true)["choices"][0]["text"], "Once upon a time" + once);
+
+  json streamed = base;
+  streamed["prompt"] = {"Once upon a time", "The dragon"};
+  streamed["echo"] = true;
+  streamed["stream"] = true;
+  std::map<int, std::string> texts;
+  std::vector<int> order;
+  for (const std::string& e : events("/v1/completions", streamed)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    const json& c = chunk["choices"][0];
+    texts[c["index"].get<int>()] += c["text"].get<std::string>();
+    if (order.empty() || order.back() != c["index"].get<int>()) order.push_back(c["index"]);
+  }
+  EXPECT_EQ(order, (std::vector<int>{0, 1})) << "one choice after the other";
+  EXPECT_EQ(texts[0], "Once upon a time" + once);
+  EXPECT_EQ(texts[1], "The dragon" + dragon);
+
+  json outside = base;
+  outside["prompt"] = {2, int32_t(tokenizer_->vocab_size())};
+  const json error = post("/v1/completions", outside, 400)["error"];
+  EXPECT_EQ(error["param"], "prompt");
+  EXPECT_EQ(serve::EngineGauges(worker_->gauges()).running, 0u);
 }
 
 TEST_F(Serve, StopStringCutsTheText) {
@@ -478,10 +529,48 @@ TEST(ServeRequests, UnimplementedFieldsAreRefusedNotIgnored) {
                                                                            {"user", "someone"},
                                                                            {"echo", nullptr}})
     EXPECT_EQ(with(name, value), "accepted") << name;
-  EXPECT_EQ(refusal({{"prompt", "x"}, {"echo", true}}, serve::Endpoint::kCompletion),
-            "echo: 'echo' is not supported by g4 serve");
+  EXPECT_EQ(refusal({{"prompt", "x"}, {"echo", true}}, serve::Endpoint::kCompletion), "accepted");
+  EXPECT_EQ(refusal({{"prompt", "x"}, {"echo", true}, {"logprobs", 2}}, serve::Endpoint::kCompletion),
+            "echo: 'echo' with 'logprobs' asks for the prompt's log-probabilities, which g4 serve does not compute");
+  EXPECT_EQ(refusal({{"prompt", "x"}, {"suffix", "}"}}, serve::Endpoint::kCompletion),
+            "suffix: 'suffix' asks for fill-in-the-middle, and Gemma 4 has no fill-in-the-middle prompt format");
+  EXPECT_EQ(refusal({{"prompt", "x"}, {"suffix", ""}}, serve::Endpoint::kCompletion), "accepted");
   EXPECT_EQ(refusal({{"prompt", "x"}, {"tools", json::array()}}, serve::Endpoint::kCompletion),
             "tools: 'tools' is not supported by g4 serve on this endpoint");
+}
+
+// "prompt" is a string, a list of strings, token ids or lists of token ids (one choice each); any
+// other shape, an empty prompt or more than kMaxPrompts are 400s naming "prompt".
+TEST(ServeRequests, PromptsAreStringsOrTokenIdsOrListsOfThem) {
+  auto prompts = [](const json& prompt) {
+    return serve::parse_completion_request(json{{"prompt", prompt}}.dump(), serve::Endpoint::kCompletion).prompts;
+  };
+  auto refused = [](const json& prompt) {
+    try {
+      serve::parse_completion_request(json{{"prompt", prompt}}.dump(), serve::Endpoint::kCompletion);
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "prompt") << e.what();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  ASSERT_EQ(prompts("Once").size(), 1u);
+  EXPECT_EQ(prompts("Once")[0].text, "Once");
+  const auto two = prompts({"a", "b"});
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].text, "b");
+  const auto ids = prompts({2, 17, 30});
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(ids[0].ids, (std::vector<int32_t>{2, 17, 30}));
+  const auto lists = prompts({{2, 17}, {2, 30, 31}});
+  ASSERT_EQ(lists.size(), 2u);
+  EXPECT_EQ(lists[1].ids, (std::vector<int32_t>{2, 30, 31}));
+  for (const json& bad : {json(""), json::array(), json{"a", 2}, json{{2}, "b"}, json{2, -1}, json{json::array()},
+                          json{{"x", 1}}, json(3), json{true}})
+    EXPECT_NE(refused(bad), "accepted") << bad.dump();
+  EXPECT_EQ(refused(json(std::vector<std::string>(serve::kMaxPrompts + 1, "a"))),
+            "'prompt' holds 129 prompts; the most is 128");
 }
 
 // Counts beyond the request limits are 400s that name the limit.

@@ -1,5 +1,6 @@
 #include "serve/openai_api.h"
 
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <random>
@@ -324,6 +325,43 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
   }
 }
 
+// "prompt": a non-empty string, a list of them, a list of token ids, or a list of such lists.
+std::vector<CompletionPrompt> parse_prompts(const json& body) {
+  const char* const shapes = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids";
+  if (!body.contains("prompt") || body["prompt"].is_null()) throw bad("prompt", "'prompt' is required");
+  const json& p = body["prompt"];
+  auto ids_of = [&](const json& list) {
+    std::vector<int32_t> ids;
+    for (const json& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        throw bad("prompt", "'prompt' token ids must be integers >= 0");
+      ids.push_back(int32_t(id.get<int64_t>()));
+    }
+    if (ids.empty()) throw bad("prompt", "'prompt' must not be empty");
+    return ids;
+  };
+  auto text_of = [&](const json& text) {
+    if (text.get_ref<const std::string&>().empty()) throw bad("prompt", "'prompt' must not be empty");
+    return CompletionPrompt{text.get<std::string>(), std::nullopt};
+  };
+  if (p.is_string()) return {text_of(p)};
+  if (!p.is_array() || p.empty()) throw bad("prompt", shapes);
+  if (p.size() > kMaxPrompts)
+    throw bad("prompt", "'prompt' holds " + std::to_string(p.size()) + " prompts; the most is " + std::to_string(kMaxPrompts));
+  std::vector<CompletionPrompt> prompts;
+  if (p[0].is_number_integer()) return {CompletionPrompt{{}, ids_of(p)}};
+  for (const json& item : p) {
+    if (item.is_string() && p[0].is_string()) {
+      prompts.push_back(text_of(item));
+    } else if (item.is_array() && p[0].is_array()) {
+      prompts.push_back(CompletionPrompt{{}, ids_of(item)});
+    } else {
+      throw bad("prompt", shapes);
+    }
+  }
+  return prompts;
+}
+
 // A field g4 does not read, with a value that asks for nothing beyond what g4 does (a zero
 // penalty, no bias, plain text, one candidate): clients often send these explicitly.
 bool asks_nothing(const std::string& name, const json& value) {
@@ -331,7 +369,6 @@ bool asks_nothing(const std::string& name, const json& value) {
   if (name == "repetition_penalty") return value.is_number() && value.get<double>() == 1.0;
   if (name == "logit_bias") return value.is_object() && value.empty();
   if (name == "response_format") return value.is_object() && value.size() == 1 && value.value("type", json()) == "text";
-  if (name == "echo") return value.is_boolean() && !value.get<bool>();
   if (name == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
   if (name == "user") return value.is_string();  // an end user's id, for the operator's records
   return false;
@@ -343,7 +380,7 @@ void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common{"model", "temperature", "top_p", "min_p", "top_k", "seed", "max_tokens",
                                             "max_completion_tokens", "logprobs", "top_logprobs", "n", "stop",
                                             "stream", "stream_options"};
-  static const std::set<std::string> chat{"messages", "tools", "tool_choice", "chat_template_kwargs"}, completion{"prompt"};
+  static const std::set<std::string> chat{"messages", "tools", "tool_choice", "chat_template_kwargs"}, completion{"prompt", "echo", "suffix"};
   const bool is_chat = endpoint == Endpoint::kChat;
   const std::set<std::string>&own = is_chat ? chat : completion, &other = is_chat ? completion : chat;
   for (const auto& [name, value] : body.items()) {
@@ -409,9 +446,15 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
     r.messages = parse_messages(body);
     parse_chat_options(body, r);
   } else {
-    if (!given("prompt") || !body["prompt"].is_string()) throw bad("prompt", "'prompt' must be a string");
-    r.prompt = body["prompt"].get<std::string>();
-    if (r.prompt.empty()) throw bad("prompt", "'prompt' must not be empty");
+    r.prompts = parse_prompts(body);
+    if (given("echo")) {
+      if (!body["echo"].is_boolean()) throw bad("echo", "'echo' must be true or false");
+      r.echo = body["echo"].get<bool>();
+    }
+    if (given("suffix") && !(body["suffix"].is_string() && body["suffix"].get<std::string>().empty()))
+      throw ApiError(ErrorKind::kUnsupported,
+                     "'suffix' asks for fill-in-the-middle, and Gemma 4 has no fill-in-the-middle prompt format",
+                     "suffix", "unsupported_parameter");
   }
   if (given("temperature")) {
     r.temperature = number_field(body, "temperature");
@@ -448,6 +491,10 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
   if (body.contains("stop")) r.stop = parse_stop(body["stop"]);
   if (given("stream")) r.stream = bool_field(body, "stream");
   r.include_usage = nested_bool(body, "stream_options", "include_usage").value_or(false);
+  if (r.echo && r.top_logprobs >= 0)
+    throw ApiError(ErrorKind::kUnsupported,
+                   "'echo' with 'logprobs' asks for the prompt's log-probabilities, which g4 serve does not compute",
+                   "echo", "unsupported_parameter");
   return r;
 }
 
@@ -532,30 +579,35 @@ json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& logprobs,
 
 }  // namespace
 
-json completion_json(const ResponseHeader& h, const ReplyPart& reply, const std::string& finish_reason,
-                     const Usage& usage, bool with_logprobs) {
+json completion_json(const ResponseHeader& h, std::span<const ChoiceReply> choices, const Usage& usage,
+                     bool with_logprobs) {
   json out = envelope(h, false);
-  json choice = {{"index", 0}, {"finish_reason", finish(finish_reason)},
-                 {"logprobs", logprobs_json(h.endpoint, reply.logprobs, with_logprobs)}};
-  if (h.endpoint == Endpoint::kChat) {
-    json message = {{"role", "assistant"}, {"content", reply.content}};
-    if (!reply.tool_calls.empty()) {
-      message["tool_calls"] = tool_calls_json(reply.tool_calls, false);
-      if (reply.content.empty()) message["content"] = nullptr;
+  out["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ReplyPart& reply = choices[i].reply;
+    json choice = {{"index", i}, {"finish_reason", finish(choices[i].finish_reason)},
+                   {"logprobs", logprobs_json(h.endpoint, reply.logprobs, with_logprobs)}};
+    if (h.endpoint == Endpoint::kChat) {
+      json message = {{"role", "assistant"}, {"content", reply.content}};
+      if (!reply.tool_calls.empty()) {
+        message["tool_calls"] = tool_calls_json(reply.tool_calls, false);
+        if (reply.content.empty()) message["content"] = nullptr;
+      }
+      if (!reply.reasoning.empty()) message["reasoning_content"] = reply.reasoning;
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = reply.content;
     }
-    if (!reply.reasoning.empty()) message["reasoning_content"] = reply.reasoning;
-    choice["message"] = std::move(message);
-  } else {
-    choice["text"] = reply.content;
+    out["choices"].push_back(std::move(choice));
   }
-  out["choices"] = json::array({choice});
   out["usage"] = usage_json(usage);
   return out;
 }
 
-json chunk_json(const ResponseHeader& h, const ReplyPart& part, const std::string& finish_reason, bool with_logprobs) {
+json chunk_json(const ResponseHeader& h, const ReplyPart& part, const std::string& finish_reason, bool with_logprobs,
+                size_t index) {
   json out = envelope(h, true);
-  json choice = {{"index", 0}, {"finish_reason", finish(finish_reason)},
+  json choice = {{"index", index}, {"finish_reason", finish(finish_reason)},
                  {"logprobs", logprobs_json(h.endpoint, part.logprobs, with_logprobs)}};
   if (h.endpoint == Endpoint::kChat) {
     json delta = json::object();

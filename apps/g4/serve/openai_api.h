@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <utility>
 #include <string>
 #include <string_view>
@@ -35,6 +36,14 @@ nlohmann::json error_json(const ApiError& error);
 
 enum class Endpoint { kChat, kCompletion };  // /v1/chat/completions, /v1/completions
 
+// One prompt of /v1/completions: text (encoded with the server's BOS) or token ids (used as given).
+struct CompletionPrompt {
+  std::string text;
+  std::optional<std::vector<int32_t>> ids;
+};
+// The most prompts one /v1/completions request holds (each is a choice of its own).
+inline constexpr size_t kMaxPrompts = 128;
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::optional<std::string> model;   // the model asked for, when named
@@ -43,7 +52,10 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;
   ChatOptions chat;
   bool parse_tool_calls = false;      // tools declared and tool_choice is not "none"
-  std::string prompt;                 // completion: raw text
+  // completion: the prompts ("prompt": a string, a list of strings, token ids or lists of token
+  // ids), one choice each, in order; with echo, each choice's text starts with its prompt's.
+  std::vector<CompletionPrompt> prompts;
+  bool echo = false;
   std::optional<float> temperature, top_p, min_p;
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
@@ -98,12 +110,17 @@ struct Usage {
 nlohmann::json usage_json(const Usage& usage);
 // The whole answer: chat.completion (message with content, reasoning_content, tool_calls) or
 // text_completion; logprobs when `with_logprobs`.
-nlohmann::json completion_json(const ResponseHeader& header, const ReplyPart& reply, const std::string& finish_reason,
-                               const Usage& usage, bool with_logprobs);
-// One stream chunk: the part as delta (chat) or text; finish_reason null when empty. The first
-// chat chunk (role) and the usage chunk (no choices) have their own makers.
+// One choice of a whole answer.
+struct ChoiceReply {
+  ReplyPart reply;
+  std::string finish_reason;
+};
+nlohmann::json completion_json(const ResponseHeader& header, std::span<const ChoiceReply> choices, const Usage& usage,
+                               bool with_logprobs);
+// One stream chunk of choice `index`: the part as delta (chat) or text; finish_reason null when
+// empty. The first chat chunk (role) and the usage chunk (no choices) have their own makers.
 nlohmann::json chunk_json(const ResponseHeader& header, const ReplyPart& part, const std::string& finish_reason,
-                          bool with_logprobs);
+                          bool with_logprobs, size_t index = 0);
 nlohmann::json role_chunk_json(const ResponseHeader& header);
 nlohmann::json usage_chunk_json(const ResponseHeader& header, const Usage& usage);
 

@@ -287,15 +287,53 @@ void Server::add_routes() {
   for (const char* pattern : {"/v1/chat/completions", "/v1/completions"}) only(pattern, "POST");
 }
 
-std::vector<int32_t> Server::prompt_ids(const CompletionRequest& r) const {
-  if (r.endpoint == Endpoint::kCompletion) return encode_prompt(tokenizer_, r.prompt, /*raw_prompt=*/true, options_.bos_id);
-  return tokenizer_.encode(format_gemma4_chat(r.messages, r.chat), /*parse_special=*/true);
+std::vector<std::vector<int32_t>> Server::prompt_ids(const CompletionRequest& r) const {
+  std::vector<std::vector<int32_t>> prompts;
+  if (r.endpoint == Endpoint::kChat) prompts.push_back(tokenizer_.encode(format_gemma4_chat(r.messages, r.chat), true));
+  for (const CompletionPrompt& p : r.prompts) {
+    if (!p.ids) {
+      prompts.push_back(encode_prompt(tokenizer_, p.text, /*raw_prompt=*/true, options_.bos_id));
+      continue;
+    }
+    for (int32_t id : *p.ids)
+      if (id >= tokenizer_.vocab_size())
+        throw ApiError(ErrorKind::kInvalidArgument,
+                       "'prompt' holds token id " + std::to_string(id) + ", outside the vocabulary [0, " +
+                           std::to_string(tokenizer_.vocab_size()) + ")",
+                       "prompt");
+    prompts.push_back(*p.ids);
+  }
+  const char* param = r.endpoint == Endpoint::kChat ? "messages" : "prompt";
+  for (const std::vector<int32_t>& prompt : prompts)  // one position at least stays free for a token
+    if (int64_t(prompt.size()) >= worker_.max_seq_len())
+      throw ApiError(ErrorKind::kInvalidArgument,
+                     "the prompt is " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                         std::to_string(worker_.max_seq_len()) + " (--max_seq_len), including the reply",
+                     param, "context_length_exceeded");
+  return prompts;
 }
+
+namespace {
+
+// One prompt's generation: its channel, the assembler of its reply and what it echoes first.
+struct Generating {
+  std::shared_ptr<RequestChannel> channel;
+  std::shared_ptr<ReplyAssembler> reply;
+  int64_t prompt_tokens = 0;
+  std::string echo;
+};
+
+void cancel_all(EngineWorker& worker, const std::vector<Generating>& all) {
+  for (const Generating& g : all) worker.cancel(g.channel);
+}
+
+}  // namespace
 
 void Server::complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
   const Clock::time_point arrived = Clock::now();
   // The request is read whole: no deadline while it generates (the other routes answer at once).
   const int socket = connections_ ? connections_->begin_request(req.remote_addr, req.remote_port) : -1;
+  std::vector<Generating> all;
   try {
     const CompletionRequest r = parse_completion_request(req.body, endpoint);
     if (r.model && *r.model != options_.model_id)
@@ -303,90 +341,116 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
                      "the model '" + *r.model + "' does not exist: this server serves '" + options_.model_id + "'",
                      "model", "model_not_found");
     const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
-    const std::vector<int32_t> prompt = prompt_ids(r);
-    // One position at least must stay free for a generated token.
-    const int64_t room = worker_.max_seq_len() - int64_t(prompt.size());
-    if (room < 1)
-      throw ApiError(ErrorKind::kInvalidArgument,
-                     "the prompt is " + std::to_string(prompt.size()) + " tokens; the context holds " +
-                         std::to_string(worker_.max_seq_len()) + " (--max_seq_len), including the reply",
-                     endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
-    SchedulerRequest scheduled;
-    scheduled.prompt = prompt;
-    scheduled.sampling = sampler.params();
-    scheduled.max_new_tokens = std::min(r.max_tokens.value_or(options_.default_max_tokens), room);
-    scheduled.stop_ids = options_.stop_ids;
-    scheduled.top_logprobs = r.top_logprobs;
-    std::shared_ptr<RequestChannel> channel;
-    try {
-      channel = worker_.submit(std::move(scheduled));
-    } catch (const Error& e) {
-      throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
+    const std::vector<std::vector<int32_t>> prompts = prompt_ids(r);
+    // Every prompt is submitted before any is awaited, so that they run batched; one refused
+    // cancels those already in.
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SchedulerRequest scheduled;
+      scheduled.prompt = prompts[i];
+      scheduled.sampling = sampler.params();
+      scheduled.max_new_tokens =
+          std::min(r.max_tokens.value_or(options_.default_max_tokens), worker_.max_seq_len() - int64_t(prompts[i].size()));
+      scheduled.stop_ids = options_.stop_ids;
+      scheduled.top_logprobs = r.top_logprobs;
+      Generating g;
+      try {
+        g.channel = worker_.submit(std::move(scheduled));
+      } catch (const Error& e) {
+        throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
+      }
+      g.reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
+      g.prompt_tokens = int64_t(prompts[i].size());
+      if (r.echo) g.echo = r.prompts[i].ids ? tokenizer_.decode(*r.prompts[i].ids) : r.prompts[i].text;
+      all.push_back(std::move(g));
     }
-    if (std::optional<Error> why = channel->wait_admitted()) throw ApiError(*why);
+    for (const Generating& g : all)
+      if (std::optional<Error> why = g.channel->wait_admitted()) throw ApiError(*why);
 
     const ResponseHeader header{response_id(endpoint), options_.model_id,
                                 std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count(),
                                 endpoint};
-    const int64_t prompt_tokens = int64_t(prompt.size());
     const bool with_logprobs = r.top_logprobs >= 0;
-    auto reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
     if (!r.stream) {
-      // A client that hung up cancels its request at the next token, as a stream's would.
-      ReplyPart whole;
+      // A client that hung up cancels its requests at the next token, as a stream's would.
+      std::vector<ChoiceReply> choices;
+      Usage usage;
       TokenTimer timer(metrics_, arrived);
-      const Outcome outcome = collect(worker_, channel, *reply, timer, [&](ReplyPart part) {
-        whole.append(std::move(part));
-        return !ConnectionWatch::client_gone(socket);
-      });
-      metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
-      if (outcome.client_gone) {  // nobody reads an answer; logged as nginx logs it
-        res.status = http_status(ErrorKind::kCancelled);
-        return;
+      for (const Generating& g : all) {
+        ChoiceReply choice{ReplyPart{g.echo, {}, {}, {}}, ""};
+        const Outcome outcome = collect(worker_, g.channel, *g.reply, timer, [&](ReplyPart part) {
+          choice.reply.append(std::move(part));
+          return !ConnectionWatch::client_gone(socket);
+        });
+        metrics_.count_tokens(g.prompt_tokens, outcome.completion_tokens);
+        if (outcome.client_gone) {  // nobody reads an answer; logged as nginx logs it
+          cancel_all(worker_, all);
+          res.status = http_status(ErrorKind::kCancelled);
+          return;
+        }
+        if (outcome.failure) throw ApiError(*outcome.failure);
+        choice.finish_reason = outcome.finish_reason;
+        choices.push_back(std::move(choice));
+        usage.prompt_tokens += g.prompt_tokens;
+        usage.completion_tokens += outcome.completion_tokens;
       }
-      if (outcome.failure) throw ApiError(*outcome.failure);
-      send_json(res, 200, completion_json(header, whole, outcome.finish_reason,
-                                          {prompt_tokens, outcome.completion_tokens}, with_logprobs));
+      send_json(res, 200, completion_json(header, choices, usage, with_logprobs));
       return;
     }
     res.set_header("Cache-Control", "no-cache");
+    // The choices stream one after another (each chunk names its choice's index); they generate
+    // together, the later ones' tokens waiting in their channels.
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, channel, header, prompt_tokens, reply, with_logprobs, arrived, include_usage = r.include_usage](
-            size_t, httplib::DataSink& sink) {
+        [this, all, header, with_logprobs, arrived, include_usage = r.include_usage](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& data) {
             const std::string event = "data: " + data + "\n\n";
             return sink.write(event.data(), event.size());
           };
-          if (header.endpoint == Endpoint::kChat && !send(dump(role_chunk_json(header)))) {
-            worker_.cancel(channel);
-            return false;
-          }
+          Usage usage;
           TokenTimer timer(metrics_, arrived);
-          const Outcome outcome = collect(worker_, channel, *reply, timer, [&](ReplyPart part) {
-            return send(dump(chunk_json(header, part, "", with_logprobs)));
-          });
-          metrics_.count_tokens(prompt_tokens, outcome.completion_tokens);
-          if (outcome.client_gone) return false;
-          if (outcome.failure) {
-            send(dump(error_json(ApiError(*outcome.failure))));
-          } else {
-            send(dump(chunk_json(header, {}, outcome.finish_reason, with_logprobs)));
-            if (include_usage) send(dump(usage_chunk_json(header, {prompt_tokens, outcome.completion_tokens})));
+          for (size_t i = 0; i < all.size(); ++i) {
+            const Generating& g = all[i];
+            const bool opened = header.endpoint == Endpoint::kChat ? send(dump(role_chunk_json(header)))
+                                : g.echo.empty() ? true
+                                                 : send(dump(chunk_json(header, ReplyPart{g.echo, {}, {}, {}}, "",
+                                                                        with_logprobs, i)));
+            if (!opened) {
+              cancel_all(worker_, all);
+              return false;
+            }
+            const Outcome outcome = collect(worker_, g.channel, *g.reply, timer, [&](ReplyPart part) {
+              return send(dump(chunk_json(header, part, "", with_logprobs, i)));
+            });
+            metrics_.count_tokens(g.prompt_tokens, outcome.completion_tokens);
+            if (outcome.client_gone) {
+              cancel_all(worker_, all);
+              return false;
+            }
+            if (outcome.failure) {
+              cancel_all(worker_, all);
+              send(dump(error_json(ApiError(*outcome.failure))));
+              break;
+            }
+            send(dump(chunk_json(header, {}, outcome.finish_reason, with_logprobs, i)));
+            usage.prompt_tokens += g.prompt_tokens;
+            usage.completion_tokens += outcome.completion_tokens;
+            if (i + 1 == all.size() && include_usage) send(dump(usage_chunk_json(header, usage)));
           }
           send("[DONE]");
           sink.done();
           return true;
         },
-        // The connection broke before the stream ended: the request must not run on for nobody.
-        [this, channel](bool success) {
-          if (!success) worker_.cancel(channel);
+        // The connection broke before the stream ended: the requests must not run on for nobody.
+        [this, all](bool success) {
+          if (!success) cancel_all(worker_, all);
         });
   } catch (const ApiError& e) {
+    cancel_all(worker_, all);
     send_error(res, e, options_.retry_after_seconds);
   } catch (const Error& e) {  // e.g. a prompt the tokenizer refuses
+    cancel_all(worker_, all);
     send_error(res, ApiError(e), options_.retry_after_seconds);
   }
 }

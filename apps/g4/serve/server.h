@@ -69,7 +69,9 @@ class Server {
   void add_routes();
   // POST /v1/chat/completions or /v1/completions, streamed or whole.
   void complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
-  std::vector<int32_t> prompt_ids(const CompletionRequest& request) const;
+  // The request's prompts as token ids (chat: one, the formatted conversation), each checked
+  // against the vocabulary and the context.
+  std::vector<std::vector<int32_t>> prompt_ids(const CompletionRequest& request) const;
 
   EngineWorker& worker_;
   const Tokenizer& tokenizer_;
