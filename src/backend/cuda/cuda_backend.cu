@@ -293,12 +293,49 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "rms_norm input");
-    quantized_holds_ = {};  // `out` may be a buffer quantized alongside
     launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm weight"), eps, ptr<bf16>(out),
                     stream_);
   }
 
-  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override {
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override { matmul_with(x, nullptr, w, y); }
+  void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
+    matmuls_with(x, nullptr, ws, ys);
+  }
+  void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
+    gated_gelu_with(x, nullptr, w_gate, w_up, out);
+  }
+  void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
+                     const Tensor& next_weight, const Tensor& next_out) override {
+    residual_norm_with(x, o, post_weight, scalar, eps, next_weight, next_out, nullptr);
+  }
+  void projected_residual_norm(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                               const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
+                               const Tensor& next_out) override {
+    projected_residual_norm_with(a, nullptr, w, o, x, post_weight, scalar, eps, next_weight, next_out, nullptr);
+  }
+  void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
+    normed_attention_with(norms, args, false);
+  }
+
+  // The fused ops: a one-row output is quantized for the packed GEMV by the kernel that writes it
+  // (residual_norm's next_out, the decode attention's output), and its readers in the same call
+  // take those planes instead of quantizing it again (quantized_input): the same planes, one launch
+  // fewer (quantized_planes.cuh).
+  void end_block(const BlockEnd& e) override { end_block_with(e, nullptr); }
+  void normed_attention_then(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args,
+                             const BlockEnd& end) override {
+    const Tensor& out = args.size() == 1 ? args[0].out : Tensor{};
+    // The planes of the one sequence's output, which the block end reads as its `a`.
+    const bool one_row = args.size() == 1 && end.a.data == out.data && end.a.rows == 1 && end.a.cols == out.cols;
+    const uint4* planes = one_row ? normed_attention_with(norms[0], args[0], true) : nullptr;
+    if (!one_row) normed_attention_batch(norms, args);
+    end_block_with(end, planes);
+  }
+  void set_fusion(bool on) override { fusion_ = on; }
+
+  // matmul of x, whose quantized planes are `planes` when not null (else quantized when a kernel
+  // needs them).
+  void matmul_with(const Tensor& x, const uint4* planes, const Tensor& w, const Tensor& y) {
     expect_dtype(x, DType::BF16, "matmul input");
     expect_weight(w, "matmul weight");
     G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
@@ -312,10 +349,9 @@ class CudaBackend final : public Backend {
       }
       case MatmulPath::kPackedGemv: {
         const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
-        return launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, sum_order(), stream_);
+        return launch_packed_gemv(w.dtype, quantized_input(x, planes), &target, 1, T, K, sum_order(), stream_);
       }
       case MatmulPath::kPackedBatchGemv:
-        quantized_holds_ = {};
         launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(workspace_.batch_quantized), stream_);
         return launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(workspace_.batch_quantized), ptr<uint8_t>(w),
                                         ptr<bf16>(y), T, N, K, ptr<float>(workspace_.packed_partials),
@@ -346,7 +382,7 @@ class CudaBackend final : public Backend {
   // A few tokens: the matrices of each weight type in one GEMV launch (a Q4_K_M file's v_proj may
   // be Q6_K beside Q4_K q and k), the input quantized once for all packed ones; otherwise one
   // matmul each.
-  void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
+  void matmuls_with(const Tensor& x, const uint4* planes, std::span<const Tensor> ws, std::span<const Tensor> ys) {
     if (all_take(x, ws, ys, kMaxSliceSums, {MatmulPath::kRecords})) return records_matmuls(x, ws, ys);
     // A weight without its output goes to Backend::matmuls, whose check names it.
     if (!all_take(x, ws, ys, kMaxGemvTargets, {MatmulPath::kGemv, MatmulPath::kPackedGemv}))
@@ -372,7 +408,7 @@ class CudaBackend final : public Backend {
         launch_gemv(ptr<bf16>(x), bf16_targets, count, x.rows, x.cols, stream_);
         continue;
       }
-      if (!quantized) quantized = quantized_input(x);
+      if (!quantized) quantized = quantized_input(x, planes);
       launch_packed_gemv(type, quantized, packed_targets, count, x.rows, x.cols, sum_order(), stream_);
     }
   }
@@ -403,27 +439,32 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionArgs& args) override {
     const AttentionLaunch a = attention_launch(args);
-    quantized_holds_ = {};  // args.out may be a buffer quantized alongside
     if (a.T > 1) return launch_prefill_attention(a, stream_);
     launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
                             splits_bound(std::span(&args, 1)));
   }
 
-  // One decode token: the head norms are folded into the attention launch, which reads the raw
-  // projections (V from v_in: K itself on K=V layers).
-  void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
-    if (!folds_norms(norms, args)) return Backend::normed_attention(norms, args);
+  // One decode token (with fusion on): the head norms are folded into the attention launch, which
+  // reads the raw projections (V from v_in: K itself on K=V layers) and, with `quantize_out`,
+  // quantizes its output row alongside; returns those planes (null: none written).
+  const uint4* normed_attention_with(const HeadNorms& norms, const AttentionArgs& args, bool quantize_out) {
+    if (!fusion_ || !folds_norms(norms, args)) {
+      Backend::normed_attention(norms, args);
+      return nullptr;
+    }
     const AttentionLaunch a = folded_launch(norms, args);
-    launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits,
-                            quantize_alongside(args.out, quantizable_attention(a, args.out)), stream_,
+    uint4* planes = quantize_out && quantizable_attention(a, args.out) ? planes_for(args.out, true) : nullptr;
+    launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, planes, stream_,
                             splits_bound(std::span(&args, 1)));
+    return planes;
   }
+
 
   // A decode batch (one token per sequence, sequence i in row i of every tensor): one launch pair
   // per kMaxDecodeSequences sequences instead of one per sequence; each sequence's arithmetic is
   // that of normed_attention alone.
   void normed_attention_batch(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) override {
-    if (!decode_rows_in_order(norms, args)) return Backend::normed_attention_batch(norms, args);
+    if (!fusion_ || !decode_rows_in_order(norms, args)) return Backend::normed_attention_batch(norms, args);
     for (size_t at = 0; at < args.size(); at += kMaxDecodeSequences) {
       const AttentionLaunch a = folded_launch(norms[at], args[at]);
       DecodeCaches caches;
@@ -433,14 +474,13 @@ class CudaBackend final : public Backend {
         caches.v[z] = ptr<bf16>(args[at + size_t(z)].cache->v);
       }
       reserve_decode_attention(a.heads, a.head_dim, caches.sequences);
-      const bool alone = args.size() == 1;
-      launch_decode_attention(a, caches, ptr<float>(workspace_.attention_partials), kDecodeSplits,
-                              quantize_alongside(args[at].out, alone && quantizable_attention(a, args[at].out)),
-                              stream_, splits_bound(args.subspan(at, size_t(caches.sequences))));
+      launch_decode_attention(a, caches, ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
+                              splits_bound(args.subspan(at, size_t(caches.sequences))));
     }
   }
 
-  void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
+  void gated_gelu_with(const Tensor& x, const uint4* planes, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& out) {
     expect_dtype(x, DType::BF16, "gated_gelu input");
     expect_weight(w_gate, "gated_gelu gate weight");
     expect_weight(w_up, "gated_gelu up weight");
@@ -453,7 +493,7 @@ class CudaBackend final : public Backend {
     const MatmulPath path = matmul_path(w_gate, T, K);
     if (w_gate.dtype == w_up.dtype && layout_of(w_gate) == layout_of(w_up)) {
       if (path == MatmulPath::kPackedGemv) {
-        launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
+        launch_packed_gated_gelu(w_gate.dtype, quantized_input(x, planes), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
                                  ptr<bf16>(out), T, N, K, sum_order(), stream_);
         return;
       }
@@ -479,39 +519,70 @@ class CudaBackend final : public Backend {
     up.rows = T;
     up.cols = N;
     const Tensor ws[] = {w_gate, w_up}, ys[] = {out, up};
-    if (all_take(x, ws, ys, kMaxSliceSums, {MatmulPath::kRecords})) return records_matmuls(x, ws, ys, ptr<bf16>(out));
-    matmuls(x, ws, ys);
+    const bool records = all_take(x, ws, ys, kMaxSliceSums, {MatmulPath::kRecords});
+    if (records && fusion_) return records_matmuls(x, ws, ys, ptr<bf16>(out));
+    matmuls_with(x, planes, ws, ys);
     launch_gelu_tanh_mul(ptr<bf16>(out), ptr<bf16>(up), ptr<bf16>(out), out.numel(), stream_);
   }
 
-  void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
-                     const Tensor& next_weight, const Tensor& next_out) override {
+  // residual_norm, quantizing next_out into `planes` too when not null (planes_for).
+  void residual_norm_with(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
+                          const Tensor& next_weight, const Tensor& next_out, uint4* planes) {
     expect_dtype(x, DType::BF16, "residual_norm input");
     expect_dtype(o, DType::BF16, "residual_norm block output");
     launch_residual_norm(ptr<bf16>(x), ptr<bf16>(o), x.rows, x.cols, optional_f32(post_weight, "residual_norm weight"),
                          optional_f32(scalar, "residual_norm scalar"), eps,
                          optional_f32(next_weight, "residual_norm next weight"),
-                         next_out.empty() ? nullptr : ptr<bf16>(next_out),
-                         quantize_alongside(next_out, x.rows == 1 && !next_out.empty()), stream_);
+                         next_out.empty() ? nullptr : ptr<bf16>(next_out), planes, stream_);
   }
 
-  // Over Q4_0 records, the matmul's slices are summed by the norm's launch (as add_slices stores
-  // them, o included); the next block's input is then not quantized alongside (the records read
-  // bf16 inputs).
-  void projected_residual_norm(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
-                               const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
-                               const Tensor& next_out) override {
-    if (x.dtype == DType::BF16 && o.dtype == DType::BF16 && x.rows == o.rows && x.cols == o.cols &&
+  // projected_residual_norm of `a` with its planes `a_planes` (or none), quantizing next_out into
+  // next_planes too when not null; returns the planes it wrote (null: none). Over Q4_0 records, the
+  // matmul's slices are summed by the norm's launch (as add_slices stores them, o included), which
+  // writes no planes.
+  const uint4* projected_residual_norm_with(const Tensor& a, const uint4* a_planes, const Tensor& w, const Tensor& o,
+                                            const Tensor& x, const Tensor& post_weight, const Tensor& scalar,
+                                            float eps, const Tensor& next_weight, const Tensor& next_out,
+                                            uint4* next_planes) {
+    if (fusion_ && x.dtype == DType::BF16 && o.dtype == DType::BF16 && x.rows == o.rows && x.cols == o.cols &&
         (next_out.empty() || (next_out.dtype == DType::BF16 && next_out.rows == x.rows && next_out.cols == x.cols))) {
       const ResidualNormTail tail{ptr<bf16>(x), optional_f32(post_weight, "residual_norm weight"),
                                   optional_f32(scalar, "residual_norm scalar"), eps,
                                   optional_f32(next_weight, "residual_norm next weight"),
                                   next_out.empty() ? nullptr : ptr<bf16>(next_out)};
       const Tensor ws[] = {w}, ys[] = {o};
-      if (all_take(a, ws, ys, 1, {MatmulPath::kRecords})) return records_matmuls(a, ws, ys, nullptr, &tail);
+      if (all_take(a, ws, ys, 1, {MatmulPath::kRecords})) {
+        records_matmuls(a, ws, ys, nullptr, &tail);
+        return nullptr;
+      }
     }
-    Backend::projected_residual_norm(a, w, o, x, post_weight, scalar, eps, next_weight, next_out);
+    matmul_with(a, a_planes, w, o);
+    residual_norm_with(x, o, post_weight, scalar, eps, next_weight, next_out, next_planes);
+    return next_planes;
   }
+
+  // end_block of `a` with its planes (or none): the residual norm quantizes next_out alongside for
+  // the readers when it is one row.
+  void end_block_with(const BlockEnd& e, const uint4* a_planes) {
+    const bool read = !e.next.empty() && !e.next_out.empty();
+    uint4* next_planes = read ? planes_for(e.next_out, e.x.rows == 1) : nullptr;
+    const uint4* planes = next_planes;
+    if (e.complete_o) {
+      matmul_with(e.a, a_planes, e.w, e.o);
+      e.complete_o(e.o);
+      residual_norm_with(e.x, e.o, e.post_weight, e.scalar, e.eps, e.next_weight, e.next_out, next_planes);
+    } else {
+      planes = projected_residual_norm_with(e.a, a_planes, e.w, e.o, e.x, e.post_weight, e.scalar, e.eps,
+                                            e.next_weight, e.next_out, next_planes);
+    }
+    if (!read) return;
+    if (e.next.gated_gelu) {
+      G4_CHECK(e.next.ws.size() == 2 && e.next.ys.size() == 1, "end_block: a gated GELU reads gate and up into one output");
+      return gated_gelu_with(e.next_out, planes, e.next.ws[0], e.next.ws[1], e.next.ys[0]);
+    }
+    matmuls_with(e.next_out, planes, e.next.ws, e.next.ys);
+  }
+
 
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
     expect_dtype(out, DType::F32, "softcap output");
@@ -640,7 +711,6 @@ class CudaBackend final : public Backend {
                        bf16* gelu_out = nullptr, const ResidualNormTail* then_norm = nullptr) {
     RecordsTarget targets[kMaxSliceSums];
     for (size_t i = 0; i < ws.size(); ++i) targets[i] = RecordsTarget{ptr<uint8_t>(ws[i]), ptr<bf16>(ys[i]), ws[i].rows};
-    quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
     launch_q4_0_records_matmuls(std::span(targets, ws.size()), ptr<bf16>(x), x.rows, x.cols,
                                 ptr<float>(workspace_.packed_partials), workspace_.packed_partials.bytes(), stream_,
                                 gelu_out, then_norm);
@@ -720,13 +790,12 @@ class CudaBackend final : public Backend {
     if (overlap) G4_CUDA(cudaEventRecord(chunk_read_[b], stream_));
   }
 
-  // The planes for a one-row output that the kernel writing it also quantizes for the packed GEMV
-  // reading it next (which then skips its quantize launch: quantized_input), marking that row; null,
-  // and no mark, when not `eligible` or the scratch cannot hold it.
-  uint4* quantize_alongside(const Tensor& out, bool eligible) {
-    const bool quantize = eligible && out.rows == 1 && out.cols % packed::kBlock == 0 &&
+  // Where the kernel writing the one-row activation `out` also quantizes it for the packed GEMV
+  // reading it in the same fused op: workspace_.quantized; null (quantized by its reader, if at
+  // all) when fusion is off, not `eligible`, or the scratch cannot hold it.
+  uint4* planes_for(const Tensor& out, bool eligible) {
+    const bool quantize = fusion_ && eligible && out.rows == 1 && out.cols % packed::kBlock == 0 &&
                           quantized_bytes(out) <= workspace_.quantized.bytes();
-    quantized_holds_ = quantize ? QuantizedRow{out.data, out.cols} : QuantizedRow{};
     return quantize ? ptr<uint4>(workspace_.quantized) : nullptr;
   }
   // A decode attention whose output row is every head's dims in order, heads of whole blocks.
@@ -738,18 +807,15 @@ class CudaBackend final : public Backend {
     return size_t(x.rows) * size_t(x.cols / packed::kBlock) * sizeof(packed::ActivationBlock);
   }
 
-  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32): already
-  // there when the kernel that wrote x just before quantized it alongside, else quantized now. The
-  // mark serves one backend op (one op quantizes its input once for all its matrices): a buffer
-  // written again later is quantized again.
-  const uint4* quantized_input(const Tensor& x) {
+  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32): `planes`
+  // when the fused op's writer of x quantized it alongside, else quantized now into
+  // workspace_.quantized.
+  const uint4* quantized_input(const Tensor& x, const uint4* planes) {
+    if (planes) return planes;
     G4_CHECK(quantized_bytes(x) <= workspace_.quantized.bytes(), "packed matmul: input wider than any packed weight");
-    const bool ready = quantized_holds_.data == x.data && quantized_holds_.cols == x.cols && x.rows == 1;
-    quantized_holds_ = {};
-    if (!ready) launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(workspace_.quantized), stream_);
+    launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(workspace_.quantized), stream_);
     return ptr<uint4>(workspace_.quantized);
   }
-
   // The packed GEMV's: pinned and in the batch GEMV's order while batch invariance is asked for.
   SumOrder sum_order() const { return batch_invariant_ ? SumOrder::kBatchInvariant : SumOrder::kFastest; }
 
@@ -899,13 +965,7 @@ class CudaBackend final : public Backend {
   cudaStream_t dequantize_stream_ = nullptr;
   cudaEvent_t chunk_ready_[2] = {}, chunk_read_[2] = {}, stream_point_ = nullptr;
   bool dequantize_must_wait_ = false;
-  // The one-row activation whose quantized planes quantized_ holds (written with it by
-  // residual_norm or the decode attention, and not yet read), or none (null data).
-  struct QuantizedRow {
-    const void* data = nullptr;
-    int64_t cols = 0;
-  };
-  QuantizedRow quantized_holds_;
+  bool fusion_ = true;  // set_fusion
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;
