@@ -193,8 +193,8 @@ void expect_gelu_of_outputs(const std::vector<float>& gate, const std::vector<fl
 }
 
 // With batch invariance asked for, Q4_0 matrices of whole records (rows a multiple of 16, columns of
-// 64) are rearranged into them at their first use and run the records matmul at 1 to 64 tokens
-// (docs/DESIGN.md §7): within the GEMV's bound of the CPU (the weights exact, the activations bf16),
+// 64) are rearranged into them (when invariance is turned on, or when written while it is on) and
+// run the records matmul at 1 to 64 tokens (docs/DESIGN.md §7): within the GEMV's bound of the CPU (the weights exact, the activations bf16),
 // each token's row with the bits it has alone and in any batch, the gated GELU likewise; prefill
 // past 64 tokens from records; embedding rows from a rearranged table bit for bit; the matrices stay
 // records with invariance off again, and a fill makes one packed again. The shapes give 63 tiles
@@ -260,9 +260,11 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
   }
   // Past 64 tokens: rows dequantized from the records for the GEMM.
   const Both w = random_weight(DType::Q4_0, 2000 * 16, 512);
-  check_matmul(w, 1, "Q4_0 records [32000, 512]");  // rearranges it
+  check_matmul(w, 1, "Q4_0 records [32000, 512]");  // rearranged when filled, invariance on
   check_matmul(w, 100, "Q4_0 records [32000, 512], prefill");
-  // Embedding rows: before and after the table is rearranged (as an LM head), the CPU's values.
+  // Embedding rows: before and after the table is rearranged (by turning invariance on), the CPU's
+  // values.
+  gpu_->set_batch_invariant(false);
   const Both table = weight(64, 512, DType::Q4_0);
   const std::vector<int32_t> ids = {3, 0, 63, 17, 3};
   Both id = raw(DType::I32, 5, 1, ids.data());
@@ -271,6 +273,7 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
   const std::vector<float> want = rounded_to_bf16(read(cpu_, out.cpu));
   gpu_->embed(table.gpu, id.gpu, 8.0f, out.gpu);
   EXPECT_EQ(read(*gpu_, out.gpu), want) << "packed table";
+  gpu_->set_batch_invariant(true);
   check_matmul(table, 3, "Q4_0 records table as a matrix");
   gpu_->embed(table.gpu, id.gpu, 8.0f, out.gpu);
   EXPECT_EQ(read(*gpu_, out.gpu), want) << "records table";
@@ -285,8 +288,7 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
   const Tensor from_packed = gpu_->alloc(DType::BF16, 100, w.gpu.rows);
   const Tensor from_records = gpu_->alloc(DType::BF16, 100, w.gpu.rows);
   gpu_->matmul(x100.gpu, w.gpu, from_packed);
-  gpu_->set_batch_invariant(true);
-  gpu_->matmul(x100.gpu.rows_view(0, 1), w.gpu, from_records.rows_view(0, 1));  // rearranges it
+  gpu_->set_batch_invariant(true);  // rearranges it
   gpu_->matmul(x100.gpu, w.gpu, from_records);
   EXPECT_EQ(read(*gpu_, from_records), read(*gpu_, from_packed)) << "prefill over records against over packed rows";
 }
@@ -618,6 +620,39 @@ TEST_P(CudaQuantDemo, GraphDecodeEqualsPlainDecode) {
     EXPECT_EQ(test::generate_with_graph(graph, prompt, p, 48), test::generate_plain(plain, prompt, p, 48))
         << GetParam().name << ", temperature " << p.temperature;
   }
+}
+
+// Every fusion run as its separate ops (Backend::set_fusion(false)), with batch invariance off and
+// on: the same greedy tokens and the same logits, bit for bit, by prefill in chunks of 7 and by
+// decode (one row: the quantized-alongside planes, the head norms folded into decode attention, and
+// under invariance the Q4_0 records' GELU-mul and residual norm in their launches). Each fused
+// kernel documents the separate ops' bits.
+TEST_P(CudaQuantDemo, FusionOffGivesTheFusedBits) {
+  const std::span<const int32_t> prompt(ref_.tokens.data(), 12);
+  const int n = int(ref_.positions) - 12;
+  for (bool invariant : {false, true}) {
+    gpu_->set_batch_invariant(invariant);
+    std::vector<int64_t> tokens[2];
+    std::vector<float> prefill[2], last[2];
+    for (bool fusion : {true, false}) {
+      gpu_->set_fusion(fusion);
+      Session s = new_session(*gpu_, *model_);
+      prefill[fusion] = s.logits_all(ref_.tokens, 7);
+      s.reset();
+      tokens[fusion] = test::generate_plain(s, prompt, SamplingParams{0.0f, 1.0f, 0.0f, 0, 3}, n);
+      last[fusion] = s.last_logits_host();
+    }
+    gpu_->set_fusion(true);
+    const std::string what = std::string(GetParam().name) + (invariant ? ", batch invariant" : "");
+    EXPECT_EQ(tokens[0], tokens[1]) << what;
+    ASSERT_EQ(prefill[0].size(), prefill[1].size()) << what;
+    EXPECT_EQ(std::memcmp(prefill[0].data(), prefill[1].data(), prefill[0].size() * sizeof(float)), 0)
+        << what << ": prefill logits, fused != separate ops";
+    ASSERT_EQ(last[0].size(), last[1].size()) << what;
+    EXPECT_EQ(std::memcmp(last[0].data(), last[1].data(), last[0].size() * sizeof(float)), 0)
+        << what << ": last decode logits, fused != separate ops";
+  }
+  gpu_->set_batch_invariant(false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, CudaQuantDemo, ::testing::ValuesIn(kDemoFiles),

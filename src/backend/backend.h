@@ -7,6 +7,7 @@
 // reads them from device memory on every replay.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +54,27 @@ struct HeadNorms {
   Tensor positions, inv_freq;
   float eps = 0.0f;
   int64_t q_first = 0;
+};
+
+// The matrices that read an activation, named in the fused op that writes it (Backend::end_block,
+// Backend::normed_attention_then): ys[i] = in · ws[i]^T (matmuls), or, with gated_gelu, the gated
+// MLP's first half ys[0] = gelu_tanh(in · ws[0]^T) * (in · ws[1]^T) (gated_gelu).
+struct Readers {
+  std::span<const Tensor> ws, ys;
+  bool gated_gelu = false;
+  bool empty() const { return ws.empty(); }
+};
+
+// The end of a residual block and what reads its result: o = a · w^T, completed by complete_o when
+// set (a tensor-parallel rank's sum of every rank's partial o), then residual_norm(x, o,
+// post_weight, scalar, eps, next_weight, next_out), then `next` reading next_out (nothing when
+// either is empty).
+struct BlockEnd {
+  Tensor a, w, o, x, post_weight, scalar;
+  float eps = 0.0f;
+  Tensor next_weight, next_out;
+  Readers next;
+  std::function<void(const Tensor&)> complete_o;
 };
 
 class Backend {
@@ -127,6 +149,40 @@ class Backend {
     matmul(a, w, o);
     residual_norm(x, o, post_weight, scalar, eps, next_weight, next_out);
   }
+  // in · the readers' matrices: matmuls(in, ws, ys), or gated_gelu(in, ws[0], ws[1], ys[0]).
+  void run_readers(const Tensor& in, const Readers& r) {
+    if (!r.gated_gelu) return matmuls(in, r.ws, r.ys);
+    G4_CHECK(r.ws.size() == 2 && r.ys.size() == 1, "run_readers: a gated GELU reads gate and up into one output");
+    gated_gelu(in, r.ws[0], r.ws[1], r.ys[0]);
+  }
+
+  // ---- fused ops: an op and the ops that read its output in one call, so that a backend may hand
+  // the output over in another form as well, inside the call (CUDA: a one-row output quantized for
+  // the packed GEMV by the kernel that writes it). The results are those of the ops in sequence. ----
+  // The end of a residual block and its readers (BlockEnd).
+  virtual void end_block(const BlockEnd& e) {
+    if (e.complete_o) {
+      matmul(e.a, e.w, e.o);
+      e.complete_o(e.o);
+      residual_norm(e.x, e.o, e.post_weight, e.scalar, e.eps, e.next_weight, e.next_out);
+    } else {
+      projected_residual_norm(e.a, e.w, e.o, e.x, e.post_weight, e.scalar, e.eps, e.next_weight, e.next_out);
+    }
+    if (!e.next.empty() && !e.next_out.empty()) run_readers(e.next_out, e.next);
+  }
+  // normed_attention_batch(norms, args), then end_block(end), whose `a` is the attention's output
+  // (the rows of every args[i].out).
+  virtual void normed_attention_then(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args,
+                                     const BlockEnd& end) {
+    normed_attention_batch(norms, args);
+    end_block(end);
+  }
+  // Fusion on (the default), a backend may run a fused op, and its own fusions of one op (CUDA: the
+  // head norms folded into decode attention; a Q4_0 records matmul's GELU-mul or residual norm in
+  // its launch), in one piece; off, it runs their parts as separate ops: the same tokens, slower
+  // (for debugging). Backends that fuse nothing ignore it.
+  virtual void set_fusion(bool /*on*/) {}
+
   // out (F32) = cap * tanh(x / cap), or a plain copy when cap <= 0; x is in the activation dtype.
   virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
   // t[i] = center + spread * uniform_hash(seed, i) for F32 or BF16 t; for a block-quantized t

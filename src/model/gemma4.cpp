@@ -38,8 +38,33 @@ static Tensor rows(const Tensor& t, int64_t first, int64_t n, int64_t cols) {
   return head(t, first + n, cols).rows_view(first, n);
 }
 
+QkvProjections Gemma4::qkv_projections(const Backend& be, ForwardBuffers& buf, int layer, int64_t T,
+                                       int64_t first) const {
+  const LayerConfig& l = rank_config_.layers[size_t(layer)];
+  const LayerWeights& w = weights_.layers[size_t(layer)];
+  const int64_t q_cols = rank_config_.num_heads * l.head_dim, kv_cols = l.kv_heads * l.head_dim;
+  QkvProjections p;
+  // Queries are read only for rows [first, T); keys and values for all T. Up to the backend's
+  // batch_invariant_rows() the three are one launch whatever `first` (q for every row): a backend
+  // may slice a launch's matrices by their rows together (CUDA's Q4_0 records, docs/DESIGN.md §7),
+  // so k and v launched without q would get other bits in a prefill step than in a decode step.
+  p.one_launch = first == 0 || T <= be.batch_invariant_rows();
+  p.count = l.k_eq_v ? 2 : 3;
+  p.ws[0] = w.q_proj, p.ws[1] = w.k_proj, p.ws[2] = w.v_proj;
+  p.ys[0] = head(buf.q, T, q_cols), p.ys[1] = head(buf.k, T, kv_cols), p.ys[2] = head(buf.v, T, kv_cols);
+  return p;
+}
+
+BlockEnd Gemma4::block_end(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                           const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
+                           const Tensor& next_out, Readers next) const {
+  BlockEnd e{a, w, o, x, post_weight, scalar, eps, next_weight, next_out, next, {}};
+  if (comm_) e.complete_o = [this](const Tensor& partial) { reduce_partial(partial); };
+  return e;
+}
+
 void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::span<const SequenceRows> sequences,
-                             const Tensor& positions, int64_t T, int64_t first) const {
+                             const Tensor& positions, int64_t T, int64_t first, bool projected) const {
   // This rank's heads (all of them on one device).
   const LayerConfig& l = rank_config_.layers[size_t(layer)];
   const LayerWeights& w = weights_.layers[size_t(layer)];
@@ -47,17 +72,13 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
   const int64_t H = config_.hidden_size, hd = l.head_dim, out_rows = T - first;
   const int64_t heads = rank_config_.num_heads, q_cols = heads * hd, kv_cols = l.kv_heads * hd;
   Tensor x = head(buf.x, T, H), h = head(buf.normed, T, H);
-  // Queries are read only for rows [first, T); keys and values for all T. Up to the backend's
-  // batch_invariant_rows() the three are one launch whatever `first` (q for every row): a backend
-  // may slice a launch's matrices by their rows together (CUDA's Q4_0 records, docs/DESIGN.md §7),
-  // so k and v launched without q would get other bits in a prefill step than in a decode step.
-  const bool one_launch = first == 0 || T <= be.batch_invariant_rows();
-  Tensor q = head(buf.q, one_launch ? T : out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
-  if (one_launch) {
-    const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, ys[] = {q, k, v};
-    be.matmuls(h, std::span(ws, l.k_eq_v ? 2 : 3), std::span(ys, l.k_eq_v ? 2 : 3));
+  const QkvProjections qkv = qkv_projections(be, buf, layer, T, first);
+  Tensor q = head(buf.q, qkv.one_launch ? T : out_rows, q_cols), k = head(buf.k, T, kv_cols), v = head(buf.v, T, kv_cols);
+  if (qkv.one_launch) {
+    if (!projected) be.matmuls(h, std::span(qkv.ws, qkv.count), std::span(qkv.ys, qkv.count));
     q = q.rows_view(first, out_rows);
   } else {
+    G4_CHECK(!projected, "attention block: q, k and v projected apart cannot run as the previous block's readers");
     if (out_rows > 0) be.matmul(h.rows_view(first, out_rows), w.q_proj, q);
     const Tensor ws[] = {w.k_proj, w.v_proj}, ys[] = {k, v};
     be.matmuls(h, std::span(ws, l.k_eq_v ? 1 : 2), std::span(ys, l.k_eq_v ? 1 : 2));
@@ -95,32 +116,30 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
     arg.q_first = q_from - a;
     arg.last_position = s.last_position;
   }
-  be.normed_attention_batch(norms, args);
-  if (out_rows == 0) return;
+  if (out_rows == 0) return be.normed_attention_batch(norms, args);
 
-  end_block(be, head(buf.attn, out_rows, q_cols), w.o_proj, rows(buf.proj, first, out_rows, H),
-            x.rows_view(first, out_rows), w.post_attn_norm, Tensor{}, eps, w.ffn_norm, h.rows_view(first, out_rows));
+  // The attention's output projected and added to the residual; the MLP's normed input then read
+  // by its gate and up projections.
+  const int64_t I = rank_config_.intermediate_size;
+  const Tensor mlp_in = h.rows_view(first, out_rows), gate_up[] = {w.gate_proj, w.up_proj},
+               gated[] = {rows(buf.gate, first, out_rows, I)};
+  be.normed_attention_then(norms, args,
+                           block_end(head(buf.attn, out_rows, q_cols), w.o_proj, rows(buf.proj, first, out_rows, H),
+                                     x.rows_view(first, out_rows), w.post_attn_norm, Tensor{}, eps, w.ffn_norm, mlp_in,
+                                     Readers{gate_up, gated, true}));
 }
 
-void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const {
+void Gemma4::mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n,
+                       const QkvProjections* next) const {
   const LayerWeights& w = weights_.layers[size_t(layer)];
   const int64_t H = config_.hidden_size, I = rank_config_.intermediate_size;
   Tensor x = rows(buf.x, first, n, H), h = rows(buf.normed, first, n, H);
   Tensor gate = rows(buf.gate, first, n, I), o = rows(buf.proj, first, n, H);
-  be.gated_gelu(h, w.gate_proj, w.up_proj, gate);
   // The last layer leaves x un-normed: logits() applies the final norm.
   const bool last = layer + 1 == config_.num_layers();
-  end_block(be, gate, w.down_proj, o, x, w.post_ffn_norm, w.layer_scalar, float(config_.rms_norm_eps),
-            last ? Tensor{} : weights_.layers[size_t(layer) + 1].attn_norm, last ? Tensor{} : h);
-}
-
-void Gemma4::end_block(Backend& be, const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
-                       const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
-                       const Tensor& next_out) const {
-  if (!comm_) return be.projected_residual_norm(a, w, o, x, post_weight, scalar, eps, next_weight, next_out);
-  be.matmul(a, w, o);
-  reduce_partial(o);  // each rank's o is a partial sum: complete before the norm
-  be.residual_norm(x, o, post_weight, scalar, eps, next_weight, next_out);
+  be.end_block(block_end(gate, w.down_proj, o, x, w.post_ffn_norm, w.layer_scalar, float(config_.rms_norm_eps),
+                         last ? Tensor{} : weights_.layers[size_t(layer) + 1].attn_norm, last ? Tensor{} : h,
+                         next ? next->readers() : Readers{}));
 }
 
 void Gemma4::forward_batch(Backend& be, ForwardBuffers& buf, std::span<const SequenceRows> sequences,
@@ -150,10 +169,19 @@ void Gemma4::forward_batch(Backend& be, ForwardBuffers& buf, std::span<const Seq
     be.rms_norm(x, weights_.layers[0].attn_norm, float(config_.rms_norm_eps), head(buf.normed, T, config_.hidden_size));
   // The last layer still projects and stores every position's K/V, but computes the rest (queries,
   // o_proj, MLP) only for the rows whose hidden states the caller reads.
+  // A layer's q/k/v run at the previous MLP block's end when they are one launch over all T rows.
+  bool projected = false;
   for (int i = 0; i < config_.num_layers(); ++i) {
     const int64_t first = i + 1 == config_.num_layers() ? first_read : 0;
-    attention_block(be, buf, i, sequences, positions, T, first);
-    if (first < T) mlp_block(be, buf, i, first, T - first);
+    attention_block(be, buf, i, sequences, positions, T, first, projected);
+    projected = false;
+    if (first >= T) continue;
+    const bool next_layer = i + 1 < config_.num_layers();
+    const int64_t next_first = i + 2 == config_.num_layers() ? first_read : 0;
+    const QkvProjections next = next_layer ? qkv_projections(be, buf, i + 1, T, next_first) : QkvProjections{};
+    // The MLP covers every row when a next layer follows (first = 0 below the last layer).
+    projected = next.one_launch;
+    mlp_block(be, buf, i, first, T - first, projected ? &next : nullptr);
   }
 }
 

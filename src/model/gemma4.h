@@ -29,6 +29,15 @@ struct SequenceRows {
   int64_t last_position = -1;  // the position of the sequence's last row, when the host knows it
 };
 
+// A layer's q, k and v projections as one launch over a forward's T rows (Gemma4::qkv_projections):
+// the readers of the layer's normed input. K=V layers have no v_proj: count 2.
+struct QkvProjections {
+  Tensor ws[3], ys[3];
+  size_t count = 0;
+  bool one_launch = false;
+  Readers readers() const { return Readers{std::span(ws, count), std::span(ys, count)}; }
+};
+
 class Gemma4 {
  public:
   Gemma4(ModelConfig config, ModelWeights weights)
@@ -65,18 +74,26 @@ class Gemma4 {
               const Tensor& logits) const;
 
  private:
-  // Both blocks read their normed input from buf.normed and leave the next block's there.
-  // Keys and values of all T rows; queries, o_proj and the residual only for rows [first, T).
+  // Both blocks read their normed input from buf.normed and leave the next block's there; each
+  // block's end also runs the matrices that read the next block's input (Backend::end_block), so
+  // that a backend may hand that input over in another form as well.
+  // Keys and values of all T rows; queries, o_proj and the residual only for rows [first, T), whose
+  // normed MLP input the gate and up projections then read. `projected`: the previous block's end
+  // projected q, k and v already (qkv_projections).
   void attention_block(Backend& be, ForwardBuffers& buf, int layer, std::span<const SequenceRows> sequences,
-                       const Tensor& positions, int64_t T, int64_t first) const;
-  // The MLP block over rows [first, first + n).
-  void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n) const;
-
-  // A residual block's output projection o = a · w^T and its residual_norm (Backend::
-  // projected_residual_norm; split over ranks, o is summed over them in between).
-  void end_block(Backend& be, const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
-                 const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
-                 const Tensor& next_out) const;
+                       const Tensor& positions, int64_t T, int64_t first, bool projected) const;
+  // The MLP block's end over rows [first, first + n) (its gate and up ran at the attention block's
+  // end); with the next layer's q/k/v projections as readers when `next` holds them.
+  void mlp_block(Backend& be, ForwardBuffers& buf, int layer, int64_t first, int64_t n,
+                 const QkvProjections* next) const;
+  // Layer `layer`'s q/k/v projections of a T-row forward whose queries start at row `first`, when
+  // they run as one launch over all T rows (else q of rows [first, T) and k/v of all run apart).
+  QkvProjections qkv_projections(const Backend& be, ForwardBuffers& buf, int layer, int64_t T, int64_t first) const;
+  // The residual block end o = a · w^T, residual norm into next_out (a Backend::BlockEnd; split over
+  // ranks, o is summed over them in between), read by `next`.
+  BlockEnd block_end(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x, const Tensor& post_weight,
+                     const Tensor& scalar, float eps, const Tensor& next_weight, const Tensor& next_out,
+                     Readers next) const;
   // After a projection split by its input (o_proj, down_proj): the sum of every rank's partial
   // output. Nothing on one device.
   void reduce_partial(const Tensor& partial) const {

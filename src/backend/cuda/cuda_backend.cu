@@ -7,13 +7,16 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_workspace.h"
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/q4_0_records.h"
 #include "backend/memory_meter.h"
@@ -73,6 +76,61 @@ const float* optional_f32(const Tensor& t, const char* what) {
   return static_cast<const float*>(t.data);
 }
 
+// How a weight matrix is stored: bf16, packed in its block type (packed_blocks.h), or a Q4_0
+// matrix rearranged into records (q4_0_records.h).
+enum class WeightLayout { kBf16, kPacked, kQ4_0Records };
+
+// The kernels of y[T, N] = x[T, K] · w^T.
+enum class MatmulPath {
+  kRecords,          // launch_q4_0_records_matmuls
+  kPackedGemv,       // launch_quantize_activations, then launch_packed_gemv
+  kPackedBatchGemv,  // launch_quantize_batch_activations, then launch_packed_batch_gemv
+  kGemvRowGroups,    // the GEMV (bf16 or packed) on kMaxGemvTokens rows at a time
+  kPackedMatmul,     // launch_packed_matmul (tensor cores)
+  kDequantizedGemm,  // chunks of rows dequantized to bf16, then cuBLAS (multiply_dequantized_chunk)
+  kGemv,             // launch_gemv over bf16
+  kCublas,           // cuBLAS over bf16
+};
+
+// The kernel for a weight stored as `layout` and T rows of K values; the first row that matches:
+//
+//   layout        rows T                               batch invariant  path
+//   Q4_0 records  1..64                                -                kRecords
+//   Q4_0 records  65..                                 -                kDequantizedGemm
+//   packed        packed_gemv_takes(T, K): 1..8 rows,  -                kPackedGemv
+//                 without invariance 1..4 when the
+//                 packed matmul fits
+//   packed        9..64, packed_batch_gemv_fits        yes              kPackedBatchGemv (no Q6_K)
+//   packed        9..64                                yes              kGemvRowGroups (Q6_K)
+//   packed        5..64, K % 128 == 0                  no               kPackedMatmul
+//   packed        any other                            -                kDequantizedGemm
+//   bf16          1..8, K % 8 == 0                     -                kGemv
+//   bf16          9..64, K % 8 == 0                    yes              kGemvRowGroups
+//   bf16          any other                            -                kCublas
+//
+// Where Q4_0 records come from: a Q4_0 matrix of whole records (records::fits_records) is
+// rearranged into records while batch invariance is asked for (set_batch_invariant), before any
+// forward that asks for it: when invariance is turned on (every Q4_0 matrix allocated so far) and
+// whenever such a matrix is written while it is on (upload_weight, upload, fill_uniform). No op
+// changes a weight's layout, so a graph capture may hold any op. Records are not made for every
+// eligible matrix regardless of invariance: without it the packed GEMV (1..4 rows) and the packed
+// matmul run faster over the packed layout than the records kernels, and the records kernels give
+// other bits than those.
+MatmulPath choose_matmul_path(DType weight, WeightLayout layout, int64_t T, int64_t K, bool batch_invariant) {
+  if (layout == WeightLayout::kQ4_0Records)
+    return T <= kMaxPackedMatmulTokens ? MatmulPath::kRecords : MatmulPath::kDequantizedGemm;
+  if (layout == WeightLayout::kPacked) {
+    if (packed_gemv_takes(T, K, batch_invariant)) return MatmulPath::kPackedGemv;
+    if (batch_invariant && packed_batch_gemv_fits(weight, T, K)) return MatmulPath::kPackedBatchGemv;
+    if (batch_invariant && T <= kMaxPackedMatmulTokens) return MatmulPath::kGemvRowGroups;
+    if (packed_matmul_fits(T, K)) return MatmulPath::kPackedMatmul;
+    return MatmulPath::kDequantizedGemm;
+  }
+  if (T <= kMaxGemvTokens && K % 8 == 0) return MatmulPath::kGemv;
+  if (batch_invariant && T <= kMaxPackedMatmulTokens && K % 8 == 0) return MatmulPath::kGemvRowGroups;
+  return MatmulPath::kCublas;
+}
+
 // A recorded step: an executable CUDA graph (destroyed unchecked: a destructor must not throw).
 struct CudaGraph final : Backend::RecordedStep {
   cudaGraphExec_t exec = nullptr;
@@ -84,15 +142,15 @@ struct CudaGraph final : Backend::RecordedStep {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  CudaBackend() : workspace_([this](DType dtype, int64_t rows, int64_t cols) { return alloc(dtype, rows, cols); }) {
     G4_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     G4_CUDA(cudaStreamCreateWithFlags(&dequantize_stream_, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&stream_point_, &chunk_ready_[0], &chunk_ready_[1], &chunk_read_[0], &chunk_read_[1]})
       G4_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     G4_CUBLAS(cublasCreate(&cublas_));
     G4_CUBLAS(cublasSetStream(cublas_, stream_));
-    cublas_workspace_ = alloc(DType::I32, 1, int64_t(kCublasWorkspaceBytes / 4));
-    G4_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_.data, kCublasWorkspaceBytes));
+    workspace_.reserve_cublas(kCublasWorkspaceBytes);
+    G4_CUBLAS(cublasSetWorkspace(cublas_, workspace_.cublas.data, kCublasWorkspaceBytes));
   }
   // Unchecked: a destructor must not throw, and teardown has nothing to recover.
   ~CudaBackend() override {
@@ -116,7 +174,23 @@ class CudaBackend final : public Backend {
   int64_t batch_invariant_rows() const override {
     return batch_invariant_ ? kMaxPackedMatmulTokens : kPackedMatmulFromRows - 1;
   }
-  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  // Turned on, every Q4_0 matrix allocated so far is rearranged into records (see
+  // choose_matmul_path); turned off, matrices already in records stay so.
+  void set_batch_invariant(bool on) override {
+    G4_CHECK(!capturing_, "cuda backend: batch invariance changed while capturing a graph");
+    batch_invariant_ = on;
+    if (!on) return;
+    std::erase_if(q4_0_matrices_, [](const Q4_0Matrix& m) { return m.owner.expired(); });
+    for (const Q4_0Matrix& m : q4_0_matrices_) {
+      Tensor w;
+      w.dtype = DType::Q4_0;
+      w.rows = m.rows;
+      w.cols = m.cols;
+      w.data = m.data;
+      w.owner = m.owner.lock();
+      if (w.owner) to_records(w);
+    }
+  }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
     G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");
@@ -141,7 +215,8 @@ class CudaBackend final : public Backend {
     t.owner = memory_.track(p, bytes, [](void* q) { cudaFree(q); });
     t.data = p;
     G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
-    if (is_block_quantized(dtype)) reserve_packed_scratch(rows, cols);
+    if (is_block_quantized(dtype)) workspace_.reserve_packed(rows, cols, kDequantizedBytes);
+    if (dtype == DType::Q4_0 && records::fits_records(rows, cols)) q4_0_matrices_.push_back({t.data, rows, cols, t.owner});
     return t;
   }
 
@@ -149,6 +224,7 @@ class CudaBackend final : public Backend {
     dequantize_must_wait_ = true;  // dst may be a weight
     records_.erase(dst.data);      // ... in the packed layout again
     G4_CUDA(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    keep_in_records(dst);
   }
 
   void download(const Tensor& src, void* host) override {
@@ -170,19 +246,20 @@ class CudaBackend final : public Backend {
       return t;
     }
     const size_t src_row = row_bytes(w.dtype, cols);
-    if (staging_.empty() || staging_.bytes() < src_row)
-      staging_ = alloc(DType::I32, 1, int64_t(std::max(kStagingBytes, src_row) / 4 + 1));
-    const int64_t chunk = int64_t(staging_.bytes() / src_row);
+    workspace_.reserve_staging(std::max(kStagingBytes, src_row), true);
+    const Tensor& staging = workspace_.staging;
+    const int64_t chunk = int64_t(staging.bytes() / src_row);
     for (int64_t r = 0; r < rows; r += chunk) {
       const int64_t n = std::min(chunk, rows - r);
-      G4_CUDA(cudaMemcpyAsync(staging_.data, static_cast<const uint8_t*>(w.data) + size_t(r) * src_row,
+      G4_CUDA(cudaMemcpyAsync(staging.data, static_cast<const uint8_t*>(w.data) + size_t(r) * src_row,
                               size_t(n) * src_row, cudaMemcpyHostToDevice, stream_));
       if (is_block_quantized(storage))
-        launch_pack_rows(storage, ptr<uint8_t>(staging_), r, n, ptr<uint8_t>(t), rows, cols, stream_);
+        launch_pack_rows(storage, ptr<uint8_t>(staging), r, n, ptr<uint8_t>(t), rows, cols, stream_);
       else
-        launch_convert_weight(staging_.data, w.dtype, n, cols, static_cast<uint8_t*>(t.data) + size_t(r) * t.row_size(),
+        launch_convert_weight(staging.data, w.dtype, n, cols, static_cast<uint8_t*>(t.data) + size_t(r) * t.row_size(),
                               storage == DType::F32, stream_);
     }
+    keep_in_records(t);
     return t;
   }
 
@@ -216,78 +293,100 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
     expect_dtype(x, DType::BF16, "rms_norm input");
-    quantized_holds_ = {};  // `out` may be a buffer quantized alongside
     launch_rms_norm(ptr<bf16>(x), x.rows, x.cols, optional_f32(weight, "rms_norm weight"), eps, ptr<bf16>(out),
                     stream_);
   }
 
-  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override {
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override { matmul_with(x, nullptr, w, y); }
+  void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
+    matmuls_with(x, nullptr, ws, ys);
+  }
+  void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
+    gated_gelu_with(x, nullptr, w_gate, w_up, out);
+  }
+  void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
+                     const Tensor& next_weight, const Tensor& next_out) override {
+    residual_norm_with(x, o, post_weight, scalar, eps, next_weight, next_out, nullptr);
+  }
+  void projected_residual_norm(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
+                               const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
+                               const Tensor& next_out) override {
+    projected_residual_norm_with(a, nullptr, w, o, x, post_weight, scalar, eps, next_weight, next_out, nullptr);
+  }
+  void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
+    normed_attention_with(norms, args, false);
+  }
+
+  // The fused ops: a one-row output is quantized for the packed GEMV by the kernel that writes it
+  // (residual_norm's next_out, the decode attention's output), and its readers in the same call
+  // take those planes instead of quantizing it again (quantized_input): the same planes, one launch
+  // fewer (quantized_planes.cuh).
+  void end_block(const BlockEnd& e) override { end_block_with(e, nullptr); }
+  void normed_attention_then(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args,
+                             const BlockEnd& end) override {
+    const Tensor& out = args.size() == 1 ? args[0].out : Tensor{};
+    // The planes of the one sequence's output, which the block end reads as its `a`.
+    const bool one_row = args.size() == 1 && end.a.data == out.data && end.a.rows == 1 && end.a.cols == out.cols;
+    const uint4* planes = one_row ? normed_attention_with(norms[0], args[0], true) : nullptr;
+    if (!one_row) normed_attention_batch(norms, args);
+    end_block_with(end, planes);
+  }
+  void set_fusion(bool on) override { fusion_ = on; }
+
+  // matmul of x, whose quantized planes are `planes` when not null (else quantized when a kernel
+  // needs them).
+  void matmul_with(const Tensor& x, const uint4* planes, const Tensor& w, const Tensor& y) {
     expect_dtype(x, DType::BF16, "matmul input");
     expect_weight(w, "matmul weight");
     G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
              "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
-    const Tensor ws[] = {w}, ys[] = {y};
-    if (records_matmuls(x, ws, ys)) return;
-    if (is_block_quantized(w.dtype)) {
-      const bool packed_layout = !in_records(w);  // else rows past 64: dequantized from records below
-      if (packed_gemv_takes(T, K, batch_invariant_) && packed_layout) {
+    switch (matmul_path(w, T, K)) {
+      case MatmulPath::kRecords: {
+        const Tensor ws[] = {w}, ys[] = {y};
+        return records_matmuls(x, ws, ys);
+      }
+      case MatmulPath::kPackedGemv: {
         const PackedGemvTarget target{ptr<uint8_t>(w), ptr<bf16>(y), N};
-        launch_packed_gemv(w.dtype, quantized_input(x), &target, 1, T, K, sum_order(), stream_);
-        return;
+        return launch_packed_gemv(w.dtype, quantized_input(x, planes), &target, 1, T, K, sum_order(), stream_);
       }
-      if (batch_invariant_ && packed_batch_gemv_fits(w.dtype, T, K) && packed_layout) {
-        quantized_holds_ = {};
-        launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(batch_quantized_), stream_);
-        launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(batch_quantized_), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,
-                                 ptr<float>(packed_partials_), packed_partials_.bytes(), stream_);
-        return;
-      }
-      if (batch_invariant_ && T <= kMaxPackedMatmulTokens && packed_layout) {
-        for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
+      case MatmulPath::kPackedBatchGemv:
+        launch_quantize_batch_activations(ptr<bf16>(x), T, K, ptr<uint8_t>(workspace_.batch_quantized), stream_);
+        return launch_packed_batch_gemv(w.dtype, ptr<uint8_t>(workspace_.batch_quantized), ptr<uint8_t>(w),
+                                        ptr<bf16>(y), T, N, K, ptr<float>(workspace_.packed_partials),
+                                        workspace_.packed_partials.bytes(), stream_);
+      case MatmulPath::kGemvRowGroups:
+        return for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
           matmul(x.rows_view(first, n), w, y.rows_view(first, n));
         });
+      case MatmulPath::kPackedMatmul:
+        return launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,
+                                    ptr<float>(workspace_.packed_partials), workspace_.packed_partials.bytes(), stream_);
+      case MatmulPath::kDequantizedGemm: {
+        // Chunks of rows dequantized into the two scratches in turn, each chunk's GEMM writing its
+        // columns of y.
+        const int64_t chunk = dequantized_rows_per_chunk(K);
+        for (int64_t r = 0; r < N; r += chunk) multiply_dequantized_chunk(x, w, y, r, std::min(chunk, N - r));
         return;
       }
-      if (packed_matmul_fits(T, K) && packed_layout) {
-        launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K, ptr<float>(packed_partials_),
-                             packed_partials_.bytes(), stream_);
-        return;
+      case MatmulPath::kGemv: {
+        const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y), N};
+        return launch_gemv(ptr<bf16>(x), &target, 1, T, K, stream_);
       }
-      // Prefill: chunks of rows dequantized into the two scratches in turn, each chunk's GEMM
-      // writing its columns of y.
-      const int64_t chunk = dequantized_rows_per_chunk(K);
-      for (int64_t r = 0; r < N; r += chunk) {
-        multiply_dequantized_chunk(x, w, y, r, std::min(chunk, N - r));
-      }
-      return;
+      case MatmulPath::kCublas:
+        return gemm(w.data, x.data, ptr<bf16>(y), N, T, K, N);
     }
-    if (T <= kMaxGemvTokens && K % 8 == 0) {
-      const GemvTarget target{ptr<bf16>(w), ptr<bf16>(y), N};
-      launch_gemv(ptr<bf16>(x), &target, 1, T, K, stream_);
-      return;
-    }
-    if (batch_invariant_ && T <= kMaxPackedMatmulTokens && K % 8 == 0) {
-      for_gemv_row_groups(T, [&](int64_t first, int64_t n) { matmul(x.rows_view(first, n), w, y.rows_view(first, n)); });
-      return;
-    }
-    gemm(w.data, x.data, ptr<bf16>(y), N, T, K, N);
   }
 
   // A few tokens: the matrices of each weight type in one GEMV launch (a Q4_K_M file's v_proj may
   // be Q6_K beside Q4_K q and k), the input quantized once for all packed ones; otherwise one
   // matmul each.
-  void matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys) override {
-    if (records_matmuls(x, ws, ys)) return;
+  void matmuls_with(const Tensor& x, const uint4* planes, std::span<const Tensor> ws, std::span<const Tensor> ys) {
+    if (all_take(x, ws, ys, kMaxSliceSums, {MatmulPath::kRecords})) return records_matmuls(x, ws, ys);
     // A weight without its output goes to Backend::matmuls, whose check names it.
-    const bool few_tokens = ws.size() == ys.size() && x.rows <= kMaxGemvTokens && ws.size() <= size_t(kMaxGemvTargets) &&
-                            std::all_of(ws.begin(), ws.end(), [&](const Tensor& w) {
-                              return w.cols == x.cols && !runs_as_records(w, x.rows) && (is_block_quantized(w.dtype)
-                                                              ? packed_gemv_takes(x.rows, x.cols, batch_invariant_)
-                                                              : x.cols % 8 == 0);
-                            });
-    if (!few_tokens) return Backend::matmuls(x, ws, ys);
+    if (!all_take(x, ws, ys, kMaxGemvTargets, {MatmulPath::kGemv, MatmulPath::kPackedGemv}))
+      return Backend::matmuls(x, ws, ys);
     expect_dtype(x, DType::BF16, "matmul input");
     const uint4* quantized = nullptr;
     bool launched[kMaxGemvTargets] = {};
@@ -309,7 +408,7 @@ class CudaBackend final : public Backend {
         launch_gemv(ptr<bf16>(x), bf16_targets, count, x.rows, x.cols, stream_);
         continue;
       }
-      if (!quantized) quantized = quantized_input(x);
+      if (!quantized) quantized = quantized_input(x, planes);
       launch_packed_gemv(type, quantized, packed_targets, count, x.rows, x.cols, sum_order(), stream_);
     }
   }
@@ -333,34 +432,39 @@ class CudaBackend final : public Backend {
     a.positions = ptr<int32_t>(n.positions);
     a.inv_freq = ptr<float>(n.inv_freq);
     const int64_t table_floats = 2 * a.T * (a.head_dim / 2);
-    if (rope_table_.numel() < table_floats) rope_table_ = alloc(DType::F32, 1, table_floats);
-    a.rope_table = ptr<float2>(rope_table_);
+    workspace_.reserve_rope_table(table_floats);
+    a.rope_table = ptr<float2>(workspace_.rope_table);
     launch_head_norms(a, stream_);
   }
 
   void attention(const AttentionArgs& args) override {
     const AttentionLaunch a = attention_launch(args);
-    quantized_holds_ = {};  // args.out may be a buffer quantized alongside
     if (a.T > 1) return launch_prefill_attention(a, stream_);
-    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits, nullptr, stream_,
+    launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
                             splits_bound(std::span(&args, 1)));
   }
 
-  // One decode token: the head norms are folded into the attention launch, which reads the raw
-  // projections (V from v_in: K itself on K=V layers).
-  void normed_attention(const HeadNorms& norms, const AttentionArgs& args) override {
-    if (!folds_norms(norms, args)) return Backend::normed_attention(norms, args);
+  // One decode token (with fusion on): the head norms are folded into the attention launch, which
+  // reads the raw projections (V from v_in: K itself on K=V layers) and, with `quantize_out`,
+  // quantizes its output row alongside; returns those planes (null: none written).
+  const uint4* normed_attention_with(const HeadNorms& norms, const AttentionArgs& args, bool quantize_out) {
+    if (!fusion_ || !folds_norms(norms, args)) {
+      Backend::normed_attention(norms, args);
+      return nullptr;
+    }
     const AttentionLaunch a = folded_launch(norms, args);
-    launch_decode_attention(a, own_caches(a), ptr<float>(partials_), kDecodeSplits,
-                            quantize_alongside(args.out, quantizable_attention(a, args.out)), stream_,
+    uint4* planes = quantize_out && quantizable_attention(a, args.out) ? planes_for(args.out, true) : nullptr;
+    launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, planes, stream_,
                             splits_bound(std::span(&args, 1)));
+    return planes;
   }
+
 
   // A decode batch (one token per sequence, sequence i in row i of every tensor): one launch pair
   // per kMaxDecodeSequences sequences instead of one per sequence; each sequence's arithmetic is
   // that of normed_attention alone.
   void normed_attention_batch(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) override {
-    if (!decode_rows_in_order(norms, args)) return Backend::normed_attention_batch(norms, args);
+    if (!fusion_ || !decode_rows_in_order(norms, args)) return Backend::normed_attention_batch(norms, args);
     for (size_t at = 0; at < args.size(); at += kMaxDecodeSequences) {
       const AttentionLaunch a = folded_launch(norms[at], args[at]);
       DecodeCaches caches;
@@ -370,14 +474,13 @@ class CudaBackend final : public Backend {
         caches.v[z] = ptr<bf16>(args[at + size_t(z)].cache->v);
       }
       reserve_decode_attention(a.heads, a.head_dim, caches.sequences);
-      const bool alone = args.size() == 1;
-      launch_decode_attention(a, caches, ptr<float>(partials_), kDecodeSplits,
-                              quantize_alongside(args[at].out, alone && quantizable_attention(a, args[at].out)),
-                              stream_, splits_bound(args.subspan(at, size_t(caches.sequences))));
+      launch_decode_attention(a, caches, ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
+                              splits_bound(args.subspan(at, size_t(caches.sequences))));
     }
   }
 
-  void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override {
+  void gated_gelu_with(const Tensor& x, const uint4* planes, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& out) {
     expect_dtype(x, DType::BF16, "gated_gelu input");
     expect_weight(w_gate, "gated_gelu gate weight");
     expect_weight(w_up, "gated_gelu up weight");
@@ -386,70 +489,100 @@ class CudaBackend final : public Backend {
              "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
                  "], w_gate [" + std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
-    const bool records = runs_as_records(w_gate, T) || runs_as_records(w_up, T) || in_records(w_gate) || in_records(w_up);
-    if (T <= kMaxGemvTokens && w_gate.dtype == w_up.dtype && !records) {
-      if (is_block_quantized(w_gate.dtype) && packed_gemv_takes(T, K, batch_invariant_)) {
-        launch_packed_gated_gelu(w_gate.dtype, quantized_input(x), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
+    // Gate and up of one type and layout take the same path (their shapes are the same).
+    const MatmulPath path = matmul_path(w_gate, T, K);
+    if (w_gate.dtype == w_up.dtype && layout_of(w_gate) == layout_of(w_up)) {
+      if (path == MatmulPath::kPackedGemv) {
+        launch_packed_gated_gelu(w_gate.dtype, quantized_input(x, planes), ptr<uint8_t>(w_gate), ptr<uint8_t>(w_up),
                                  ptr<bf16>(out), T, N, K, sum_order(), stream_);
         return;
       }
-      if (!is_block_quantized(w_gate.dtype) && K % 8 == 0) {
+      if (path == MatmulPath::kGemv) {
         launch_gated_gelu(ptr<bf16>(x), ptr<bf16>(w_gate), ptr<bf16>(w_up), ptr<bf16>(out), T, N, K, stream_);
         return;
       }
-    }
-    // Asked for batch invariance where no batch kernel gives the GEMV's bits: the fused GEMV 8 rows
-    // at a time.
-    const bool batch_kernel = packed_batch_gemv_fits(w_gate.dtype, T, K) && packed_batch_gemv_fits(w_up.dtype, T, K);
-    if (batch_invariant_ && T <= kMaxPackedMatmulTokens && w_gate.dtype == w_up.dtype && !batch_kernel && !records &&
-        (is_block_quantized(w_gate.dtype) || K % 8 == 0)) {
-      for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
-        gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
-      });
-      return;
+      // Asked for batch invariance where no batch kernel gives the GEMV's bits: the fused GEMV 8
+      // rows at a time.
+      if (path == MatmulPath::kGemvRowGroups) {
+        for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
+          gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
+        });
+        return;
+      }
     }
     // Larger chunks (or gate and up of different types, or in Q4_0 records): two matmuls, the up
     // projection into a backend-owned buffer, then the GELU-mul. The first forward sizes that
     // buffer for at least kMaxPackedMatmulTokens rows, before any decode step could be captured.
     const int64_t up_values = std::max<int64_t>(T, kMaxPackedMatmulTokens) * N;
-    if (up_.numel() < up_values) up_ = alloc(DType::BF16, 1, up_values);
-    Tensor up = up_;  // its first T · N values as [T, N]
+    workspace_.reserve_up(up_values);
+    Tensor up = workspace_.up;  // its first T · N values as [T, N]
     up.rows = T;
     up.cols = N;
     const Tensor ws[] = {w_gate, w_up}, ys[] = {out, up};
-    if (records_matmuls(x, ws, ys, ptr<bf16>(out))) return;
-    matmuls(x, ws, ys);
+    const bool records = all_take(x, ws, ys, kMaxSliceSums, {MatmulPath::kRecords});
+    if (records && fusion_) return records_matmuls(x, ws, ys, ptr<bf16>(out));
+    matmuls_with(x, planes, ws, ys);
     launch_gelu_tanh_mul(ptr<bf16>(out), ptr<bf16>(up), ptr<bf16>(out), out.numel(), stream_);
   }
 
-  void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
-                     const Tensor& next_weight, const Tensor& next_out) override {
+  // residual_norm, quantizing next_out into `planes` too when not null (planes_for).
+  void residual_norm_with(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
+                          const Tensor& next_weight, const Tensor& next_out, uint4* planes) {
     expect_dtype(x, DType::BF16, "residual_norm input");
     expect_dtype(o, DType::BF16, "residual_norm block output");
     launch_residual_norm(ptr<bf16>(x), ptr<bf16>(o), x.rows, x.cols, optional_f32(post_weight, "residual_norm weight"),
                          optional_f32(scalar, "residual_norm scalar"), eps,
                          optional_f32(next_weight, "residual_norm next weight"),
-                         next_out.empty() ? nullptr : ptr<bf16>(next_out),
-                         quantize_alongside(next_out, x.rows == 1 && !next_out.empty()), stream_);
+                         next_out.empty() ? nullptr : ptr<bf16>(next_out), planes, stream_);
   }
 
-  // Over Q4_0 records, the matmul's slices are summed by the norm's launch (as add_slices stores
-  // them, o included); the next block's input is then not quantized alongside (the records read
-  // bf16 inputs).
-  void projected_residual_norm(const Tensor& a, const Tensor& w, const Tensor& o, const Tensor& x,
-                               const Tensor& post_weight, const Tensor& scalar, float eps, const Tensor& next_weight,
-                               const Tensor& next_out) override {
-    if (x.dtype == DType::BF16 && o.dtype == DType::BF16 && x.rows == o.rows && x.cols == o.cols &&
+  // projected_residual_norm of `a` with its planes `a_planes` (or none), quantizing next_out into
+  // next_planes too when not null; returns the planes it wrote (null: none). Over Q4_0 records, the
+  // matmul's slices are summed by the norm's launch (as add_slices stores them, o included), which
+  // writes no planes.
+  const uint4* projected_residual_norm_with(const Tensor& a, const uint4* a_planes, const Tensor& w, const Tensor& o,
+                                            const Tensor& x, const Tensor& post_weight, const Tensor& scalar,
+                                            float eps, const Tensor& next_weight, const Tensor& next_out,
+                                            uint4* next_planes) {
+    if (fusion_ && x.dtype == DType::BF16 && o.dtype == DType::BF16 && x.rows == o.rows && x.cols == o.cols &&
         (next_out.empty() || (next_out.dtype == DType::BF16 && next_out.rows == x.rows && next_out.cols == x.cols))) {
       const ResidualNormTail tail{ptr<bf16>(x), optional_f32(post_weight, "residual_norm weight"),
                                   optional_f32(scalar, "residual_norm scalar"), eps,
                                   optional_f32(next_weight, "residual_norm next weight"),
                                   next_out.empty() ? nullptr : ptr<bf16>(next_out)};
       const Tensor ws[] = {w}, ys[] = {o};
-      if (records_matmuls(a, ws, ys, nullptr, &tail)) return;
+      if (all_take(a, ws, ys, 1, {MatmulPath::kRecords})) {
+        records_matmuls(a, ws, ys, nullptr, &tail);
+        return nullptr;
+      }
     }
-    Backend::projected_residual_norm(a, w, o, x, post_weight, scalar, eps, next_weight, next_out);
+    matmul_with(a, a_planes, w, o);
+    residual_norm_with(x, o, post_weight, scalar, eps, next_weight, next_out, next_planes);
+    return next_planes;
   }
+
+  // end_block of `a` with its planes (or none): the residual norm quantizes next_out alongside for
+  // the readers when it is one row.
+  void end_block_with(const BlockEnd& e, const uint4* a_planes) {
+    const bool read = !e.next.empty() && !e.next_out.empty();
+    uint4* next_planes = read ? planes_for(e.next_out, e.x.rows == 1) : nullptr;
+    const uint4* planes = next_planes;
+    if (e.complete_o) {
+      matmul_with(e.a, a_planes, e.w, e.o);
+      e.complete_o(e.o);
+      residual_norm_with(e.x, e.o, e.post_weight, e.scalar, e.eps, e.next_weight, e.next_out, next_planes);
+    } else {
+      planes = projected_residual_norm_with(e.a, a_planes, e.w, e.o, e.x, e.post_weight, e.scalar, e.eps,
+                                            e.next_weight, e.next_out, next_planes);
+    }
+    if (!read) return;
+    if (e.next.gated_gelu) {
+      G4_CHECK(e.next.ws.size() == 2 && e.next.ys.size() == 1, "end_block: a gated GELU reads gate and up into one output");
+      return gated_gelu_with(e.next_out, planes, e.next.ws[0], e.next.ws[1], e.next.ys[0]);
+    }
+    matmuls_with(e.next_out, planes, e.next.ws, e.next.ys);
+  }
+
 
   void softcap(const Tensor& x, float cap, const Tensor& out) override {
     expect_dtype(out, DType::F32, "softcap output");
@@ -461,7 +594,9 @@ class CudaBackend final : public Backend {
     records_.erase(t.data);        // ... in the packed layout again
     if (is_block_quantized(t.dtype)) {
       G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
-      return launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
+      launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
+      keep_in_records(t);
+      return;
     }
     G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32, BF16 or block-quantized tensors only");
     if (t.dtype == DType::F32) {
@@ -523,7 +658,7 @@ class CudaBackend final : public Backend {
   }
 
   // Any allocation since the recording may have replaced a scratch buffer it reads (they grow with
-  // the forwards: up_, rope_table_, the packed scratches): conservative, and allocations are rare
+  // the forwards: workspace_.up, workspace_.rope_table, the packed scratches): conservative, and allocations are rare
   // once a server is warm.
   bool replayable(const RecordedStep& step) const override {
     const auto* recorded = dynamic_cast<const CudaGraph*>(&step);
@@ -550,46 +685,47 @@ class CudaBackend final : public Backend {
                            CUBLAS_GEMM_DEFAULT));
   }
 
-  // Matrices that all run as Q4_0 records (batch invariance), in one launch: false (nothing done)
-  // when any does not, or a graph is captured before the group's workspace was sized. With
-  // gelu_out, gate and up and the GELU-mul into it; with then_norm, a residual norm after the one
-  // matrix (launch_q4_0_records_matmuls).
-  bool records_matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys,
-                       bf16* gelu_out = nullptr, const ResidualNormTail* then_norm = nullptr) {
-    if (ws.empty() || ws.size() != ys.size() || ws.size() > size_t(kMaxSliceSums) || x.dtype != DType::BF16) return false;
+  WeightLayout layout_of(const Tensor& w) const {
+    if (!is_block_quantized(w.dtype)) return WeightLayout::kBf16;
+    return in_records(w) ? WeightLayout::kQ4_0Records : WeightLayout::kPacked;
+  }
+  MatmulPath matmul_path(const Tensor& w, int64_t T, int64_t K) const {
+    return choose_matmul_path(w.dtype, layout_of(w), T, K, batch_invariant_);
+  }
+  // Whether one launch takes x · ws[i]^T into ys[i] for every i: at most `most` matrices, each
+  // with its output, of x's width, each on one of `paths`.
+  bool all_take(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys, int most,
+                std::initializer_list<MatmulPath> paths) const {
+    if (ws.empty() || ws.size() != ys.size() || ws.size() > size_t(most) || x.dtype != DType::BF16) return false;
     for (size_t i = 0; i < ws.size(); ++i) {
-      if (ws[i].cols != x.cols || ys[i].rows != x.rows || ys[i].cols != ws[i].rows || !runs_as_records(ws[i], x.rows))
-        return false;
+      if (ws[i].cols != x.cols || ys[i].rows != x.rows || ys[i].cols != ws[i].rows) return false;
+      if (std::find(paths.begin(), paths.end(), matmul_path(ws[i], x.rows, x.cols)) == paths.end()) return false;
     }
-    RecordsTarget targets[kMaxSliceSums];
-    size_t workspace = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      if (!to_records(ws[i])) return false;
-      targets[i] = RecordsTarget{ptr<uint8_t>(ws[i]), ptr<bf16>(ys[i]), ws[i].rows};
-      workspace += q4_0_records_workspace_bytes(ws[i].rows, ws[i].cols);
-    }
-    if (packed_partials_.bytes() < workspace) {
-      if (capturing_) return false;
-      packed_partials_ = alloc(DType::F32, 1, int64_t(workspace / 4));
-    }
-    quantized_holds_ = {};  // the mark serves one op (quantized_input), this one included
-    launch_q4_0_records_matmuls(std::span(targets, ws.size()), ptr<bf16>(x), x.rows, x.cols, ptr<float>(packed_partials_),
-                                packed_partials_.bytes(), stream_, gelu_out, then_norm);
     return true;
   }
 
-  // Whether w runs as Q4_0 records for T rows (docs/DESIGN.md §7, "Batch invariance", the
-  // records): kept in records already, or a Q4_0 matrix of whole records that batch invariance
-  // asks to be rearranged (to_records, at its first use).
-  bool runs_as_records(const Tensor& w, int64_t T) const {
-    return T <= kMaxPackedMatmulTokens && w.dtype == DType::Q4_0 && records::fits_records(w.rows, w.cols) &&
-           (in_records(w) || (batch_invariant_ && w.owner));
+  // Matrices in Q4_0 records (all_take ... kRecords) in one launch. With gelu_out, gate and up and
+  // the GELU-mul into it; with then_norm, a residual norm after the one matrix
+  // (launch_q4_0_records_matmuls).
+  void records_matmuls(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> ys,
+                       bf16* gelu_out = nullptr, const ResidualNormTail* then_norm = nullptr) {
+    RecordsTarget targets[kMaxSliceSums];
+    for (size_t i = 0; i < ws.size(); ++i) targets[i] = RecordsTarget{ptr<uint8_t>(ws[i]), ptr<bf16>(ys[i]), ws[i].rows};
+    launch_q4_0_records_matmuls(std::span(targets, ws.size()), ptr<bf16>(x), x.rows, x.cols,
+                                ptr<float>(workspace_.packed_partials), workspace_.packed_partials.bytes(), stream_,
+                                gelu_out, then_norm);
   }
+
   bool in_records(const Tensor& w) const {
     const auto it = records_.find(w.data);
     // The same allocation, not a later one at a freed weight's address.
     return w.dtype == DType::Q4_0 && it != records_.end() && !it->second.owner_before(w.owner) &&
            !w.owner.owner_before(it->second);
+  }
+  // Rearranges t into records when batch invariance asks for it (see choose_matmul_path) and t is
+  // a whole Q4_0 matrix of whole records, just written in the packed layout.
+  void keep_in_records(const Tensor& t) {
+    if (batch_invariant_ && t.dtype == DType::Q4_0 && t.owner && records::fits_records(t.rows, t.cols)) to_records(t);
   }
   // Rearranges the packed Q4_0 matrix w into records in place (false, w untouched, when the memory
   // for the copies it needs is not free): the params plane copied aside, then tiles from the last
@@ -597,50 +733,32 @@ class CudaBackend final : public Backend {
   // the packed quants of every row below a, so no row is overwritten before it is read.
   bool to_records(const Tensor& w) {
     if (in_records(w)) return true;
-    G4_CHECK(!capturing_, "cuda backend: Q4_0 weights are rearranged for batch invariance at their first use; "
-                          "run one forward before capturing a graph");
     const int64_t blocks = w.cols / packed::kBlock;
     const size_t qs_bytes = size_t(w.rows * blocks) * 16, params_bytes = size_t(w.rows * blocks) * 2;
     const size_t row_qs = size_t(blocks) * 16;
     const int64_t group = int64_t(kStagingBytes / row_qs) / records::kTileRows * records::kTileRows;
     if (group < records::kTileRows) return false;
-    const size_t staging_bytes = staging_.bytes() >= kStagingBytes ? 0 : kStagingBytes;
+    const size_t staging_bytes = workspace_.staging.bytes() >= kStagingBytes ? 0 : kStagingBytes;
     if (free_memory_bytes() < params_bytes + staging_bytes + (size_t(64) << 20)) return false;
-    if (staging_bytes) staging_ = alloc(DType::I32, 1, int64_t(kStagingBytes / 4));
+    workspace_.reserve_staging(kStagingBytes, false);
+    const Tensor& staging = workspace_.staging;
     const Tensor params = alloc(DType::I32, 1, int64_t(params_bytes / 4 + 1));
     uint8_t* data = ptr<uint8_t>(w);
     G4_CUDA(cudaMemcpyAsync(params.data, data + qs_bytes, params_bytes, cudaMemcpyDeviceToDevice, stream_));
     for (int64_t end = w.rows; end > 0;) {
       const int64_t first = std::max<int64_t>(0, end - group);
-      G4_CUDA(cudaMemcpyAsync(staging_.data, data + size_t(first) * row_qs, size_t(end - first) * row_qs,
+      G4_CUDA(cudaMemcpyAsync(staging.data, data + size_t(first) * row_qs, size_t(end - first) * row_qs,
                               cudaMemcpyDeviceToDevice, stream_));
-      launch_q4_0_records_from_planes(ptr<uint8_t>(staging_), ptr<uint8_t>(params), first, end - first, w.cols, data,
+      launch_q4_0_records_from_planes(ptr<uint8_t>(staging), ptr<uint8_t>(params), first, end - first, w.cols, data,
                                       stream_);
       end = first;
     }
     G4_CUDA(cudaStreamSynchronize(stream_));  // before `params` is freed
-    const size_t workspace = q4_0_records_workspace_bytes(w.rows, w.cols);
-    if (packed_partials_.bytes() < workspace) packed_partials_ = alloc(DType::F32, 1, int64_t(workspace / 4));
+    // A group of up to kMaxSliceSums matrices in one launch needs the sum of theirs.
+    workspace_.reserve_packed_partials(kMaxSliceSums * q4_0_records_workspace_bytes(w.rows, w.cols));
     records_[w.data] = w.owner;
     dequantize_must_wait_ = true;
     return true;
-  }
-
-  // What matmuls over a packed [rows, cols] weight need, allocated with the weight, never during a
-  // forward (which a graph may be capturing): the quantized input of up to kMaxGemvTokens rows and
-  // of a batch, the partial sums of launch_packed_matmul and launch_packed_batch_gemv, and the bf16
-  // rows a prefill GEMM reads.
-  void reserve_packed_scratch(int64_t rows, int64_t cols) {
-    const size_t input_bytes = size_t(kMaxGemvTokens) * size_t(cols / packed::kBlock) * sizeof(packed::ActivationBlock);
-    if (quantized_.bytes() < input_bytes) quantized_ = alloc(DType::I32, 1, int64_t(input_bytes / 4));
-    const size_t batch_bytes = batch_activation_bytes(cols);
-    if (batch_quantized_.bytes() < batch_bytes) batch_quantized_ = alloc(DType::I32, 1, int64_t(batch_bytes / 4));
-    const size_t partial_bytes =
-        std::max(packed_matmul_workspace_bytes(rows, cols), packed_batch_gemv_workspace_bytes(rows));
-    if (packed_partials_.bytes() < partial_bytes) packed_partials_ = alloc(DType::F32, 1, int64_t(partial_bytes / 4));
-    const size_t dequantized_bytes = std::min(kDequantizedBytes, size_t(rows) * size_t(cols) * 2);
-    for (Tensor& scratch : dequantized_)
-      if (scratch.bytes() < dequantized_bytes) scratch = alloc(DType::BF16, 1, int64_t(dequantized_bytes / 2));
   }
 
   // y's columns [first, first + n) = x · rows [first, first + n) of the packed weight w^T: the rows
@@ -650,7 +768,7 @@ class CudaBackend final : public Backend {
   // overlaps the previous chunk's GEMM. A forward being captured keeps to one stream.
   void multiply_dequantized_chunk(const Tensor& x, const Tensor& w, const Tensor& y, int64_t first, int64_t n) {
     const int b = int(dequantized_chunks_++ % 2);
-    bf16* scratch = ptr<bf16>(dequantized_[b]);
+    bf16* scratch = ptr<bf16>(workspace_.dequantized[b]);
     const bool overlap = !capturing_;
     if (overlap && dequantize_must_wait_) {
       G4_CUDA(cudaEventRecord(stream_point_, stream_));
@@ -672,14 +790,13 @@ class CudaBackend final : public Backend {
     if (overlap) G4_CUDA(cudaEventRecord(chunk_read_[b], stream_));
   }
 
-  // The planes for a one-row output that the kernel writing it also quantizes for the packed GEMV
-  // reading it next (which then skips its quantize launch: quantized_input), marking that row; null,
-  // and no mark, when not `eligible` or the scratch cannot hold it.
-  uint4* quantize_alongside(const Tensor& out, bool eligible) {
-    const bool quantize = eligible && out.rows == 1 && out.cols % packed::kBlock == 0 &&
-                          quantized_bytes(out) <= quantized_.bytes();
-    quantized_holds_ = quantize ? QuantizedRow{out.data, out.cols} : QuantizedRow{};
-    return quantize ? ptr<uint4>(quantized_) : nullptr;
+  // Where the kernel writing the one-row activation `out` also quantizes it for the packed GEMV
+  // reading it in the same fused op: workspace_.quantized; null (quantized by its reader, if at
+  // all) when fusion is off, not `eligible`, or the scratch cannot hold it.
+  uint4* planes_for(const Tensor& out, bool eligible) {
+    const bool quantize = fusion_ && eligible && out.rows == 1 && out.cols % packed::kBlock == 0 &&
+                          quantized_bytes(out) <= workspace_.quantized.bytes();
+    return quantize ? ptr<uint4>(workspace_.quantized) : nullptr;
   }
   // A decode attention whose output row is every head's dims in order, heads of whole blocks.
   static bool quantizable_attention(const AttentionLaunch& a, const Tensor& out) {
@@ -690,18 +807,15 @@ class CudaBackend final : public Backend {
     return size_t(x.rows) * size_t(x.cols / packed::kBlock) * sizeof(packed::ActivationBlock);
   }
 
-  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32): already
-  // there when the kernel that wrote x just before quantized it alongside, else quantized now. The
-  // mark serves one backend op (one op quantizes its input once for all its matrices): a buffer
-  // written again later is quantized again.
-  const uint4* quantized_input(const Tensor& x) {
-    G4_CHECK(quantized_bytes(x) <= quantized_.bytes(), "packed matmul: input wider than any packed weight");
-    const bool ready = quantized_holds_.data == x.data && quantized_holds_.cols == x.cols && x.rows == 1;
-    quantized_holds_ = {};
-    if (!ready) launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(quantized_), stream_);
-    return ptr<uint4>(quantized_);
+  // x [T, K] quantized for the packed GEMV (quantize_activation_block per block of 32): `planes`
+  // when the fused op's writer of x quantized it alongside, else quantized now into
+  // workspace_.quantized.
+  const uint4* quantized_input(const Tensor& x, const uint4* planes) {
+    if (planes) return planes;
+    G4_CHECK(quantized_bytes(x) <= workspace_.quantized.bytes(), "packed matmul: input wider than any packed weight");
+    launch_quantize_activations(ptr<bf16>(x), x.rows, x.cols, ptr<uint4>(workspace_.quantized), stream_);
+    return ptr<uint4>(workspace_.quantized);
   }
-
   // The packed GEMV's: pinned and in the batch GEMV's order while batch invariance is asked for.
   SumOrder sum_order() const { return batch_invariant_ ? SumOrder::kBatchInvariant : SumOrder::kFastest; }
 
@@ -713,7 +827,7 @@ class CudaBackend final : public Backend {
 
   // Rows of a K-wide weight that fit a dequantized scratch, a multiple of 64 when more than 64 fit.
   int64_t dequantized_rows_per_chunk(int64_t K) const {
-    const int64_t rows = int64_t(dequantized_[0].bytes() / (2 * size_t(K)));
+    const int64_t rows = int64_t(workspace_.dequantized[0].bytes() / (2 * size_t(K)));
     G4_CHECK(rows >= 1, "packed matmul: rows of " + std::to_string(K) + " values do not fit the prefill scratch");
     return rows > 64 ? rows / 64 * 64 : rows;
   }
@@ -731,7 +845,7 @@ class CudaBackend final : public Backend {
     shape.head_dim = head_dim;
     const int64_t floats =
         decode_partial_floats(shape, kDecodeSplits) * std::min<int64_t>(sequences, kMaxDecodeSequences);
-    if (partials_.numel() < floats) partials_ = alloc(DType::F32, 1, floats);
+    workspace_.reserve_attention_partials(floats);
   }
 
   static bool folds_norms(const HeadNorms& norms, const AttentionArgs& args) {
@@ -832,30 +946,26 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  // up_: gated_gelu's up projection for large chunks; partials_: decode attention's split states;
-  // rope_table_: head_norms' per-token rotations; quantized_: the packed GEMV's input;
-  // batch_quantized_: the packed batch GEMV's; packed_partials_: launch_packed_matmul's and
-  // launch_packed_batch_gemv's slices
-  Tensor cublas_workspace_, staging_, partials_, up_, rope_table_, quantized_, batch_quantized_, packed_partials_;
+  CudaWorkspace workspace_;
   bool batch_invariant_ = false;  // set_batch_invariant
   // Q4_0 weights rearranged into records (to_records), by their data, with their owner.
   std::unordered_map<const void*, std::weak_ptr<void>> records_;
-  // Prefill over packed weights: the two bf16 scratches of dequantized rows (multiply_dequantized_chunk), the
-  // stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
+  // Every Q4_0 matrix of whole records allocated (alloc), which batch invariance keeps in records.
+  struct Q4_0Matrix {
+    void* data;
+    int64_t rows, cols;
+    std::weak_ptr<void> owner;
+  };
+  std::vector<Q4_0Matrix> q4_0_matrices_;
+  // Prefill over packed weights (multiply_dequantized_chunk): the chunks dequantized so far (which
+  // picks the scratch of workspace_.dequantized), the stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
   // by its GEMM, and a point of stream_ the dequantize stream must not overtake (set after an op
   // that may have written a weight or replayed a graph: dequantize_must_wait_).
-  Tensor dequantized_[2];
   int64_t dequantized_chunks_ = 0;
   cudaStream_t dequantize_stream_ = nullptr;
   cudaEvent_t chunk_ready_[2] = {}, chunk_read_[2] = {}, stream_point_ = nullptr;
   bool dequantize_must_wait_ = false;
-  // The one-row activation whose quantized planes quantized_ holds (written with it by
-  // residual_norm or the decode attention, and not yet read), or none (null data).
-  struct QuantizedRow {
-    const void* data = nullptr;
-    int64_t cols = 0;
-  };
-  QuantizedRow quantized_holds_;
+  bool fusion_ = true;  // set_fusion
   std::unique_ptr<CudaSampler> sampler_;
   MemoryMeter memory_;
   bool capturing_ = false;
