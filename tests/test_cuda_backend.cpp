@@ -392,10 +392,12 @@ TEST_F(CudaOps, SampleAndAdvanceStepMatchTheCpu) {
   Both l = raw(DType::F32, 1, vocab, logits.data());
   for (SamplingParams p : {SamplingParams{0.0f, 1.0f, 0.0f, 0, 5}, SamplingParams{1.0f, 0.95f, 0.0f, 64, 7},
                            SamplingParams{0.8f, 0.9f, 0.05f, 0, 11}}) {
-    Both params = raw(DType::I32, 1, sizeof(SamplingParams) / 4, &p);
+    const SamplingRows cpu_params = cpu_.alloc_sampling_rows(1), gpu_params = gpu_->alloc_sampling_rows(1);
+    cpu_.upload_sampling_rows({&p, 1}, cpu_params);
+    gpu_->upload_sampling_rows({&p, 1}, gpu_params);
     Both token{cpu_.alloc(DType::I64, 1, 1), gpu_->alloc(DType::I64, 1, 1)};
-    cpu_.sample(l.cpu, params.cpu, token.cpu);
-    gpu_->sample(l.gpu, params.gpu, token.gpu);
+    cpu_.sample(l.cpu, cpu_params, token.cpu);
+    gpu_->sample(l.gpu, gpu_params, token.gpu);
     int64_t want = 0, got = 0;
     cpu_.download(token.cpu, &want);
     gpu_->download(token.gpu, &got);

@@ -219,10 +219,10 @@ TEST(CpuBackendSample, ANanRowDrawsTheNanTokenAndTheOthersTheirs) {
   params[2].seed = 99;
   CpuBackend backend(1);
   const Tensor device_logits = backend.alloc(DType::F32, kRows, kVocab);
-  const Tensor device_params = backend.alloc(DType::I32, kRows, sizeof(SamplingParams) / 4);
+  const SamplingRows device_params = backend.alloc_sampling_rows(kRows);
   const Tensor device_tokens = backend.alloc(DType::I64, kRows, 1);
   backend.upload(logits.data(), device_logits);
-  backend.upload(params.data(), device_params);
+  backend.upload_sampling_rows(params, device_params);
   backend.sample(device_logits, device_params, device_tokens);
   std::vector<int64_t> tokens(kRows);
   backend.download(device_tokens, tokens.data());

@@ -112,11 +112,11 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
 
 // The sampler alone on `rows` rows of logits (top-k 64, top-p 0.95), back to back.
 double sampler_seconds(Backend& backend, int64_t rows, int64_t vocab) {
-  Tensor logits = backend.alloc(DType::F32, rows, vocab), params = backend.alloc(DType::I32, rows, sizeof(SamplingParams) / 4),
-         tokens = backend.alloc(DType::I64, rows, 1);
+  const Tensor logits = backend.alloc(DType::F32, rows, vocab), tokens = backend.alloc(DType::I64, rows, 1);
+  const SamplingRows params = backend.alloc_sampling_rows(rows);
   backend.fill_uniform(logits, 0.0f, 8.0f, 7);
   std::vector<SamplingParams> p(size_t(rows), SamplingParams{.temperature = 1.0f, .top_p = 0.95f, .top_k = 64, .seed = 3});
-  backend.upload(p.data(), params);
+  backend.upload_sampling_rows(p, params);
   backend.sample(logits, params, tokens);
   backend.synchronize();
   const int reps = 50;
@@ -132,7 +132,7 @@ nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const Co
   G4_CHECK(!b.concurrency.empty(), "--concurrency: give sequence counts, e.g. 1,8,32,64");
   for (int64_t n : b.concurrency) G4_CHECK(n >= 1, "--concurrency: counts must be >= 1, got " + std::to_string(n));
   // One short request first, not reported: one-time work (batch-invariant CUDA rearranges Q4_0
-  // weights at their first use; workspaces grow) stays out of the timed steps.
+  // weights when invariance is turned on; recordings are made) stays out of the timed steps.
   ConcurrencyBench warm_up = b;
   warm_up.prompt_len = 1;
   warm_up.gen = 2;

@@ -418,8 +418,9 @@ void run_bench(const BenchOptions& o) {
                                             : time_decode(s, be, prompt, Sampler(topk_topp), o.gen, false);
 
   // The sampler alone on the last logits, back to back.
-  Tensor params = be.alloc(DType::I32, 1, sizeof(SamplingParams) / 4), token = be.alloc(DType::I64, 1, 1);
-  be.upload(&topk_topp, params);
+  const SamplingRows params = be.alloc_sampling_rows(1);
+  const Tensor token = be.alloc(DType::I64, 1, 1);
+  be.upload_sampling_rows({&topk_topp, 1}, params);
   be.sample(s.last_logits(), params, token);
   be.synchronize();
   const int kSamples = 200;

@@ -74,16 +74,16 @@ std::vector<int64_t> draw_on_cuda(const std::vector<float>& logits, const Sample
   constexpr int64_t kRowsPerLaunch = 4096;
   std::vector<SamplingParams> row_params(size_t(std::min(draws, kRowsPerLaunch)));
   std::vector<int64_t> tokens(static_cast<size_t>(draws));
-  static_assert(sizeof(SamplingParams) % 4 == 0, "params travel as rows of int32");
   const Tensor device_logits = backend->alloc(DType::F32, 1, vocab);
-  const Tensor device_params = backend->alloc(DType::I32, int64_t(row_params.size()), sizeof(SamplingParams) / 4);
+  const SamplingRows device_params = backend->alloc_sampling_rows(int64_t(row_params.size()));
   const Tensor device_tokens = backend->alloc(DType::I64, int64_t(row_params.size()), 1);
   backend->upload(logits.data(), device_logits);
   for (int64_t done = 0; done < draws; done += kRowsPerLaunch) {
     const int64_t rows = std::min(kRowsPerLaunch, draws - done);
     for (int64_t r = 0; r < rows; ++r) row_params[size_t(r)] = sampler.for_token(done + r);
-    const Tensor batch_params = device_params.rows_view(0, rows), batch_tokens = device_tokens.rows_view(0, rows);
-    backend->upload(row_params.data(), batch_params);
+    const SamplingRows batch_params = device_params.first(rows);
+    const Tensor batch_tokens = device_tokens.rows_view(0, rows);
+    backend->upload_sampling_rows(std::span(row_params).first(size_t(rows)), batch_params);
     backend->sample(device_logits, batch_params, batch_tokens);
     backend->download(batch_tokens, tokens.data() + done);
     checked_token(tokens[size_t(done)]);  // every row draws from the same logits: NaN in all or none

@@ -11,14 +11,38 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "backend/tensor.h"
+#include "sampling/sampling_params.h"
 #include "util/error.h"
 
 namespace g4 {
 
 struct HostTensor;  // format/tensor_source.h
-struct SamplingParams;  // sampling/sampling_params.h
+
+// Per-row sampling parameters in backend memory: `rows` SamplingParams, the one layout host and
+// device share (sampling/sampling_params.h). Made by Backend::alloc_sampling_rows and written by
+// Backend::upload_sampling_rows; Backend::sample reads row r for output row r.
+struct SamplingRows {
+  Tensor storage;  // its bytes, as whole I32 words
+  int64_t rows = 0;
+  SamplingRows first(int64_t n) const;  // the first n rows (n <= rows)
+  template <typename T>
+  T* as() const {
+    static_assert(std::is_same_v<std::remove_const_t<T>, SamplingParams>, "sampling rows hold SamplingParams");
+    return static_cast<T*>(storage.data);
+  }
+};
+
+// The largest forward a backend is asked to run, so that it can size its scratch buffers once,
+// before any forward (a forward being captured into a graph must not allocate).
+struct ForwardReservation {
+  int64_t rows = 0;          // tokens one forward holds
+  int64_t decode_sequences = 0;  // sequences one decode batch holds
+  int heads = 0, head_dim = 0;   // attention: query heads and the widest head
+  int64_t intermediate = 0;  // the MLP's width
+};
 
 // One layer's KV cache: K and V rows [capacity, kv_heads*head_dim]. Position p lives in row
 // p % capacity (a ring for sliding layers, capacity = 2*window; flat for full layers).
@@ -123,9 +147,10 @@ class Backend {
     head_norms(norms);
     attention(args);
   }
-  // Reserves what attention of up to `sequences` decode rows of `heads` heads of at most `head_dim`
-  // needs, so that no forward allocates (CUDA: the split-K partials); nothing on the CPU.
-  virtual void reserve_decode_attention(int /*heads*/, int /*head_dim*/, int64_t /*sequences*/) {}
+  // Sizes the scratch buffers of forwards up to `r` (CUDA: decode attention's split-K partials, the
+  // up projection of a gated GELU, the rotation table), so that no forward allocates; nothing on
+  // the CPU.
+  virtual void reserve_forward(const ForwardReservation& /*r*/) {}
   // normed_attention(norms[i], args[i]) for every sequence i of a forward. A backend may run a
   // decode batch (one token per sequence) in one launch (CUDA does), each sequence's result the
   // same as alone.
@@ -191,10 +216,12 @@ class Backend {
   // (synthetic weights for benchmarks and tests).
   virtual void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) = 0;
   // Samples I64 tokens [B, 1], row r from row r of F32 logits [B, V] (or from the one row of
-  // logits [1, V], shared by every row) with params[r] of per-row params [B] (backend memory).
+  // logits [1, V], shared by every row) with row r of `params` (at least B rows).
   // Each row's seed is read from params (see sampling_params.h). A row whose logits hold a NaN
   // draws kNanLogitsToken and the others draw as usual: sampling never fails for a row's logits.
-  virtual void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) = 0;
+  virtual void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) = 0;
+  SamplingRows alloc_sampling_rows(int64_t rows);
+  void upload_sampling_rows(std::span<const SamplingParams> rows, const SamplingRows& dst);
   virtual void synchronize() = 0;
   // The queue this backend's ops run on, for a communicator that enqueues collectives among them
   // (docs/DESIGN.md, "Tensor parallel"): CUDA's cudaStream_t; nullptr where ops run at once (CPU).

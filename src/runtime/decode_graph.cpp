@@ -49,7 +49,7 @@ void DecodeGraph::start(int32_t token, const Sampler& sampler, int64_t j) {
   const SamplingParams params = sampler.for_token(j);
   be.upload(&token, step.id);
   be.upload(&position, step.position);
-  be.upload(&params, step.params);
+  be.upload_sampling_rows({&params, 1}, step.params);
   const std::vector<KvCache>* caches = &s.kv().caches();
   if (!recorded_ || !be.replayable(*recorded_) || recorded_caches_ != cache_layout(std::span(&caches, 1))) record();
   started_ = true;

@@ -66,13 +66,17 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
   ids_ = backend.alloc(DType::I32, rows, 1);
   positions_ = backend.alloc(DType::I32, rows, 1);
   logits_ = backend.alloc(DType::F32, outputs, c.vocab_size);
-  params_ = backend.alloc(DType::I32, outputs, sizeof(SamplingParams) / 4);
+  params_ = backend.alloc_sampling_rows(outputs);
   tokens_ = backend.alloc(DType::I64, outputs, 1);
   // A decode batch holds at most as many sequences as the pool has room for.
   const int64_t live =
       std::max<int64_t>(1, int64_t(pool_.budget_bytes() / std::max<size_t>(1, pool_.sequence_bytes(max_seq_len_))));
   const ModelConfig& rc = model.rank_config();
-  backend.reserve_decode_attention(int(rc.num_heads), int(rc.max_q_cols() / rc.num_heads), std::min(outputs, live));
+  backend.reserve_forward(ForwardReservation{.rows = rows,
+                                             .decode_sequences = std::min(outputs, live),
+                                             .heads = int(rc.num_heads),
+                                             .head_dim = rc.max_head_dim(),
+                                             .intermediate = rc.intermediate_size});
 }
 
 void ModelRunner::check_tokens(std::span<const int32_t> tokens, int64_t start, int64_t max_seq_len) const {
@@ -123,11 +127,11 @@ std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChu
            "forward_and_sample: one SamplingParams per output row (" + std::to_string(out_rows) + " rows, " +
                std::to_string(n) + " given), at most " + std::to_string(max_batch_sequences()));
   const StagedInputs in = stage_inputs(chunks);
-  backend_.upload(params.data(), params_.rows_view(0, n));
+  backend_.upload_sampling_rows(params, params_);
   const LogitsOutput out = workspace_logits(n);
   run([&] {
     enqueue(in.rows, in.ids, in.positions, out);
-    backend_.sample(out.logits, params_.rows_view(0, n), tokens_.rows_view(0, n));
+    backend_.sample(out.logits, params_.first(n), tokens_.rows_view(0, n));
   });
   std::vector<int64_t> drawn(size_t(n), 0);
   download_result(tokens_.rows_view(0, n), drawn.data());

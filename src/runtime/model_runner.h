@@ -95,7 +95,8 @@ class ModelRunner {
   int64_t max_seq_len_;
   KvPool pool_;
   ForwardBuffers buffers_;
-  Tensor ids_, positions_, logits_, params_, tokens_;
+  Tensor ids_, positions_, logits_, tokens_;
+  SamplingRows params_;  // one row per output row
 };
 
 }  // namespace g4

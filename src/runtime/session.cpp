@@ -35,7 +35,7 @@ Session::Session(std::unique_ptr<ModelRunner> own_runner, ModelRunner* runner, S
   Backend& be = runner_.backend();
   step_.id = be.alloc(DType::I32, 1, 1);
   step_.position = be.alloc(DType::I32, 1, 1);
-  step_.params = be.alloc(DType::I32, 1, sizeof(SamplingParams) / 4);
+  step_.params = be.alloc_sampling_rows(1);
   step_.token = be.alloc(DType::I64, 1, 1);
   logits_ = be.alloc(DType::F32, 1, runner_.config().vocab_size);
 }
@@ -128,7 +128,7 @@ int64_t Session::sample(const Sampler& sampler, int64_t j) {
   G4_CHECK(position() > 0, "nothing to sample from: run a prompt first");
   Backend& be = runner_.backend();
   const SamplingParams params = sampler.for_token(j);
-  be.upload(&params, step_.params);
+  be.upload_sampling_rows({&params, 1}, step_.params);
   be.sample(logits_, step_.params, step_.token);
   int64_t token = 0;
   runner_.download_result(step_.token, &token);
@@ -162,7 +162,7 @@ int32_t Session::feed_and_draw(int32_t token, int64_t j) {
   const SamplingParams params = generation_->sampler().for_token(j);
   be.upload(&token, step_.id);
   be.upload(&position, step_.position);
-  be.upload(&params, step_.params);
+  be.upload_sampling_rows({&params, 1}, step_.params);
   enqueue_decode_step();
   int64_t drawn = 0;
   runner_.download_result(step_.token, &drawn);

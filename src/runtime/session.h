@@ -30,7 +30,9 @@ struct SessionOptions {
 // The backend tensors of one decode step: the token fed and its position (I32 [1, 1]), the
 // parameters of the draw, and the token drawn (I64 [1, 1]).
 struct DecodeStepTensors {
-  Tensor id, position, params, token;
+  Tensor id, position;
+  SamplingRows params;  // one row
+  Tensor token;
 };
 
 class Session {

@@ -314,12 +314,13 @@ void CpuBackend::fill_uniform(const Tensor& t, float center, float spread, uint6
   });
 }
 
-void CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) {
+void CpuBackend::sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) {
   G4_CHECK(logits.rows == tokens.rows || logits.rows == 1, "sample: one logits row per token, or one for all");
+  G4_CHECK(params.rows >= tokens.rows, "sample: one SamplingParams per row");
   const int64_t stride = logits.rows == 1 ? 0 : logits.cols;
   for (int64_t r = 0; r < tokens.rows; ++r)
     tokens.as<int64_t>()[r] =
-        sample_row(logits.as<float>() + r * stride, logits.cols, params.as<SamplingParams>()[r]);
+        sample_row(logits.as<float>() + r * stride, logits.cols, params.as<const SamplingParams>()[r]);
 }
 
 static void no_graphs() { throw Error(ErrorKind::kUnsupported, "the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }

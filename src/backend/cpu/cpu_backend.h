@@ -35,7 +35,7 @@ class CpuBackend : public Backend {
   size_t weight_bytes_on_backend(const HostTensor&) const override { return 0; }  // used in place
   size_t free_memory_bytes() const override { return SIZE_MAX; }
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override;
-  void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override;
+  void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) override;
   void synchronize() override {}
   size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
   // Every op computes each row on its own (each (row, output) dot product alone, per-row norms,

@@ -431,8 +431,7 @@ class CudaBackend final : public Backend {
     a.eps = n.eps;
     a.positions = ptr<int32_t>(n.positions);
     a.inv_freq = ptr<float>(n.inv_freq);
-    const int64_t table_floats = 2 * a.T * (a.head_dim / 2);
-    workspace_.reserve_rope_table(table_floats);
+    workspace_.reserve_rope_table(rope_table_floats(a.T, a.head_dim));
     a.rope_table = ptr<float2>(workspace_.rope_table);
     launch_head_norms(a, stream_);
   }
@@ -511,10 +510,9 @@ class CudaBackend final : public Backend {
       }
     }
     // Larger chunks (or gate and up of different types, or in Q4_0 records): two matmuls, the up
-    // projection into a backend-owned buffer, then the GELU-mul. The first forward sizes that
-    // buffer for at least kMaxPackedMatmulTokens rows, before any decode step could be captured.
-    const int64_t up_values = std::max<int64_t>(T, kMaxPackedMatmulTokens) * N;
-    workspace_.reserve_up(up_values);
+    // projection into the workspace's buffer, then the GELU-mul. reserve_forward sized it for the
+    // runner's forwards; an op called outside a runner grows it here (never while capturing).
+    workspace_.reserve_up(up_values(T, N));
     Tensor up = workspace_.up;  // its first T · N values as [T, N]
     up.rows = T;
     up.cols = N;
@@ -606,17 +604,17 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void sample(const Tensor& logits, const Tensor& params, const Tensor& tokens) override {
+  void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) override {
     expect_dtype(logits, DType::F32, "sample logits");
     G4_CHECK(logits.rows == tokens.rows || logits.rows == 1, "sample: one logits row per token, or one for all");
-    G4_CHECK(params.bytes() >= size_t(tokens.rows) * sizeof(SamplingParams), "sample: one SamplingParams per row");
+    G4_CHECK(params.rows >= tokens.rows, "sample: one SamplingParams per row");
     if (!sampler_ || sampler_->max_vocab() < logits.cols) sampler_ = std::make_unique<CudaSampler>(logits.cols);
     CudaSampleBatch batch;
     batch.logits = ptr<float>(logits);
     batch.logits_row_stride = logits.rows == 1 ? 0 : logits.cols;
     batch.rows = tokens.rows;
     batch.vocab = logits.cols;
-    batch.params = ptr<SamplingParams>(params);
+    batch.params = params.as<SamplingParams>();
     batch.tokens = ptr<int64_t>(tokens);
     batch.advance_seed = capturing_;
     sampler_->sample(batch, stream_);
@@ -839,7 +837,17 @@ class CudaBackend final : public Backend {
              "head_norms: q, k and v heads must have one head_dim");
   }
 
-  void reserve_decode_attention(int heads, int head_dim, int64_t sequences) override {
+  void reserve_forward(const ForwardReservation& r) override {
+    reserve_decode_attention(r.heads, r.head_dim, r.decode_sequences);
+    workspace_.reserve_up(up_values(r.rows, r.intermediate));
+    workspace_.reserve_rope_table(rope_table_floats(r.rows, r.head_dim));
+  }
+  // gated_gelu's up projection for T rows of width N (at least kMaxPackedMatmulTokens rows, so that
+  // decode steps never grow it); head_norms' rotations of T tokens.
+  static int64_t up_values(int64_t T, int64_t N) { return std::max<int64_t>(T, kMaxPackedMatmulTokens) * N; }
+  static int64_t rope_table_floats(int64_t T, int head_dim) { return 2 * T * (head_dim / 2); }
+
+  void reserve_decode_attention(int heads, int head_dim, int64_t sequences) {
     AttentionLaunch shape;
     shape.heads = heads;
     shape.head_dim = head_dim;

@@ -1,8 +1,8 @@
 // Every scratch buffer of the CUDA backend in one place, each with its readers, writers and size
 // rule. Buffers only grow, by the reserve_* calls, which the backend makes when weights are
-// uploaded and when a forward's shapes are reserved (Backend::reserve_decode_attention and the
-// ops' first forward, which runs eagerly before any graph is captured): a graph being captured
-// must not allocate, and it reads the buffers it was recorded over (a growth replaces a buffer, and
+// uploaded and when the runner reserves its largest forward (Backend::reserve_forward, before any
+// forward); an op run outside a runner (tests, benchmarks) grows what it needs on its first,
+// eager call. A graph being captured must not allocate, and it reads the buffers it was recorded over (a growth replaces a buffer, and
 // the backend's allocation count tells graph owners to record again: Backend::replayable).
 #pragma once
 #include <cstddef>

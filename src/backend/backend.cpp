@@ -1,0 +1,25 @@
+#include "backend/backend.h"
+
+namespace g4 {
+
+namespace {
+constexpr int64_t kWordsPerRow = int64_t(sizeof(SamplingParams) / 4);
+static_assert(sizeof(SamplingParams) % 4 == 0, "SamplingParams is stored as whole I32 words");
+}  // namespace
+
+SamplingRows SamplingRows::first(int64_t n) const {
+  G4_ASSERT(n >= 0 && n <= rows, "sampling rows: " + std::to_string(n) + " of " + std::to_string(rows));
+  return SamplingRows{storage.rows_view(0, n), n};
+}
+
+SamplingRows Backend::alloc_sampling_rows(int64_t rows) {
+  return SamplingRows{alloc(DType::I32, rows, kWordsPerRow), rows};
+}
+
+void Backend::upload_sampling_rows(std::span<const SamplingParams> rows, const SamplingRows& dst) {
+  G4_CHECK(int64_t(rows.size()) <= dst.rows, "sampling rows: " + std::to_string(rows.size()) +
+                                                 " rows do not fit a buffer of " + std::to_string(dst.rows));
+  if (!rows.empty()) upload(rows.data(), dst.storage.rows_view(0, int64_t(rows.size())));
+}
+
+}  // namespace g4
