@@ -4,7 +4,7 @@
 # tests) with G4_REQUIRE_GPU=1 (no GPU, or a skipped test, is a failure), then benchmarks the
 # synthetic 31B model in q4_0, q4_k_m, q8_0 and bf16 (prompt 512, 64 generated tokens). Logs and
 # the bench JSON go to $OUT (default /tmp/g4-gpu-quant). Exits non-zero on any failure.
-# Usage: tools/gpu_quant_check.sh
+# Usage: tools/gpu/gpu_quant_check.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-gpu-quant}
 mkdir -p "$OUT"

@@ -12,7 +12,7 @@
 # not invariant; `crossover` times a layer's Q4_0 GEMVs and packed tensor-core matmul at 2..64
 # rows, and the Q4_0 records matmul of bench_q4_0_records_cuda at 1..64 tokens; `graphs` the scheduler's decode steps eager
 # and replayed as CUDA graphs (--cuda_graph) at 1, 8 and 64 sequences. Logs in one archive,
-# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover] [graphs]
+# $OUT/logs.tgz. Usage: tools/gpu/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover] [graphs]
 set -uo pipefail
 set -f  # the gtest filters below ('*Cuda*') are not file names
 parts="$*"

@@ -2,13 +2,13 @@
 # Builds the CPU tests with AddressSanitizer + UndefinedBehaviorSanitizer in their own build
 # directory and runs them with ctest. Any sanitizer report aborts the test that caused it.
 #
-#   tools/sanitize.sh                 build, then run the test suite
-#   tools/sanitize.sh --fuzz RUNS     build, then run only the fuzzers with RUNS inputs each
+#   tools/ci/sanitize.sh                 build, then run the test suite
+#   tools/ci/sanitize.sh --fuzz RUNS     build, then run only the fuzzers with RUNS inputs each
 #
 # Environment: G4_SANITIZE_BUILD (default: build-asan), JOBS (default: nproc), G4_FUZZ_SEED.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${G4_SANITIZE_BUILD:-$root/build-asan}
 jobs=${JOBS:-$(nproc)}
 fuzz_runs=""
