@@ -16,9 +16,9 @@ if [[ ${1:-} == --fuzz ]]; then
   fuzz_runs=${2:?"--fuzz needs a run count"}
 fi
 
-flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1"
-cmake -S "$root" -B "$build" -DG4_CUDA=OFF -DG4_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+# CMakePresets.json's asan preset: no CUDA, no benchmarks, Release, compiled and linked with
+# -fsanitize=address,undefined (-fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1).
+cmake -S "$root" --preset asan -B "$build" >/dev/null
 cmake --build "$build" -j"$jobs"
 
 # detect_leaks=0: leak checking needs ptrace, which containers often refuse; leaks are not what

@@ -31,7 +31,7 @@ export LLAMA_SRC=/tmp/llama-src/src  # gen_gemma4_gguf.py takes gguf-py from the
 if [ "$phase" != bench ]; then
   (SRC=/tmp/llama-src/src OUT=$OUT JOBS=12 BUDGET_S=480 bash "$kit/run_bench.sh" build > "$OUT/llama-build.txt" 2>&1) &
   llama_build=$!
-  (cmake -S "$root" -B "$root/build-gpu" -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release > "$OUT/g4-build.txt" 2>&1 &&
+  (cmake -S "$root" --preset cuda > "$OUT/g4-build.txt" 2>&1 &&
     cmake --build "$root/build-gpu" -j4 --target g4 >> "$OUT/g4-build.txt" 2>&1) || { tail -20 "$OUT/g4-build.txt"; exit 1; }
   wait "$llama_build" || { tail -20 "$OUT/llama-build.txt"; exit 1; }
   echo "builds done at ${SECONDS}s"

@@ -51,7 +51,7 @@ case $phase in
       BUILD_DIR=$root/build-llama SRC=/tmp/llama-src/src OUT=$OUT JOBS=12 BUDGET_S=580 \
         setsid bash "$kit/run_bench.sh" build > "$OUT/llama-build.txt" 2>&1 < /dev/null &
     fi
-    (cmake -S "$root" -B "$root/build-gpu" -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release > "$OUT/g4-build.txt" 2>&1 &&
+    (cmake -S "$root" --preset cuda > "$OUT/g4-build.txt" 2>&1 &&
       cmake --build "$root/build-gpu" -j20 --target g4 test_tensor_parallel >> "$OUT/g4-build.txt" 2>&1) ||
       { grep -E "error|Error" "$OUT/g4-build.txt" | head -20; exit 1; }
     echo "g4 built at ${SECONDS}s"

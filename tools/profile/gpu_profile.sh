@@ -15,7 +15,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/g4-profile}
 mkdir -p "$OUT"
 modes=${*:-step}
-cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
+cmake --preset gpu-check > "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -20; exit 1; }
 G4=./build-gpu/g4
 ncu_csv() {  # name, timeout, ncu arguments... (then the program and its arguments)
