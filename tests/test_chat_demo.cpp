@@ -1,5 +1,5 @@
-// The embedded demo (models/demo.gguf, trained by tools/train_demo.py, installed by
-// tools/install_demo.sh; docs/DESIGN.md §6 "Demo model") chats and calls tools: greedy decoding of
+// The embedded demo (models/demo.gguf, trained by tools/demo/train_demo.py, installed by
+// tools/demo/install_demo.sh; docs/DESIGN.md §6 "Demo model") chats and calls tools: greedy decoding of
 // the Paris weather request writes Gemma 4's tool call, and after the tool's response an answer
 // that uses it. Its oracle is transformers on the bf16 checkpoint (tests/fixtures/demo-chat/
 // golden.json): the quantized file (Q4_K, Q8_0 embedding) must pick transformers' greedy token
@@ -73,7 +73,7 @@ TEST(ChatDemo, ShipsAsAQuantizedSamplingProgramUnder16MB) {
   EXPECT_TRUE(file.metadata().get_bool("g4.use_sampling"));
   const GgufTensorInfo* embedding = file.find_tensor("token_embd.weight");
   ASSERT_NE(embedding, nullptr);
-  EXPECT_EQ(embedding->dtype, DType::Q8_0) << "--weights q4_k (tools/install_demo.sh)";
+  EXPECT_EQ(embedding->dtype, DType::Q8_0) << "--weights q4_k (tools/demo/install_demo.sh)";
   for (const GgufTensorInfo& t : file.tensors())
     if (t.shape().size() == 2 && t.name != "token_embd.weight") EXPECT_EQ(t.dtype, DType::Q4_K) << t.name;
 }
@@ -90,7 +90,7 @@ TEST(ChatDemo, TokenizerMatchesTransformers) {
         << c["name"];
 }
 
-// The user turns g4 renders natively are the template's (tools/demo_chat_corpus.py rendered these
+// The user turns g4 renders natively are the template's (tools/demo/demo_chat_corpus.py rendered these
 // prompts; its check proves them equal to the official template under @huggingface/jinja).
 TEST(ChatDemo, PlainPromptsAreWhatTheChatRendererWrites) {
   const nlohmann::json g = golden();

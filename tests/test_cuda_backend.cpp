@@ -36,7 +36,7 @@ namespace {
 constexpr double kRelativeL2 = 1e-2;
 // The bf16 rule on random-weight fixtures (docs/DESIGN.md, "Oracles"): transformers itself, run in
 // bf16 on them, lands at relative L2 0.07-0.21 (each fixture's reference.json, measured by
-// tools/make_fixtures.py on the H200): bf16 storage between ops sets the error, amplified layer by
+// tools/fixtures/make_fixtures.py on the H200): bf16 storage between ops sets the error, amplified layer by
 // layer. The bound is transformers' own bf16 error with 25 % headroom; a kernel bug shows far above.
 constexpr double kHeadroomOverTransformersBf16 = 1.25;
 // On long sequences even transformers' bf16 misses a few clear greedy tokens: ours may trail its
@@ -607,7 +607,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
 
 // The bf16 bound itself (relative L2 <= 1e-2) on a trained model: transformers' float64 logits of
 // the demo model (tests/fixtures/demo/transformers, computed from its Hugging Face checkpoint by
-// tools/demo_reference_logits.py) at every position of real text, by one-shot prefill, token by
+// tools/fixtures/demo_reference_logits.py) at every position of real text, by one-shot prefill, token by
 // token and in chunks; the greedy token must match at every clear position, and most positions of
 // a trained model are clear. Random-weight fixtures amplify rounding (transformers' own bf16
 // misses 1e-2 on them); a trained model does not.
@@ -644,7 +644,7 @@ TEST(CudaDemoModel, LogitsMatchTransformersWithinTheBf16Bound) {
 
 // The demo's greedy chat reply on the CPU (float32) and the GPU (bf16): the same tokens until a
 // step whose top-2 margin is within the bf16 error, where they may legitimately part (measured
-// 2026-12-01: the first 6 tokens agree). This, not tools/gpu_check.sh's token-for-token print, is
+// 2026-12-01: the first 6 tokens agree). This, not tools/gpu/gpu_check.sh's token-for-token print, is
 // the CPU/CUDA agreement check.
 TEST(CudaDemoModel, GreedyGenerationEqualsTheCpuUntilAnUnclearMargin) {
   auto gpu = cuda_backend_or_null();

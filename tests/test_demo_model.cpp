@@ -30,7 +30,7 @@ std::unique_ptr<Engine> demo_engine() {
 }
 
 // The float32 oracle on a trained model: transformers' float64 logits of the demo's Hugging Face
-// checkpoint (tests/fixtures/demo/transformers, tools/demo_reference_logits.py) at every position.
+// checkpoint (tests/fixtures/demo/transformers, tools/fixtures/demo_reference_logits.py) at every position.
 TEST(DemoModel, LogitsMatchTransformersFloat64AtEveryPosition) {
   const test::Reference ref = test::load_demo_reference();
   CpuBackend cpu(2);

@@ -1,7 +1,7 @@
 // Mutation fuzzing of the three file inputs, in process: a GGUF model, a Hugging Face checkpoint
 // directory (config.json + model.safetensors) and tokenizer.json. Every mutated input must load
 // and run, or fail with g4::Error; anything else (a crash, an escaped exception, a sanitizer
-// report under tools/sanitize.sh) is a defect. Seeds and run counts are fixed, so every machine
+// report under tools/ci/sanitize.sh) is a defect. Seeds and run counts are fixed, so every machine
 // runs the same inputs; G4_FUZZ_RUNS / G4_FUZZ_SEED change them for long runs. Inputs that once
 // crashed are kept in tests/fuzz-corpus/ and replayed first.
 #include <gtest/gtest.h>

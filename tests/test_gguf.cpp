@@ -362,7 +362,7 @@ TEST(GgufMalformed, BadTensorTable) {
 // Seeded mutations of a valid file (bytes flipped, runs overwritten with extreme values, truncation,
 // splices of its own pieces): every parse ends in success or g4::Error. A fixed seed and run count
 // (G4_FUZZ_RUNS / G4_FUZZ_SEED override them), so every machine parses the same files; the
-// in-bounds read below is checked by AddressSanitizer under tools/sanitize.sh.
+// in-bounds read below is checked by AddressSanitizer under tools/ci/sanitize.sh.
 TEST(GgufMalformed, MutationFuzz) {
   const std::string path = test::temp_dir("gguf_fuzz") + "/seed.gguf";
   write_file(path, every_type_metadata(), every_dtype_tensors());

@@ -1,7 +1,7 @@
 // Regression tests for memory-safety defects found by fuzzing the file inputs under
-// AddressSanitizer + UndefinedBehaviorSanitizer (tools/sanitize.sh): each input here once wrote out
+// AddressSanitizer + UndefinedBehaviorSanitizer (tools/ci/sanitize.sh): each input here once wrote out
 // of bounds, allocated without limit, read misaligned data, blocked forever, or converted an
-// out-of-range float to int. Without a sanitizer some of them pass silently; tools/sanitize.sh
+// out-of-range float to int. Without a sanitizer some of them pass silently; tools/ci/sanitize.sh
 // runs them with one.
 #include <gtest/gtest.h>
 

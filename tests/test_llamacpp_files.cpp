@@ -1,5 +1,5 @@
 // Files made by llama.cpp's own tools run in g4 (tests/fixtures/llamacpp, from
-// tools/gpu_llamacpp_golden.sh): the demo checkpoint and the tiny-31b-style fixture converted by
+// tools/fixtures/gpu_llamacpp_golden.sh): the demo checkpoint and the tiny-31b-style fixture converted by
 // convert_hf_to_gguf.py and quantized by llama-quantize. g4's CPU backend (float32 over the
 // dequantized weights) is compared with llama.cpp's CPU logits of the same file in two ways
 // (docs/DESIGN.md §6, "llama.cpp as an oracle"):
@@ -145,7 +145,7 @@ TEST(LlamaCppFiles, GreedyTextEqualsLlamaCompletionUntilANearTie) {
   int equal = 0, checked = 0;
   for (const auto& c : g["demo_completions"]) {
     const std::string type = c["type"], prompt = c["prompt"], want = c["text"];
-    if (type == "q8_0") continue;  // the demo's Q8_0 file is not committed (tools/llamacpp_golden_select.py)
+    if (type == "q8_0") continue;  // the demo's Q8_0 file is not committed (tools/fixtures/llamacpp_golden_select.py)
     const std::string path = type == "bf16" ? test::fortune_demo_path() : kDir + "demo-" + type + ".gguf";
     auto backend = make_backend("cpu");
     auto model = load_model(path, *backend);

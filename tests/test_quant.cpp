@@ -1,6 +1,6 @@
 // GGUF block formats against the real llama.cpp: tests/fixtures/quant/ holds rows of several
 // distributions, llama.cpp's quantization of them and llama.cpp's dequantization of that
-// (tools/make_quant_golden.sh made them). g4 must decode llama.cpp's bytes to the same floats bit for
+// (tools/fixtures/make_quant_golden.sh made them). g4 must decode llama.cpp's bytes to the same floats bit for
 // bit and, with the reference quantizers, encode the rows to the same bytes.
 #include <gtest/gtest.h>
 
@@ -22,7 +22,7 @@
 namespace g4 {
 namespace {
 
-constexpr int64_t kRows = 8, kCols = 256;  // as tools/llamacpp_golden.cpp writes them
+constexpr int64_t kRows = 8, kCols = 256;  // as tools/fixtures/llamacpp_golden.cpp writes them
 const DType kBlockTypes[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                              DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 

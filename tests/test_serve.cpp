@@ -393,7 +393,7 @@ TEST(ServeThreads, EverySessionStreamsAtOnce) {
                                    << std::chrono::duration<double>(last_start - first_end).count() << " s later";
 }
 
-// tools/serve_load.py, the load client of the H200 serve check (docs/PERF.md "g4 serve under
+// tools/gpu/serve_load.py, the load client of the H200 serve check (docs/PERF.md "g4 serve under
 // load"), against the demo: every request answered, the tokens counted from the usage chunks.
 // Slow clients hold only their own connections: 200 connections that send a header's first bytes
 // and no more leave /health answered at once, and each is closed when its request deadline passes.
@@ -601,10 +601,11 @@ TEST(ServeRequests, TooManyMessagesToolsOrPartsAreRefused) {
 
 TEST(ServeThreads, TheLoadClientMeasuresEveryRequest) {
   std::string python;
-  if (test::run_command("command -v python3", &python) != 0) GTEST_SKIP() << "no python3 to run tools/serve_load.py";
+  if (test::run_command("command -v python3", &python) != 0)
+    GTEST_SKIP() << "no python3 to run tools/gpu/serve_load.py";
   test::RunningServer server(kContext, {.max_sessions = 4, .max_waiting = 8}, {});
   std::string output;
-  const int status = test::run_command("python3 '" + std::string(G4_SOURCE_DIR) + "/tools/serve_load.py' --url " +
+  const int status = test::run_command("python3 '" + std::string(G4_SOURCE_DIR) + "/tools/gpu/serve_load.py' --url " +
                                            server.base_url() + " --clients 4 --requests 6 --prompt_chars 20 --max_tokens 8",
                                        &output);
   ASSERT_EQ(status, 0) << output;

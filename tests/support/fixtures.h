@@ -1,5 +1,5 @@
 // Access to the Hugging Face reference fixtures (tests/fixtures/hf-gemma4/*, tests/fixtures/demo/transformers),
-// made by tools/make_fixtures.py and tools/demo_reference_logits.py (docs/DESIGN.md, "Oracles").
+// made by tools/fixtures/make_fixtures.py and tools/fixtures/demo_reference_logits.py (docs/DESIGN.md, "Oracles").
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,7 +32,7 @@ inline constexpr double kClearMargin = 1.0;
 
 std::string fixture_dir(const std::string& name);
 Reference load_reference(const std::string& name);
-// transformers' float64 logits of the demo model (tools/demo_reference_logits.py).
+// transformers' float64 logits of the demo model (tools/fixtures/demo_reference_logits.py).
 Reference load_demo_reference();
 // The rows of `every_position` ([positions][vocab]) that the reference stores, in its order.
 std::vector<float> stored_rows(const std::vector<float>& every_position, const Reference& ref);
@@ -56,7 +56,7 @@ std::string temp_dir(const std::string& name);
 // G4_CACHE_DIR/name: the first process to need it runs make(path) under a lock file, writing a
 // unique temporary name that is renamed into place; the others wait for it and reuse it.
 std::string shared_artifact(const std::string& name, const std::function<void(const std::string& path)>& make);
-// G4_REQUIRE_GPU=1 (tools/gpu_check.sh sets it on the GPU machine): a test that needs a GPU fails
+// G4_REQUIRE_GPU=1 (tools/gpu/gpu_check.sh sets it on the GPU machine): a test that needs a GPU fails
 // instead of skipping when none is usable, so a broken CUDA setup cannot pass as "skipped".
 bool gpu_required();
 #define G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu_usable)                                                        \

@@ -1,6 +1,6 @@
 // Deterministic mutation fuzzing for the file inputs (GGUF, checkpoint directory, tokenizer.json):
 // a seeded generator and a fixed number of runs, so every machine runs the same inputs. The
-// environment variable G4_FUZZ_RUNS replaces the run count for long sessions (tools/sanitize.sh
+// environment variable G4_FUZZ_RUNS replaces the run count for long sessions (tools/ci/sanitize.sh
 // --fuzz) and G4_FUZZ_SEED the seed.
 #pragma once
 #include <cstdint>

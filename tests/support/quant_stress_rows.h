@@ -1,5 +1,5 @@
 // The generated rows of the quantization stress check (tests/test_quant.cpp), shared with the tool
-// that records llama.cpp's results on them (tools/llamacpp_golden.cpp, C++17): value i of rows of
+// that records llama.cpp's results on them (tools/fixtures/llamacpp_golden.cpp, C++17): value i of rows of
 // kQuantStressCols. Integer hashing and exact float steps only, so every compiler gives the same rows.
 #pragma once
 #include <cstdint>

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Tensor parallel on a machine with two GPUs (docs/DESIGN.md "Tensor parallel", docs/PERF.md):
-#   tools/gpu_tensor_parallel.sh build [KIT_DIR]   g4 (build-gpu/); with KIT_DIR, llama-bench
-#                                                  (build-llama/) too, in a session of its own that
-#                                                  outlives the call
-#   tools/gpu_tensor_parallel.sh test              the tensor-parallel tests, the two-GPU ones included
-#   tools/gpu_tensor_parallel.sh bench             g4 bench at --tp 1 and --tp 2 (peer-memory and NCCL
-#                                                  all-reduce) on the synthetic 31B model
-#   tools/gpu_tensor_parallel.sh peer KIT_DIR      a 31B-shaped GGUF file (TYPE, default q4_0): llama-bench
-#                                                  with --split-mode none, layer and row, then g4 bench
-#                                                  --tp 1 and --tp 2 on the same file
+#   tools/gpu/gpu_tensor_parallel.sh build [KIT_DIR]   g4 (build-gpu/); with KIT_DIR, llama-bench
+#                                                      (build-llama/) too, in a session of its own that
+#                                                      outlives the call
+#   tools/gpu/gpu_tensor_parallel.sh test              the tensor-parallel tests, the two-GPU ones included
+#   tools/gpu/gpu_tensor_parallel.sh bench             g4 bench at --tp 1 and --tp 2 (peer-memory and NCCL
+#                                                      all-reduce) on the synthetic 31B model
+#   tools/gpu/gpu_tensor_parallel.sh peer KIT_DIR      a 31B-shaped GGUF file (TYPE, default q4_0): llama-bench
+#                                                      with --split-mode none, layer and row, then g4 bench
+#                                                      --tp 1 and --tp 2 on the same file
 # KIT_DIR holds llama.cpp's source as llama-src.tar.xz with the kit's run_bench.sh and
 # gen_gemma4_gguf.py (gpu_side_by_side.sh says how to make a slim tarball). Build folders are
 # git-ignored and stay on a machine kept warm between calls. Logs and JSON go to OUT
 # (default /tmp/g4-tp). Environment: WEIGHTS (bench; default "bf16 q4_0 q4_k_m"), GEN (default 64),
 # CONCURRENCY (bench; default "64"), TYPE (peer; default q4_0).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 phase=${1:?usage: gpu_tensor_parallel.sh build|test|bench|peer [KIT_DIR]}
 kit=${2:-}
 OUT=${OUT:-/tmp/g4-tp}
@@ -51,7 +51,7 @@ case $phase in
       BUILD_DIR=$root/build-llama SRC=/tmp/llama-src/src OUT=$OUT JOBS=12 BUDGET_S=580 \
         setsid bash "$kit/run_bench.sh" build > "$OUT/llama-build.txt" 2>&1 < /dev/null &
     fi
-    (cmake -S "$root" -B "$root/build-gpu" -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release > "$OUT/g4-build.txt" 2>&1 &&
+    (cmake -S "$root" --preset cuda > "$OUT/g4-build.txt" 2>&1 &&
       cmake --build "$root/build-gpu" -j20 --target g4 test_tensor_parallel >> "$OUT/g4-build.txt" 2>&1) ||
       { grep -E "error|Error" "$OUT/g4-build.txt" | head -20; exit 1; }
     echo "g4 built at ${SECONDS}s"

@@ -1,6 +1,6 @@
 """The demo model's corpus: Debian's fortunes, one example per quote, shuffled with the training seed.
 
-Shared by tools/train_demo.py (torch) and tools/demo_heldout_text.py (plain Python), so the
+Shared by tools/demo/train_demo.py (torch) and tools/demo/demo_heldout_text.py (plain Python), so the
 held-out text is exactly the validation split the demo model never trained on.
 """
 import os

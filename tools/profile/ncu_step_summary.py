@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sums an ncu --csv --page details speed-of-light capture of decode steps (tools/gpu_profile.sh
+"""Sums an ncu --csv --page details speed-of-light capture of decode steps (tools/profile/gpu_profile.sh
 step; or one of --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed): per kernel name and grid, launches, microseconds and mean DRAM throughput per step, a step
 being one LM head (one soft-cap launch) of the capture; then the kernel time of a step in all.
 Usage: ncu_step_summary.py CAPTURE.csv"""

@@ -1,10 +1,10 @@
 """Writes the demo model's held-out text: the first quotes of its validation split, never trained on.
 
-    python3 tools/demo_heldout_text.py CORPUS_DIR OUT_FILE [QUOTES=120]
+    python3 tools/demo/demo_heldout_text.py CORPUS_DIR OUT_FILE [QUOTES=120]
 
 The perplexity and KL-divergence table of docs/PERF.md (g4 perplexity beside llama-perplexity on
 the same files) reads it; committed as tests/fixtures/demo/heldout.txt (fortune-mod's BSD licence,
-see tools/train_demo.py).
+see tools/demo/train_demo.py).
 """
 import sys
 

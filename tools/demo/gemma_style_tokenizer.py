@@ -1,7 +1,7 @@
 """Gemma-style tokenizer.json files: a BPE with byte fallback ("▁" for spaces, <0xNN> byte tokens at
 Gemma's ids 238..493) that keeps Gemma 4's special and chat tokens at Gemma 4's ids (<pad> 0, <eos> 1,
-<bos> 2, <unk> 3, <|turn> 105, <turn|> 106, ...). tools/train_demo.py writes the demo model's with
-learned merges; tools/gpu_llamacpp_golden.sh gives the random test fixtures one (llama.cpp's
+<bos> 2, <unk> 3, <|turn> 105, <turn|> 106, ...). tools/demo/train_demo.py writes the demo model's with
+learned merges; tools/fixtures/gpu_llamacpp_golden.sh gives the random test fixtures one (llama.cpp's
 converter needs a tokenizer)."""
 
 FIRST_BYTE_ID = 238  # <0x00> .. <0xFF> at Gemma's ids 238..493
@@ -48,7 +48,7 @@ def tokenizer_spec(pieces, merges):
 if __name__ == "__main__":
     # A tokenizer of exactly VOCAB ids with three merges (llama.cpp refuses a BPE without merges)
     # and placeholder pieces after them, for the random fixtures:
-    #   python3 tools/gemma_style_tokenizer.py VOCAB OUT.json
+    #   python3 tools/demo/gemma_style_tokenizer.py VOCAB OUT.json
     import json, sys
     vocab_size = int(sys.argv[1])
     pieces = ["▁", "t", "h", "e", "th", "▁t", "he"]

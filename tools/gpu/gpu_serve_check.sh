@@ -3,15 +3,15 @@
 # file and the same GPU (the HTTP overhead, docs/PERF.md "g4 serve under load").
 # The GPU machine has no cpp-httplib and no network, so Debian's packages come along unpacked:
 #
-#   tools/gpu_serve_check.sh SYSROOT KIT
+#   tools/gpu/gpu_serve_check.sh SYSROOT KIT
 #
-# SYSROOT and KIT: the httplib/ and kit/ of tools/make_serve_kit.sh's archive (Debian's cpp-httplib,
+# SYSROOT and KIT: the httplib/ and kit/ of tools/gpu/make_serve_kit.sh's archive (Debian's cpp-httplib,
 # its libraries and pkgconf unpacked; the llama.cpp kit's GGUF writer with its gguf-py). Writes a 31B-shaped Q4_0 file, then for each of CLIENTS (default "64"): g4 bench
-# --concurrency, then g4 serve with tools/serve_load.py; BATCH_INVARIANT (default false), PROMPT
+# --concurrency, then g4 serve with tools/gpu/serve_load.py; BATCH_INVARIANT (default false), PROMPT
 # (default 128 tokens), GEN (default 64), TPS (tensor-parallel sizes, default "1"; "1 2" runs each
 # pair at --tp 1 and at --tp 2), EXTRA_ARGS (more flags for both, e.g. --cuda_graph). Logs in $OUT/logs.tgz.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 sysroot=$(cd "$1" && pwd)
 kit=$(cd "$2" && pwd)
 OUT=${OUT:-/tmp/g4-serve}
@@ -38,7 +38,7 @@ if [ -z "$pkgconf" ]; then  # the carried pkgconf, wrapped so that only it sees 
 fi
 export PKG_CONFIG_PATH=$OUT/pc
 started=$SECONDS
-cmake -S "$root" -B "$root/build-gpu" -DCMAKE_CUDA_ARCHITECTURES=90a -DPKG_CONFIG_EXECUTABLE="$pkgconf" \
+cmake -S "$root" --preset gpu-check -DPKG_CONFIG_EXECUTABLE="$pkgconf" \
   > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 grep -q "cpp-httplib not found" "$OUT/cmake.log" && { echo "cmake did not find the carried cpp-httplib"; exit 1; }
 cmake --build "$root/build-gpu" -j16 --target g4 ${EXTRA_TARGETS:-} > "$OUT/build.log" 2>&1 ||
@@ -62,7 +62,7 @@ for n in $CLIENTS; do
   server=$!
   get() { LD_LIBRARY_PATH= python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
   for _ in $(seq 120); do get "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break; sleep 1; done
-  LD_LIBRARY_PATH= python3 "$root/tools/serve_load.py" --url "http://127.0.0.1:$port" --clients "$n" --prompt_chars $((PROMPT - 1)) \
+  LD_LIBRARY_PATH= python3 "$root/tools/gpu/serve_load.py" --url "http://127.0.0.1:$port" --clients "$n" --prompt_chars $((PROMPT - 1)) \
     --max_tokens "$GEN" > "$OUT/serve_load_${n}_tp$tp.json" 2>&1
   echo "serve  $n --tp $tp: $(tr -d ' \n' < "$OUT/serve_load_${n}_tp$tp.json")"
   get "http://127.0.0.1:$port/metrics" > "$OUT/metrics_${n}_tp$tp.txt"

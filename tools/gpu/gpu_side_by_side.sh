@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # g4 and llama.cpp on the same 31B-shaped GGUF files, on the same GPU, one right after the other
 # (docs/PERF.md). On the GPU machine:
-#   tools/gpu_side_by_side.sh KIT_DIR [all|build|bench]
+#   tools/gpu/gpu_side_by_side.sh KIT_DIR [all|build|bench]
 # KIT_DIR holds llama.cpp's source as llama-src.tar.xz and the kit's run_bench.sh and
 # gen_gemma4_gguf.py (copies of ../shared/tools/llamacpp; never committed). `build` builds
 # llama-bench (CUDA, sm_90a, in build-llama/) and g4 (build-gpu/) side by side; `bench` then, for
@@ -16,7 +16,7 @@
 # LLAMA_ARGS (default "-p 512,2048 -n 128 -fa 1 -ngl 99 -r 2"), G4_ARGS (default "--suite --gen 128":
 # pp512, pp2048, decode at 1 k and 32 k), OUT (results, default /tmp/side-by-side).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 kit=$(cd "$1" && pwd)
 phase=${2:-all}
 case $phase in all|build|bench) ;; *) echo "phase must be all, build or bench, got $phase"; exit 2 ;; esac
@@ -31,7 +31,7 @@ export LLAMA_SRC=/tmp/llama-src/src  # gen_gemma4_gguf.py takes gguf-py from the
 if [ "$phase" != bench ]; then
   (SRC=/tmp/llama-src/src OUT=$OUT JOBS=12 BUDGET_S=480 bash "$kit/run_bench.sh" build > "$OUT/llama-build.txt" 2>&1) &
   llama_build=$!
-  (cmake -S "$root" -B "$root/build-gpu" -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release > "$OUT/g4-build.txt" 2>&1 &&
+  (cmake -S "$root" --preset cuda > "$OUT/g4-build.txt" 2>&1 &&
     cmake --build "$root/build-gpu" -j4 --target g4 >> "$OUT/g4-build.txt" 2>&1) || { tail -20 "$OUT/g4-build.txt"; exit 1; }
   wait "$llama_build" || { tail -20 "$OUT/llama-build.txt"; exit 1; }
   echo "builds done at ${SECONDS}s"

@@ -3,12 +3,12 @@
 # llama-completion and g4 greedily on the same raw prompt, and prints both texts.
 #   llama.cpp release v0.5.0 source in .llamacpp/src, kept out of git (e.g. from the npm package
 #   node-llama-cpp 3.22.1, which ships it as a git bundle); never committed
-#   tools/llamacpp_interop.sh [LLAMA_SRC=.llamacpp/src] [BUILD=/tmp/llama-cpu] [G4=build/g4]
-#                             [MODEL_DIR=tests/fixtures/demo/hf] [TYPES="bf16 q8_0 q4_0"]
+#   tools/ci/llamacpp_interop.sh [LLAMA_SRC=.llamacpp/src] [BUILD=/tmp/llama-cpu] [G4=build/g4]
+#                                [MODEL_DIR=tests/fixtures/demo/hf] [TYPES="bf16 q8_0 q4_0"]
 # Environment: PROMPT (default below), N (tokens, default 32), OUT (files, default a temp dir),
 # JOBS (build jobs, default nproc).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 src=${1:-$root/.llamacpp/src}
 build=${2:-/tmp/llama-cpu}
 g4=${3:-$root/build/g4}

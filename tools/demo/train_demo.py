@@ -1,15 +1,15 @@
 """Train g4's embedded demo model: a small Gemma 4 (transformers.Gemma4ForCausalLM) that chats in
 Gemma 4's format, calls tools and tells fortunes (docs/DESIGN.md §6, "Demo model").
 
-Runs on the GPU machine (torch 2.11, transformers 5.17, tokenizers) through tools/gpu_train_demo.sh,
+Runs on the GPU machine (torch 2.11, transformers 5.17, tokenizers) through tools/demo/gpu_train_demo.sh,
 in about five minutes on one H200. Deterministic: every random choice is seeded. Usage:
 
-    python3 tools/train_demo.py CORPUS_DIR OUT_DIR [OLD_MODEL_DIR]
+    python3 tools/demo/train_demo.py CORPUS_DIR OUT_DIR [OLD_MODEL_DIR]
 
 CORPUS_DIR holds fortune files from Debian's `fortunes` package (/usr/share/games/fortunes, one
 quote per block, blocks separated by a line with a single '%') and their COPYRIGHT (BSD, University
 of California, fortune-mod), copied to OUT_DIR/CORPUS_LICENSE. The chats come from
-tools/demo_chat_corpus.py (synthetic, seeded, written in this repository): Gemma 4 conversations
+tools/demo/demo_chat_corpus.py (synthetic, seeded, written in this repository): Gemma 4 conversations
 rendered exactly as the official template renders them, with weather/time/calculator tool calls,
 tool responses and answers, plain chats from a small fact table, and fortune requests.
 
@@ -193,8 +193,8 @@ def stop_at(tok, ids):
 
 def main():
     corpus_dir, out_dir = sys.argv[1], sys.argv[2]
-    old_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
-                                                                  "demo", "hf")
+    old_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "..", "..", "tests",
+                                                                  "fixtures", "demo", "hf")
     os.makedirs(out_dir, exist_ok=True)
     t_start = time.time()
     torch.manual_seed(SEED)
@@ -241,7 +241,7 @@ def main():
         final_logit_softcapping=30.0, max_position_embeddings=2048, hidden_size_per_layer_input=0,
         vocab_size_per_layer_input=VOCAB, tie_word_embeddings=True, rms_norm_eps=1e-6,
         bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)
-    # What config.json will say (tools/make_fixtures.py's HEADS_31B gives layer_types the same way):
+    # What config.json will say (tools/fixtures/make_fixtures.py's HEADS_31B gives layer_types the same way):
     # each full layer gets head_dim 128 and one K=V head in per_layer_config.
     saved = cfg.to_dict()
     full_layers = {str(i) for i, t in enumerate(LAYER_TYPES) if t == "full_attention"}

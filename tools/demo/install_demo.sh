@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the demo model that tools/gpu_train_demo.sh trained (docs/DESIGN.md §6, "Demo model"):
-#   tools/install_demo.sh RESULTS_DIR [G4_BINARY]
+# Installs the demo model that tools/demo/gpu_train_demo.sh trained (docs/DESIGN.md §6, "Demo model"):
+#   tools/demo/install_demo.sh RESULTS_DIR [G4_BINARY]
 # RESULTS_DIR: the device run's $OUT (demo-chat.tar.part-*, golden.json, train.log, SHA256SUMS).
 # G4_BINARY: a built g4 (default build/g4).
 #
@@ -18,7 +18,7 @@
 set -euo pipefail
 results=$1
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
+root=$(cd "$here/../.." && pwd)
 g4=${2:-$root/build/g4}
 [[ -x "$g4" ]] || { echo "no g4 binary at $g4 (build it, or pass its path)" >&2; exit 2; }
 (cd "$results" && sha256sum --check --quiet SHA256SUMS) || { echo "$results: checksums do not match" >&2; exit 1; }

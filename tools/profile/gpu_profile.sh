@@ -3,19 +3,19 @@
 # target is missed). Builds g4, then:
 #   step     every kernel of about two batch-1 decode steps of the synthetic 31B in q4_0 (step_bf16:
 #            in bf16), speed of light only: time and DRAM throughput per kernel, summed by kernel
-#            and shape (tools/ncu_step_summary.py), against the step time `g4 bench` measures (a
+#            and shape (tools/profile/ncu_step_summary.py), against the step time `g4 bench` measures (a
 #            capture took 7 minutes on the H200: ncu replays each of ~1 000 launches);
 #   kernels  the packed GEMV and the bf16 GEMV at batch 1 and the packed tensor-core matmul at 64
 #            sequences in detail (speed of light, occupancy, warp state, memory workload).
 # ncu reads hardware counters only on some of the workplace's machine runtimes: where it cannot, its
-# error is printed. Usage: tools/gpu_profile.sh [step] [step_bf16] [kernels] (step when none is
+# error is printed. Usage: tools/profile/gpu_profile.sh [step] [step_bf16] [kernels] (step when none is
 # named; each part fits one 10-minute call, two do not); results
 # in $OUT/logs.tgz and a summary on stdout.
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-profile}
 mkdir -p "$OUT"
 modes=${*:-step}
-cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
+cmake --preset gpu-check > "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -20; exit 1; }
 G4=./build-gpu/g4
 ncu_csv() {  # name, timeout, ncu arguments... (then the program and its arguments)
@@ -42,7 +42,7 @@ step() {  # weights
   ncu_csv "step_$w" 400 --launch-skip 2500 --launch-count 1000 --section SpeedOfLight \
     "$G4" bench --synthetic 31b --weights "$w" --prompt_len 1 --gen 2 || return
   echo "== step_$w"
-  python3 tools/ncu_step_summary.py "$OUT/ncu_step_$w.csv"
+  python3 tools/profile/ncu_step_summary.py "$OUT/ncu_step_$w.csv"
 }
 for mode in $modes; do
   case $mode in

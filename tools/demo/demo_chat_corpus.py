@@ -15,10 +15,10 @@ belongs to the next prompt). `check` proves both against the template rendered b
 engine (npm @huggingface/jinja@0.5.11, the package and version tests/test_chat_template_jinja.cpp
 installs):
 
-    python3 tools/demo_chat_corpus.py check NODE_MODULES_DIR [COUNT]   # prints "N examples equal"
-    python3 tools/demo_chat_corpus.py sample [COUNT]                   # prints example texts
+    python3 tools/demo/demo_chat_corpus.py check NODE_MODULES_DIR [COUNT]   # prints "N examples equal"
+    python3 tools/demo/demo_chat_corpus.py sample [COUNT]                   # prints example texts
 
-tools/train_demo.py imports `chat_examples` (and the fortunes from tools/demo_corpus.py).
+tools/demo/train_demo.py imports `chat_examples` (and the fortunes from tools/demo/demo_corpus.py).
 """
 import json
 import os
@@ -496,7 +496,7 @@ def plain_example(rng):
 
 
 def fortune_example(rng, topic, body):
-    """A fortune asked for in a chat turn (tools/demo_corpus.py has the quotes)."""
+    """A fortune asked for in a chat turn (tools/demo/demo_corpus.py has the quotes)."""
     q = rng.choice([f"Tell me a fortune about {topic}.", f"Tell me a fortune about {topic}.", "Tell me a fortune.",
                     f"Give me a quote about {topic}."])
     body = body.strip()
@@ -555,8 +555,8 @@ def golden_prompts():
 # ---------------------------------------------------------------------------------------------
 # The proof against a real Jinja engine.
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "chat-templates",
-                        "gemma-4-31B-it.jinja")
+TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures",
+                        "chat-templates", "gemma-4-31B-it.jinja")
 # @huggingface/jinja renders each {messages, tools?, add_generation_prompt} item of INPUTS_JSON.
 RENDER_JS = """
 const fs = require("fs"), path = require("path");

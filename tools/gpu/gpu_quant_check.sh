@@ -4,7 +4,7 @@
 # tests) with G4_REQUIRE_GPU=1 (no GPU, or a skipped test, is a failure), then benchmarks the
 # synthetic 31B model in q4_0, q4_k_m, q8_0 and bf16 (prompt 512, 64 generated tokens). Logs and
 # the bench JSON go to $OUT (default /tmp/g4-gpu-quant). Exits non-zero on any failure.
-# Usage: tools/gpu_quant_check.sh
+# Usage: tools/gpu/gpu_quant_check.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/g4-gpu-quant}
 mkdir -p "$OUT"
@@ -12,7 +12,7 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 started=$SECONDS
 
-cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --preset gpu-check > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 --target g4 test_cuda_quant test_packed_blocks test_cuda_backend > "$OUT/build.log" 2>&1 ||
   { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $((SECONDS - started)) s"

@@ -2,13 +2,13 @@
 # Builds the CPU tests with AddressSanitizer + UndefinedBehaviorSanitizer in their own build
 # directory and runs them with ctest. Any sanitizer report aborts the test that caused it.
 #
-#   tools/sanitize.sh                 build, then run the test suite
-#   tools/sanitize.sh --fuzz RUNS     build, then run only the fuzzers with RUNS inputs each
+#   tools/ci/sanitize.sh                 build, then run the test suite
+#   tools/ci/sanitize.sh --fuzz RUNS     build, then run only the fuzzers with RUNS inputs each
 #
 # Environment: G4_SANITIZE_BUILD (default: build-asan), JOBS (default: nproc), G4_FUZZ_SEED.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${G4_SANITIZE_BUILD:-$root/build-asan}
 jobs=${JOBS:-$(nproc)}
 fuzz_runs=""
@@ -16,9 +16,9 @@ if [[ ${1:-} == --fuzz ]]; then
   fuzz_runs=${2:?"--fuzz needs a run count"}
 fi
 
-flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1"
-cmake -S "$root" -B "$build" -DG4_CUDA=OFF -DG4_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+# CMakePresets.json's asan preset: no CUDA, no benchmarks, Release, compiled and linked with
+# -fsanitize=address,undefined (-fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1).
+cmake -S "$root" --preset asan -B "$build" >/dev/null
 cmake --build "$build" -j"$jobs"
 
 # detect_leaks=0: leak checking needs ptrace, which containers often refuse; leaks are not what

@@ -10,7 +10,7 @@ carries text) and the mean per-request decode speed, the figures `g4 bench --con
 the engine alone (docs/PERF.md, "g4 serve under load"). Python's standard library only: the GPU
 machine has no network to install a client from.
 
-  tools/serve_load.py --url http://127.0.0.1:8080 --clients 64 --prompt_chars 127 --max_tokens 64
+  tools/gpu/serve_load.py --url http://127.0.0.1:8080 --clients 64 --prompt_chars 127 --max_tokens 64
 """
 import argparse
 import http.client
