@@ -179,6 +179,35 @@ TEST(Scheduler, Q4_0RecordsKeepDecodeBatchesInvariantOnCuda) {
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true, /*cuda_graphs=*/true);
 }
 
+// Fusion off (Backend::set_fusion: every fused op run as its separate ops) gives the same tokens
+// in decode batches as fusion on — the batched decode attention launch, quantizing alongside, the
+// Q4_0 records' GELU-mul and residual norm —, for the bf16 demo and the Q4_0 file, invariant or not.
+std::vector<std::vector<int32_t>> tokens_with_fusion(Engine& engine, bool fusion, bool invariant) {
+  engine.kv_pool().drop_kept();
+  engine.backend().set_fusion(fusion);
+  Scheduler scheduler(engine.runner(), SchedulerOptions{.batch_invariant = invariant});
+  const std::vector<SchedulerRequest> rs = requests();
+  std::vector<size_t> order(rs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<RequestId> ids;
+  const Run r = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
+  engine.backend().set_fusion(true);
+  std::vector<std::vector<int32_t>> out;
+  for (RequestId id : ids) out.push_back(r.tokens.at(id));
+  return out;
+}
+
+TEST(Scheduler, FusionOffGivesTheSameDecodeBatchesOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  for (const std::string& path : {test::fortune_demo_path(), std::string(G4_FIXTURES_DIR) + "/llamacpp/demo-q4_0.gguf"}) {
+    auto engine = test::demo_engine_for(13, kMaxSeqLen, "cuda", path);
+    for (bool invariant : {true, false}) {
+      SCOPED_TRACE(path + (invariant ? ", invariant" : ", not invariant"));
+      EXPECT_EQ(tokens_with_fusion(*engine, false, invariant), tokens_with_fusion(*engine, true, invariant));
+    }
+  }
+}
+
 TEST(Scheduler, RecordedDecodeStepsNeedABackendWithGraphs) {
   auto engine = demo_engine(1);
   EXPECT_EQ(test::error_of([&] { Scheduler scheduler(engine->runner(), SchedulerOptions{.cuda_graphs = true}); }),

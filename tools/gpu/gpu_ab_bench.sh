@@ -6,7 +6,7 @@
 #   suite        g4 bench --synthetic 31b --suite (pp512, tg at 1 k context) for $WEIGHTS (default
 #                bf16 q4_0 q4_k_m q8_0)
 #   concurrency  g4 bench --synthetic 31b --weights q4_0 --concurrency 1,8,64 (full decode step tok/s)
-# Usage: tools/gpu_ab_bench.sh OLD_G4 NEW_G4 PART...   (logs and JSON under $OUT, default /tmp/g4-ab)
+# Usage: tools/gpu/gpu_ab_bench.sh OLD_G4 NEW_G4 PART...   (logs and JSON under $OUT, default /tmp/g4-ab)
 set -uo pipefail
 old=$1 new=$2
 shift 2
