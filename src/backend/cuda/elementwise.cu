@@ -87,7 +87,7 @@ __global__ void rope_table_kernel(const int32_t* positions, const float* inv_fre
 
 // Warp w of block b norms head row r = b * kHeadNormWarps + w: q rows, then k rows, then (unless
 // v comes from k) v rows. (Sharing one RoPE rotation among a warp's rows of a token, four rows per
-// warp, was measured no faster on a 2048-token chunk: 70 against 65 us.)
+// warp, was measured slower on a 2048-token chunk.)
 template <int kAccesses>
 __global__ void head_norms_kernel(HeadNormLaunch a, int64_t rows) {
   pdl_launch_dependents();
@@ -158,7 +158,7 @@ __device__ inline void load_weight8(const float* weight, int64_t cols, int64_t v
 // latency chain: kWeightsFirst reads the norm weights before pdl_wait() (they depend on no earlier
 // kernel). A prefill chunk has thousands of rows and wants the registers for occupancy: the
 // weights are read where they are used. (One vector per thread in 672-thread blocks was measured
-// slower on prefill rows: 53 against 41 us at 2048 x 5376.)
+// slower on prefill rows.)
 constexpr int kResidualVecs = 2;
 
 // A residual block's output o, row by row as packed bf16 vectors (zeros past the row): read from o

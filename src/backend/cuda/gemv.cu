@@ -6,8 +6,8 @@
 // kernel's tail.
 //
 // The kernels keep their own target selection and row-head prefetch (not gemv_common.cuh's): with
-// those, the 31B bf16 decode fell from 58.7 to 54.7 tok/s on the H200 (2026-12-01, same machine,
-// same run), although each GEMV alone was as fast; this file's PTX is identical to the fast version's.
+// those the 31B bf16 decode step was slower (docs/PERF.md, 2026-12-01), although each GEMV alone
+// was as fast; this file's PTX is identical to the fast version's.
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/gemv_common.cuh"

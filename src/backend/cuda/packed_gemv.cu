@@ -39,11 +39,10 @@ struct Geometry {
   static constexpr int kWarps = U > 2 ? 4 : kGemvWarpsPerBlock;  // fewer warps when each holds more registers
 };
 using Narrow = Geometry<2>;
-// One token, every type (measured on the H200, docs/PERF.md): 3 blocks a row in flight in
-// 4-warp blocks beat the earlier per-type choice of 2 in 8-warp blocks or 6 in 4-warp blocks in
-// whole decode steps — Q4_0 126.6 -> 132.7 tok/s, Q4_K_M 109.2 -> 113.6 (Q8_0 took it in the
-// eighteenth: 71.0 -> 79.8) — though a few matrices alone are faster another way (Q4_0's q/k/v at 6:
-// 16.2 against 18.1 us); 4 in flight was slower in the steps (Q4_0 127.0, Q4_K_M 112.1).
+// One token, every type: 3 blocks a row in flight in 4-warp blocks gives the fastest whole decode
+// steps of the geometries measured (2 in 8-warp blocks, 4 or 6 in 4-warp blocks; docs/PERF.md,
+// 2026-12-03 · f28db12), though a few matrices alone are faster another way (Q4_0's q/k/v at 6):
+// what counts is the step, where each kernel's tail overlaps the next one's start.
 using OneToken = Geometry<3>;
 
 // Weight loads that bypass L1 (as load_streaming); plain loads when compiled for the host, where

@@ -31,8 +31,8 @@ using namespace packed;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 // One 16-row tile per warp: 79 registers and ~58 KB of stages at 64 tokens of Q4_0, so three CTAs
-// share a multiprocessor. Measured on the H200 against two tiles a warp (128 registers, two CTAs):
-// a 64-sequence Q4_0 step 35.4 against 38.3 ms (docs/PERF.md).
+// share a multiprocessor, which makes a 64-sequence step faster than two tiles a warp (128
+// registers, two CTAs; docs/PERF.md).
 constexpr int kWarpTiles = 1, kRowsPerWarp = 16 * kWarpTiles, kRowsPerCta = kWarps * kRowsPerWarp;
 constexpr int kChunk = kPackedMatmulChunk;  // k values per shared-memory stage
 constexpr int kChunkBlocks = kChunk / kBlock;

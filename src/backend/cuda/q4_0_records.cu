@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
 // block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
 // wgmma's K-major B operand, already in the records' order of K (`stage`). wgmma gives mma.sync's
 // bits for the same fragments (docs/PERF.md), so a token keeps the bits it has
-// alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 at 64
-// (3 there: gate 58.2 -> 62.2 µs; at 16 and 32 tokens 3 gains 4-5 %, docs/PERF.md).
+// alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 at 64,
+// where 3 is slower for lack of registers (docs/PERF.md).
 template <int kTokens>
 __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts launch, const bf16* x, int K) {
   // From 32 tokens the wgmma pipeline (4-7 % faster there); at 16 it lost 3-18 % (docs/PERF.md).
