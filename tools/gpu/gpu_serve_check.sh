@@ -9,7 +9,9 @@
 # its libraries and pkgconf unpacked; the llama.cpp kit's GGUF writer with its gguf-py). Writes a 31B-shaped Q4_0 file, then for each of CLIENTS (default "64"): g4 bench
 # --concurrency, then g4 serve with tools/gpu/serve_load.py; BATCH_INVARIANT (default false), PROMPT
 # (default 128 tokens), GEN (default 64), TPS (tensor-parallel sizes, default "1"; "1 2" runs each
-# pair at --tp 1 and at --tp 2), EXTRA_ARGS (more flags for both, e.g. --cuda_graph). Logs in $OUT/logs.tgz.
+# pair at --tp 1 and at --tp 2), EXTRA_ARGS (more flags for both, e.g. --cuda_graph), SESSIONS
+# (--max_sessions, default the client count), WAITING (--max_waiting, default 64), REQUESTS (in
+# total, serve_load.py --requests; default one per client). Logs in $OUT/logs.tgz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 sysroot=$(cd "$1" && pwd)
@@ -57,13 +59,14 @@ for n in $CLIENTS; do
     --gen "$GEN" --tp "$tp" ${EXTRA_ARGS:-} > "$OUT/bench_${n}_tp$tp.json" 2> "$OUT/bench_${n}_tp$tp.log"
   echo "bench  $n --tp $tp: $(tr -d ' \n' < "$OUT/bench_${n}_tp$tp.json" | grep -oE '"runs":\[\{[^}]*\}')"
   port=$((18000 + n + 1000 * tp))
-  "$G4" serve --model_path "$model" --backend cuda --port $port --max_sessions "$n" --max_seq_len $seq_len \
+  "$G4" serve --model_path "$model" --backend cuda --port $port --max_sessions "${SESSIONS:-$n}" \
+    --max_waiting "${WAITING:-64}" --max_seq_len $seq_len \
     --batch_invariant "$BATCH_INVARIANT" --tp "$tp" ${EXTRA_ARGS:-} > "$OUT/serve_${n}_tp$tp.log" 2>&1 &
   server=$!
   get() { LD_LIBRARY_PATH= python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1"; }
   for _ in $(seq 120); do get "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break; sleep 1; done
   LD_LIBRARY_PATH= python3 "$root/tools/gpu/serve_load.py" --url "http://127.0.0.1:$port" --clients "$n" --prompt_chars $((PROMPT - 1)) \
-    --max_tokens "$GEN" > "$OUT/serve_load_${n}_tp$tp.json" 2>&1
+    --max_tokens "$GEN" --requests "${REQUESTS:-0}" > "$OUT/serve_load_${n}_tp$tp.json" 2>&1
   echo "serve  $n --tp $tp: $(tr -d ' \n' < "$OUT/serve_load_${n}_tp$tp.json")"
   get "http://127.0.0.1:$port/metrics" > "$OUT/metrics_${n}_tp$tp.txt"
   kill -TERM $server; wait $server; echo "  serve exit $?"
