@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <span>
 #include <fstream>
 #include <functional>
@@ -384,6 +386,36 @@ TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
         EXPECT_EQ(read(*gpu_, batched[size_t(i)].v), read(*gpu_, alone[size_t(i)].v)) << what << ": V cache " << i;
       }
     }
+}
+
+// Logit bias and penalties (Backend::adjust_logits): the device changes exactly the listed logits,
+// to the CPU's bits — a bias, a repetition penalty on a positive and a negative logit, a
+// subtraction, a ban (-infinity) — and leaves rows without adjustments as they were.
+TEST_F(CudaOps, AdjustLogitsMatchesTheCpu) {
+  const int64_t rows = 3, vocab = 262144;
+  std::vector<float> logits = random_values(size_t(rows * vocab), 20.0f, 7);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<LogitAdjustment>> lists = {
+      {{5, 2.5f, 1.0f, 0.0f}, {77, 0.0f, 1.3f, 0.75f}, {vocab - 1, -inf, 1.0f, 0.0f}},
+      {},
+      {{0, -1.0f, 0.5f, 3.0f}, {4096, 100.0f, 2.0f, 0.0f}}};
+  std::vector<LogitAdjustment> entries;
+  std::vector<int32_t> offsets{0};
+  for (const auto& list : lists) {
+    entries.insert(entries.end(), list.begin(), list.end());
+    offsets.push_back(int32_t(entries.size()));
+  }
+  Both l = raw(DType::F32, rows, vocab, logits.data());
+  Both e = raw(DType::I32, int64_t(entries.size()), int64_t(sizeof(LogitAdjustment) / 4), entries.data());
+  Both o = raw(DType::I32, rows + 1, 1, offsets.data());
+  cpu_.adjust_logits(l.cpu, AdjustmentRows{e.cpu, o.cpu, rows});
+  gpu_->adjust_logits(l.gpu, AdjustmentRows{e.gpu, o.gpu, rows});
+  const std::vector<float> want = read(cpu_, l.cpu), got = read(*gpu_, l.gpu);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+  size_t changed = 0;
+  for (size_t i = 0; i < want.size(); ++i) changed += want[i] != logits[i] ? 1 : 0;
+  EXPECT_EQ(changed, entries.size()) << "only the listed logits change";
+  EXPECT_EQ(got[size_t(vocab - 1)], -inf);
 }
 
 TEST_F(CudaOps, SampleAndAdvanceStepMatchTheCpu) {

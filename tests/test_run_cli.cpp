@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
+#include <sstream>
+#include <string>
 
 #include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
@@ -183,6 +186,31 @@ TEST(RunCli, FlagRanges) {
   expect_rejected_at_once("--prompt_tokens 1,2 --threads -2", "--threads must be >= 0");
   // Found before the model loads, not after the first token is printed.
   expect_rejected_at_once("--prompt_tokens 1,2 --cuda_graph", "--cuda_graph needs --backend cuda");
+  expect_rejected_at_once("--prompt_tokens 1,2 --frequency_penalty 3", "frequency_penalty must be in [-2, 2], got 3");
+  expect_rejected_at_once("--prompt_tokens 1,2 --repetition_penalty 0", "repetition_penalty must be in (0, 2], got 0");
+  expect_rejected_at_once("--prompt_tokens 1,2 --logit_bias 5=1", "--logit_bias takes ID:BIAS pairs separated by commas, got '5=1'");
+  expect_rejected_at_once("--prompt_tokens 1,2 --logit_bias 5:101", "a logit_bias value must be in [-100, 100], got 101");
+  expect_rejected_at_once("--prompt_tokens 1,2 --logit_bias 512:1", "logit_bias names token 512, outside the vocabulary [0, 512)");
+}
+
+// --logit_bias and the penalties reach the draws: a +100 bias makes its token the greedy choice;
+// this model repeats its greedy token, and the penalties make it move on.
+TEST(RunCli, LogitBiasAndPenaltiesChangeTheTokens) {
+  const std::string base = std::string(G4_BINARY) + " run --model_path " + model_file() +
+                           " --prompt_tokens 1,2 --max_new_tokens 12 --temperature 0";
+  const Outcome plain = stdout_of(base), forced = stdout_of(base + " --logit_bias 77:100");
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  ASSERT_EQ(forced.status, 0) << forced.output;
+  EXPECT_EQ(forced.output.rfind("77,77,77,77,", 0), 0u) << forced.output;
+  const Outcome penalized = stdout_of(base + " --frequency_penalty 2 --presence_penalty 2");
+  ASSERT_EQ(penalized.status, 0) << penalized.output;
+  auto distinct = [](const std::string& ids) {
+    std::set<std::string> seen;
+    std::stringstream in(ids);
+    for (std::string id; std::getline(in, id, ',');) seen.insert(id);
+    return seen.size();
+  };
+  EXPECT_GT(distinct(penalized.output), distinct(plain.output) + 4) << plain.output << " / " << penalized.output;
 }
 
 TEST(RunCli, ContextSizeWithinTheModelsLimits) {

@@ -208,6 +208,70 @@ TEST(Scheduler, FusionOffGivesTheSameDecodeBatchesOnCuda) {
   }
 }
 
+// Logit bias and penalties (sampling/logit_penalties.h): a greedy request draws, at every step, the
+// argmax of its logits changed as OpenAI and transformers define them — computed here from a plain
+// session's logits — and the unchanged request draws other tokens.
+TEST(Scheduler, PenaltiesDrawTheArgmaxOfTheAdjustedLogits) {
+  auto engine = demo_engine(2);
+  SchedulerRequest r = requests()[4];
+  r.sampling = SamplingParams{.temperature = 0.0f};
+  r.max_new_tokens = 16;
+  auto draw = [&](const SchedulerRequest& request) {
+    Scheduler scheduler(engine->runner());
+    scheduler.add(request);
+    std::vector<int32_t> out;
+    while (!scheduler.idle())
+      for (const SequenceEvent& e : scheduler.step()) out.push_back(e.drawn.token);
+    return out;
+  };
+  const std::vector<int32_t> plain = draw(r);
+  r.penalties = LogitPenalties{.presence = 0.5f, .frequency = 1.5f, .repetition = 1.3f,
+                               .bias = {{plain[0], -5.0f}, {plain[1], 2.5f}}};
+  const std::vector<int32_t> penalized = draw(r);
+  EXPECT_NE(penalized, plain);
+  GenerationRequest alone = generation_of(r);
+  alone.penalties = r.penalties;
+  EXPECT_EQ(generate(*engine->create_session(), alone).tokens, penalized) << "a session draws what the scheduler draws";
+  SchedulerRequest seeded = r;
+  seeded.sampling = SamplingParams{.temperature = 0.9f, .top_k = 40, .seed = 11};
+  GenerationRequest seeded_alone = generation_of(seeded);
+  seeded_alone.penalties = r.penalties;
+  EXPECT_EQ(generate(*engine->create_session(), seeded_alone).tokens, draw(seeded)) << "seeded";
+
+  auto session = engine->create_session();
+  session->prefill(r.prompt);
+  std::map<int32_t, int> counts;
+  for (size_t i = 0; i < penalized.size(); ++i) {
+    std::vector<float> logits = session->last_logits_host();
+    for (size_t t = 0; t < logits.size(); ++t) {
+      const int32_t token = int32_t(t);
+      for (const auto& [biased, bias] : r.penalties.bias)
+        if (biased == token) logits[t] += bias;
+      const bool seen = counts.count(token) || std::find(r.prompt.begin(), r.prompt.end(), token) != r.prompt.end();
+      if (seen) logits[t] = logits[t] > 0 ? logits[t] / r.penalties.repetition : logits[t] * r.penalties.repetition;
+      if (counts.count(token)) logits[t] -= r.penalties.frequency * float(counts[token]) + r.penalties.presence;
+    }
+    const int32_t want = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ASSERT_EQ(penalized[i], want) << "token " << i;
+    ++counts[want];
+    if (i + 1 < penalized.size()) session->decode(want);
+  }
+}
+
+// Out-of-range penalties and biased tokens outside the vocabulary are clear errors naming them.
+TEST(Scheduler, BadPenaltiesAreClearErrors) {
+  auto engine = demo_engine(1);
+  Scheduler scheduler(engine->runner());
+  auto error = [&](LogitPenalties p) {
+    SchedulerRequest r = requests()[0];
+    r.penalties = std::move(p);
+    return test::error_of([&] { scheduler.add(r); });
+  };
+  EXPECT_EQ(error({.frequency = 3.0f}), "frequency_penalty must be in [-2, 2], got 3");
+  EXPECT_EQ(error({.repetition = 0.0f}), "repetition_penalty must be in (0, 2], got 0");
+  EXPECT_EQ(error({.bias = {{int32_t(engine->config().vocab_size), 1.0f}}}).rfind("logit_bias names token", 0), 0u);
+}
+
 TEST(Scheduler, RecordedDecodeStepsNeedABackendWithGraphs) {
   auto engine = demo_engine(1);
   EXPECT_EQ(test::error_of([&] { Scheduler scheduler(engine->runner(), SchedulerOptions{.cuda_graphs = true}); }),

@@ -247,6 +247,49 @@ TEST_F(Serve, CompletionsTakeListsOfPromptsTokenIdsAndEcho) {
   EXPECT_EQ(serve::EngineGauges(worker_->gauges()).running, 0u);
 }
 
+// logit_bias and penalties change what a request draws: a -100 bias on the greedy first token
+// takes another; a +100 bias makes a token the greedy choice; a penalty changes the text; a token
+// outside the vocabulary is a 400. With tools declared and tool_choice "none", the call marker is
+// never drawn, even with a +100 bias asking for it.
+TEST_F(Serve, LogitBiasAndPenaltiesChangeTheDraws) {
+  const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 1}};
+  const json plain = post("/v1/completions", base);
+  const std::string first = plain["choices"][0]["logprobs"]["tokens"][0];
+  const std::vector<int32_t> first_ids = tokenizer_->encode(first, false);
+  ASSERT_EQ(first_ids.size(), 1u) << first;
+  json biased = base;
+  biased["logit_bias"] = {{std::to_string(first_ids[0]), -100}};
+  const json avoided = post("/v1/completions", biased);
+  EXPECT_NE(avoided["choices"][0]["logprobs"]["tokens"][0], first);
+  const int32_t forced = 4000;
+  biased["logit_bias"] = {{std::to_string(forced), 100}};
+  const json chosen = post("/v1/completions", biased);
+  EXPECT_EQ(chosen["choices"][0]["logprobs"]["tokens"][0], tokenizer_->decode(std::vector<int32_t>{forced}));
+  json penalized = base;
+  penalized["frequency_penalty"] = 2;
+  penalized["presence_penalty"] = 2;
+  penalized["max_tokens"] = 24;
+  json unpenalized = base;
+  unpenalized["max_tokens"] = 24;
+  EXPECT_NE(post("/v1/completions", penalized)["choices"][0]["text"],
+            post("/v1/completions", unpenalized)["choices"][0]["text"]);
+  biased["logit_bias"] = {{std::to_string(tokenizer_->vocab_size()), 1}};
+  EXPECT_EQ(post("/v1/completions", biased, 400)["error"]["param"], "logit_bias");
+
+  const std::optional<int32_t> call = tokenizer_->token_id("<|tool_call>");
+  ASSERT_TRUE(call);
+  json tools = chat("What is the weather in Paris?", 4);
+  tools["tools"] = kTools;
+  tools["logit_bias"] = {{std::to_string(*call), 100}};
+  tools["logprobs"] = true;
+  auto first_token = [&](const json& body) {
+    return post("/v1/chat/completions", body)["choices"][0]["logprobs"]["content"][0]["token"].get<std::string>();
+  };
+  EXPECT_EQ(first_token(tools), "<|tool_call>") << "the bias alone makes the call marker the greedy choice";
+  tools["tool_choice"] = "none";
+  EXPECT_NE(first_token(tools), "<|tool_call>") << "tool_choice none bans it";
+}
+
 TEST_F(Serve, StopStringCutsTheText) {
   const json whole = post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 24}, {"temperature", 0}});
   const std::string text = whole["choices"][0]["text"];
@@ -512,8 +555,6 @@ TEST(ServeRequests, UnimplementedFieldsAreRefusedNotIgnored) {
     return refusal(body, serve::Endpoint::kChat);
   };
   EXPECT_EQ(with("response_format", {{"type", "json_object"}}), "response_format: 'response_format' is not supported by g4 serve");
-  EXPECT_EQ(with("logit_bias", {{"720", -100}}), "logit_bias: 'logit_bias' is not supported by g4 serve");
-  EXPECT_EQ(with("frequency_penalty", 3), "frequency_penalty: 'frequency_penalty' is not supported by g4 serve");
   EXPECT_EQ(with("reasoning_effort", "low"), "reasoning_effort: 'reasoning_effort' is not supported by g4 serve");
   EXPECT_EQ(with("prompt", "x"), "prompt: 'prompt' is not supported by g4 serve on this endpoint");
   EXPECT_EQ(with("tool_choice", "required"),
@@ -525,6 +566,9 @@ TEST(ServeRequests, UnimplementedFieldsAreRefusedNotIgnored) {
   for (const auto& [name, value] : std::vector<std::pair<const char*, json>>{{"presence_penalty", 0},
                                                                            {"frequency_penalty", 0.0},
                                                                            {"logit_bias", json::object()},
+                                                                           {"logit_bias", {{"720", -100}}},
+                                                                           {"frequency_penalty", 1.5},
+                                                                           {"repetition_penalty", 1.2},
                                                                            {"response_format", {{"type", "text"}}},
                                                                            {"user", "someone"},
                                                                            {"echo", nullptr}})
@@ -571,6 +615,32 @@ TEST(ServeRequests, PromptsAreStringsOrTokenIdsOrListsOfThem) {
     EXPECT_NE(refused(bad), "accepted") << bad.dump();
   EXPECT_EQ(refused(json(std::vector<std::string>(serve::kMaxPrompts + 1, "a"))),
             "'prompt' holds 129 prompts; the most is 128");
+}
+
+// logit_bias and the penalties out of OpenAI's ranges (vLLM's for repetition_penalty) are 400s
+// naming the field.
+TEST(ServeRequests, PenaltiesOutOfRangeAre400sNamingTheField) {
+  auto refused = [](const char* name, const json& value) {
+    try {
+      serve::parse_completion_request(json{{"prompt", "x"}, {name, value}}.dump(), serve::Endpoint::kCompletion);
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, name);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused("frequency_penalty", 3), "'frequency_penalty' must be in [-2, 2], got 3");
+  EXPECT_EQ(refused("presence_penalty", -2.5), "'presence_penalty' must be in [-2, 2], got -2.5");
+  EXPECT_EQ(refused("repetition_penalty", 0), "'repetition_penalty' must be in (0, 2], got 0");
+  EXPECT_EQ(refused("frequency_penalty", "1"), "'frequency_penalty' must be a number");
+  EXPECT_EQ(refused("logit_bias", {{"720", 101}}), "'logit_bias' values must be numbers in [-100, 100], got 101 for 720");
+  EXPECT_EQ(refused("logit_bias", {{"x", 1}}), "'logit_bias' keys must be token ids (decimal integers), got 'x'");
+  EXPECT_EQ(refused("logit_bias", json::array()), "'logit_bias' must be an object of token ids to numbers");
+  json many = json::object();
+  for (size_t i = 0; i <= kMaxLogitBias; ++i) many[std::to_string(i)] = 1;
+  EXPECT_EQ(refused("logit_bias", many), "'logit_bias' holds 1025 tokens; the most is 1024");
+  EXPECT_EQ(refused("frequency_penalty", 2), "accepted");
 }
 
 // Counts beyond the request limits are 400s that name the limit.

@@ -124,6 +124,7 @@ class Conversation {
     request.max_new_tokens = options_.gen.max_new_tokens;
     request.stop_ids = stop_ids_;
     request.graph = options_.gen.cuda_graph;
+    request.penalties = flag_penalties(options_.gen);
     // Unsplit, a Ctrl-C stops the reply at the next token. Split, every rank must stop at the
     // same token, so rank 0 reads the flag once per token and hands its answer to the others.
     std::atomic<bool> stop_here{false};

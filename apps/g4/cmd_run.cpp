@@ -86,6 +86,7 @@ void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string
   request.max_new_tokens = flags.max_new_tokens;
   request.stop_ids = stop_ids(flags, engine);
   request.graph = flags.cuda_graph;
+  request.penalties = flag_penalties(flags);
 
   // Without a tokenizer the ids are the only output there is.
   const bool print_ids = o.print_token_ids || !tokenizer;

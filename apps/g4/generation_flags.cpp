@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -55,6 +56,16 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
   f.top_k_flag = cmd.add_option("--top_k,--top-k", f.top_k, "Keep the k most likely tokens (0 = off; default: the model's, else 0)");
   f.top_p_flag = cmd.add_option("--top_p,--top-p", f.top_p, "Nucleus sampling mass in (0, 1] (1 = off; default: the model's, else 1)");
   f.min_p_flag = cmd.add_option("--min_p,--min-p", f.min_p, "Drop tokens below min_p * max probability (0 = off; default: the model's, else 0)");
+  cmd.add_option("--presence_penalty,--presence-penalty", f.presence_penalty,
+                 "Subtracted from the logit of every token the reply holds, in [-2, 2]")
+      ->capture_default_str();
+  cmd.add_option("--frequency_penalty,--frequency-penalty", f.frequency_penalty,
+                 "Subtracted per occurrence in the reply, in [-2, 2]")
+      ->capture_default_str();
+  cmd.add_option("--repetition_penalty,--repetition-penalty", f.repetition_penalty,
+                 "Divides (multiplies when negative) the logit of every token the prompt or reply holds, in (0, 2]")
+      ->capture_default_str();
+  cmd.add_option("--logit_bias,--logit-bias", f.logit_bias, "Added to tokens' logits: ID:BIAS[,ID:BIAS...], each in [-100, 100]");
   cmd.add_option("-s,--seed", f.seed, "Base seed; token j uses seed + j (-1 = random, printed)")->capture_default_str();
   cmd.add_option("-n,--max_new_tokens,--max-new-tokens", f.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd.add_option("--max_seq_len,--max-seq-len", f.max_seq_len,
@@ -70,8 +81,27 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
       ->capture_default_str();
 }
 
+LogitPenalties flag_penalties(const GenerationFlags& f) {
+  LogitPenalties p{.presence = f.presence_penalty, .frequency = f.frequency_penalty, .repetition = f.repetition_penalty};
+  std::stringstream items(f.logit_bias);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t colon = item.find(':');
+    int32_t token = -1;
+    float bias = 0.0f;
+    const bool whole = colon != std::string::npos &&
+                       std::from_chars(item.data(), item.data() + colon, token).ptr == item.data() + colon &&
+                       std::from_chars(item.data() + colon + 1, item.data() + item.size(), bias).ptr ==
+                           item.data() + item.size();
+    G4_CHECK(whole && colon > 0 && colon + 1 < item.size(),
+             "--logit_bias takes ID:BIAS pairs separated by commas, got '" + item + "'");
+    p.bias.emplace_back(token, bias);
+  }
+  return p;
+}
+
 void check_generation_flags(const GenerationFlags& f) {
   Sampler{flag_sampling(f)};  // the flags alone, before the model's values are known
+  check_penalties(flag_penalties(f), std::numeric_limits<int32_t>::max());  // the ids once the model is known
   parse_seed(f.seed);
   G4_CHECK(f.max_new_tokens >= 0, "--max_new_tokens must be >= 0, got " + std::to_string(f.max_new_tokens));
   G4_CHECK(f.max_seq_len >= 0, "--max_seq_len must be a context size (0 = the model file's), got " +
@@ -112,6 +142,7 @@ void check_token_flags(const GenerationFlags& f, const Engine& engine) {
                                  std::to_string(vocab) + ")");
   G4_CHECK(f.eos_id < vocab, "--eos_id " + std::to_string(f.eos_id) + " is outside the model's vocabulary [0, " +
                                  std::to_string(vocab) + ")");
+  check_penalties(flag_penalties(f), vocab);
 }
 
 ResolvedSampling effective_sampling(const GenerationFlags& f, const GenerationDefaults& d, bool announce) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "sampling/logit_penalties.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_settings.h"
 #include "tokenizer/tokenizer.h"
@@ -19,6 +20,8 @@ struct GenerationFlags {
   std::string model_path, tokenizer_path, seed = "-1", backend = "cpu";
   float temperature = 0.8f, top_p = 1.0f, min_p = 0.0f;
   int32_t top_k = 0;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  std::string logit_bias;  // "id:bias,id:bias"
   int64_t max_new_tokens = 128, max_seq_len = 0;
   int32_t bos_id = 2, eos_id = 1;
   int threads = 0;
@@ -33,6 +36,10 @@ struct GenerationFlags {
 
 // Adds the shared flags to `cmd`; `flags` must outlive the parse (its defaults are shown in --help).
 void add_generation_flags(CLI::App& cmd, GenerationFlags& flags);
+
+// --presence_penalty, --frequency_penalty, --repetition_penalty and --logit_bias as penalties
+// (sampling/logit_penalties.h); a malformed --logit_bias is a clear error.
+LogitPenalties flag_penalties(const GenerationFlags& flags);
 
 // Everything that can be judged without the model, so that a bad flag fails before loading.
 void check_generation_flags(const GenerationFlags& flags);

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "backend/tensor.h"
+#include "sampling/logit_penalties.h"
 #include "sampling/sampling_params.h"
 #include "util/error.h"
 
@@ -33,6 +34,14 @@ struct SamplingRows {
     static_assert(std::is_same_v<std::remove_const_t<T>, SamplingParams>, "sampling rows hold SamplingParams");
     return static_cast<T*>(storage.data);
   }
+};
+
+// Per-row logit adjustments in backend memory (sampling/logit_penalties.h): row r's are the
+// LogitAdjustments [offsets[r], offsets[r + 1]) of `entries`, each token at most once per row.
+struct AdjustmentRows {
+  Tensor entries;  // LogitAdjustment records, as whole I32 words
+  Tensor offsets;  // I32 [rows + 1, 1]
+  int64_t rows = 0;
 };
 
 // The largest forward a backend is asked to run, so that it can size its scratch buffers once,
@@ -220,6 +229,9 @@ class Backend {
   // Each row's seed is read from params (see sampling_params.h). A row whose logits hold a NaN
   // draws kNanLogitsToken and the others draw as usual: sampling never fails for a row's logits.
   virtual void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) = 0;
+  // Row r of F32 logits [rows, V]: each listed token's logit becomes adjusted_logit(logit, its
+  // adjustment) (logit_bias and penalties), in place, before the draw.
+  virtual void adjust_logits(const Tensor& logits, const AdjustmentRows& rows) = 0;
   SamplingRows alloc_sampling_rows(int64_t rows);
   void upload_sampling_rows(std::span<const SamplingParams> rows, const SamplingRows& dst);
   virtual void synchronize() = 0;

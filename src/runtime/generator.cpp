@@ -24,7 +24,8 @@ GenerationResult generate(Session& session, const GenerationRequest& request,
 
   auto t0 = std::chrono::steady_clock::now();
   result.prefilled = session.start(request.prompt);
-  session.begin_generation(request.sampler, GenerationLimits{request.max_new_tokens, request.stop_ids}, request.graph);
+  session.begin_generation(request.sampler, GenerationLimits{request.max_new_tokens, request.stop_ids}, request.graph,
+                           request.penalties);
   DecodedToken drawn = session.next();
   result.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();

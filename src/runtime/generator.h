@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/session.h"
+#include "sampling/logit_penalties.h"
 #include "sampling/sampler.h"
 
 namespace g4 {
@@ -20,6 +21,8 @@ struct GenerationRequest {
   int64_t max_new_tokens = 128;       // 0: nothing runs
   std::vector<int32_t> stop_ids{1};
   bool graph = false;  // replay one recorded decode step per token (a backend with graphs)
+  // Logit bias and penalties; with any, decode steps run eagerly (their lists change every token).
+  LogitPenalties penalties;
   // Checked after every generated token; once true, generation ends there (e.g. set by a SIGINT
   // handler, so Ctrl-C stops one reply without ending the program).
   const std::atomic<bool>* stop = nullptr;

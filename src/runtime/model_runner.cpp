@@ -67,6 +67,7 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
   positions_ = backend.alloc(DType::I32, rows, 1);
   logits_ = backend.alloc(DType::F32, outputs, c.vocab_size);
   params_ = backend.alloc_sampling_rows(outputs);
+  adjustments_.offsets = backend.alloc(DType::I32, outputs + 1, 1);
   tokens_ = backend.alloc(DType::I64, outputs, 1);
   // A decode batch holds at most as many sequences as the pool has room for.
   const int64_t live =
@@ -119,6 +120,7 @@ void ModelRunner::forward(std::span<const SequenceChunk> chunks, const LogitsOut
 
 std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChunk> chunks,
                                                      std::span<const SamplingParams> params,
+                                                     std::span<const std::vector<LogitAdjustment>> adjustments,
                                                      const std::function<void(const std::function<void()>& work)>& run) {
   const int64_t n = int64_t(params.size());
   int64_t out_rows = 0;
@@ -126,17 +128,38 @@ std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChu
   G4_CHECK(n >= 1 && n <= max_batch_sequences() && out_rows == n,
            "forward_and_sample: one SamplingParams per output row (" + std::to_string(out_rows) + " rows, " +
                std::to_string(n) + " given), at most " + std::to_string(max_batch_sequences()));
+  G4_CHECK(adjustments.empty() || int64_t(adjustments.size()) == n, "forward_and_sample: adjustments for every row or none");
   const StagedInputs in = stage_inputs(chunks);
   backend_.upload_sampling_rows(params, params_);
+  const AdjustmentRows adjust = stage_adjustments(adjustments);
   const LogitsOutput out = workspace_logits(n);
   run([&] {
     enqueue(in.rows, in.ids, in.positions, out);
+    if (adjust.rows > 0) backend_.adjust_logits(out.logits, adjust);
     backend_.sample(out.logits, params_.first(n), tokens_.rows_view(0, n));
   });
   std::vector<int64_t> drawn(size_t(n), 0);
   download_result(tokens_.rows_view(0, n), drawn.data());
   for (const SequenceChunk& c : chunks) c.kv->append(c.tokens);
   return std::vector<int32_t>(drawn.begin(), drawn.end());
+}
+
+AdjustmentRows ModelRunner::stage_adjustments(std::span<const std::vector<LogitAdjustment>> rows) {
+  std::vector<int32_t> offsets{0};
+  std::vector<LogitAdjustment> entries;
+  for (const std::vector<LogitAdjustment>& row : rows) {
+    entries.insert(entries.end(), row.begin(), row.end());
+    offsets.push_back(int32_t(entries.size()));
+  }
+  if (entries.empty()) return {};
+  constexpr int64_t kWords = int64_t(sizeof(LogitAdjustment) / 4);
+  if (adjustments_.entries.rows < int64_t(entries.size()))
+    adjustments_.entries = backend_.alloc(DType::I32, int64_t(entries.size()), kWords);
+  const AdjustmentRows staged{adjustments_.entries.rows_view(0, int64_t(entries.size())),
+                              adjustments_.offsets.rows_view(0, int64_t(offsets.size())), int64_t(rows.size())};
+  backend_.upload(entries.data(), staged.entries);
+  backend_.upload(offsets.data(), staged.offsets);
+  return staged;
 }
 
 void ModelRunner::download_result(const Tensor& t, void* out) const {

@@ -76,9 +76,15 @@ class ModelRunner {
   // run(work), where `work` enqueues the forward (its logits into workspace_logits(n)) and the
   // draws, and `run` calls it or replays a recording of it (DecodeBatchGraphs); then reads back the
   // tokens and appends each chunk's tokens to its sequence. The logits stay in the workspace.
+  // `adjustments`: empty, or per output row its logit bias and penalties (sampling/logit_penalties.h),
+  // applied on the backend before the draws.
   std::vector<int32_t> forward_and_sample(std::span<const SequenceChunk> chunks,
                                           std::span<const SamplingParams> params,
+                                          std::span<const std::vector<LogitAdjustment>> adjustments,
                                           const std::function<void(const std::function<void()>& work)>& run);
+  // Uploads per-row logit adjustments (at most max_batch_sequences rows) into the runner's buffer,
+  // valid until the next call; rows 0 (nothing to apply) when every list is empty.
+  AdjustmentRows stage_adjustments(std::span<const std::vector<LogitAdjustment>> rows);
   // The workspace's first `rows` logits rows (rows <= max_batch_sequences).
   LogitsOutput workspace_logits(int64_t rows) const;
 
@@ -97,6 +103,8 @@ class ModelRunner {
   ForwardBuffers buffers_;
   Tensor ids_, positions_, logits_, tokens_;
   SamplingRows params_;  // one row per output row
+  // Per output row, the logit adjustments of a forward_and_sample; entries grow with the longest list.
+  AdjustmentRows adjustments_;
 };
 
 }  // namespace g4

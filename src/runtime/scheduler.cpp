@@ -46,7 +46,7 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
   G4_REQUIRE(kBusy, waiting_.size() < limits_.max_waiting,
              "busy: " + std::to_string(waiting_.size()) + " requests are waiting (the queue's bound); try again later");
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
-                              request.top_logprobs});
+                              request.top_logprobs, PenaltyState(request.penalties, request.prompt)});
   return next_id_++;
 }
 
@@ -94,6 +94,7 @@ PlannedChunk StepPlanner::chunk(const Sequence& s, int64_t tokens) const {
   if (c.decode || s.position + tokens == int64_t(s.prompt.size())) {
     c.draw = s.generation.next_params();
     c.top_logprobs = s.top_logprobs;
+    c.adjustments = s.penalties.adjustments();
   }
   return c;
 }
@@ -175,6 +176,7 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
         continue;
       }
       const StopReason stop = s.generation.record(token, s.position, limits_.max_seq_len);
+      s.penalties.record(token);
       s.ended = stop != StopReason::kNone;
       s.pending = s.ended ? -1 : token;
       SequenceEvent event{s.id, DecodedToken{token, stop}, std::nullopt, {}};
@@ -214,14 +216,19 @@ StepResult StepExecutor::run(const StepPlan& plan, StepPlanner& sequences) {
 ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences) {
   std::vector<SequenceChunk> chunks;
   std::vector<SamplingParams> params;
-  bool logprobs = false;
+  std::vector<std::vector<LogitAdjustment>> adjustments;  // per draw, when any draw has some
+  bool logprobs = false, adjusts = false;
   for (const PlannedChunk& c : forward.chunks) {
     KvSequence& kv = sequences.kv(c.id);
     G4_ASSERT(kv.position() == c.position, "request " + std::to_string(c.id) + "'s caches hold " +
                                                std::to_string(kv.position()) + " positions; its chunk starts at " +
                                                std::to_string(c.position));
     chunks.push_back(SequenceChunk{&kv, c.tokens, c.draw ? 1 : 0});
-    if (c.draw) params.push_back(*c.draw);
+    if (c.draw) {
+      params.push_back(*c.draw);
+      adjustments.push_back(c.adjustments);
+      adjusts = adjusts || !c.adjustments.empty();
+    }
     logprobs = logprobs || (c.draw && c.top_logprobs >= 0);
   }
   ForwardDraws out;
@@ -229,14 +236,16 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     runner_.forward(chunks, runner_.workspace_logits(1));
     return out;
   }
-  // A forward that only decodes may replay a recording of itself.
+  // A forward that only decodes may replay a recording of itself; one that adjusts logits runs
+  // eagerly (its lists change every step; a recording holds none).
+  if (!adjusts) adjustments.clear();
   auto run = [&](const std::function<void()>& work) {
-    if (!graphs_ || !forward.decodes_only()) return work();
+    if (!graphs_ || !forward.decodes_only() || adjusts) return work();
     std::vector<const std::vector<KvCache>*> caches;
     for (const SequenceChunk& c : chunks) caches.push_back(&c.kv->caches());
     out.replayed = graphs_->run(index, caches, work);
   };
-  out.tokens = runner_.forward_and_sample(chunks, params, run);
+  out.tokens = runner_.forward_and_sample(chunks, params, adjustments, run);
   if (logprobs) {  // the draws left the logits as they were
     const Tensor logits = runner_.workspace_logits(int64_t(params.size())).logits;
     out.vocab = logits.cols;
@@ -279,6 +288,7 @@ Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
 
 RequestId Scheduler::add(const SchedulerRequest& request) {
   runner_.check_tokens(request.prompt, 0, runner_.max_seq_len());
+  check_penalties(request.penalties, runner_.config().vocab_size);
   return planner_.add(request);
 }
 

@@ -24,6 +24,7 @@
 #include "runtime/kv_pool.h"
 #include "runtime/model_runner.h"
 #include "runtime/step_plan.h"
+#include "sampling/logit_penalties.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
 
@@ -34,6 +35,8 @@ struct SchedulerRequest {
   SamplingParams sampling;           // validated by add(); sampling.seed draws token 0
   int64_t max_new_tokens = 128;      // >= 1
   std::vector<int32_t> stop_ids{1};
+  // Logit bias and penalties (sampling/logit_penalties.h), applied on the backend before each draw.
+  LogitPenalties penalties;
   // -1: no log-probabilities; 0..kMaxTopLogprobs: each drawn token's, and that many alternatives
   // (docs/DESIGN.md §8: the model's distribution, read back from the logits the token was drawn from).
   int32_t top_logprobs = -1;
@@ -123,6 +126,7 @@ class StepPlanner {
     int32_t pending = -1;  // drawn, to be fed by the next decode
     bool ended = false;
     int32_t top_logprobs = -1;
+    PenaltyState penalties;
   };
   Sequence& running(RequestId id);
   void start_front(KvSequence kv);
@@ -162,7 +166,7 @@ class Scheduler {
  public:
   explicit Scheduler(ModelRunner& runner, SchedulerOptions options = {});
 
-  // As StepPlanner::add, with the prompt's ids checked against the vocabulary.
+  // As StepPlanner::add, with the prompt's ids and the biased tokens checked against the vocabulary.
   RequestId add(const SchedulerRequest& request);
   bool cancel(RequestId id) { return planner_.cancel(id); }
   // One engine step; the tokens drawn in it, decode rows first, in arrival order. A sequence whose

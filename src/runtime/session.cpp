@@ -44,6 +44,7 @@ Session::~Session() = default;
 
 void Session::end_generation() {
   generation_.reset();
+  penalties_ = {};
   pending_ = -1;
   finished_ = false;
   cancelled_.store(false);
@@ -129,24 +130,38 @@ int64_t Session::sample(const Sampler& sampler, int64_t j) {
   Backend& be = runner_.backend();
   const SamplingParams params = sampler.for_token(j);
   be.upload_sampling_rows({&params, 1}, step_.params);
+  adjust_logits();
   be.sample(logits_, step_.params, step_.token);
   int64_t token = 0;
   runner_.download_result(step_.token, &token);
   return checked_token(token);
 }
 
-void Session::enqueue_decode_step() {
+void Session::enqueue_decode_forward() {
   const SequenceRows one{&kv_.caches(), 0, 1, 1};
   const LogitsOutput ws = runner_.workspace_logits(1);
   runner_.enqueue(std::span(&one, 1), step_.id, step_.position, LogitsOutput{ws.normed, ws.act, logits_});
+}
+
+void Session::enqueue_decode_step() {
+  enqueue_decode_forward();
   runner_.backend().sample(logits_, step_.params, step_.token);
 }
 
-void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph) {
+void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph, LogitPenalties penalties) {
   G4_CHECK(position() > 0, "begin_generation: prefill a prompt first");
+  check_penalties(penalties, vocab_size());
   end_generation();
   generation_.emplace(sampler, std::move(limits));
-  use_graph_ = graph;
+  penalties_ = PenaltyState(std::move(penalties), kv_.tokens());
+  use_graph_ = graph && penalties_.empty();
+}
+
+void Session::adjust_logits() {
+  if (!generation_ || penalties_.empty()) return;
+  const std::vector<LogitAdjustment> row = penalties_.adjustments();
+  const AdjustmentRows staged = runner_.stage_adjustments(std::span(&row, 1));
+  if (staged.rows > 0) runner_.backend().adjust_logits(logits_, staged);
 }
 
 int32_t Session::feed_and_draw(int32_t token, int64_t j) {
@@ -163,7 +178,9 @@ int32_t Session::feed_and_draw(int32_t token, int64_t j) {
   be.upload(&token, step_.id);
   be.upload(&position, step_.position);
   be.upload_sampling_rows({&params, 1}, step_.params);
-  enqueue_decode_step();
+  enqueue_decode_forward();
+  adjust_logits();
+  be.sample(logits_, step_.params, step_.token);
   int64_t drawn = 0;
   runner_.download_result(step_.token, &drawn);
   const int32_t next = int32_t(checked_token(drawn));
@@ -181,6 +198,7 @@ DecodedToken Session::next() {
   const int64_t j = generation_->drawn();
   const int32_t token = pending_ < 0 ? int32_t(sample(generation_->sampler(), j)) : feed_and_draw(pending_, j);
   const StopReason stop = generation_->record(token, position(), max_seq_len_);
+  penalties_.record(token);
   finished_ = stop != StopReason::kNone;
   pending_ = finished_ ? -1 : token;
   return {token, stop};

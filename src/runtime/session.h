@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/generation.h"
+#include "sampling/logit_penalties.h"
 #include "runtime/model_runner.h"
 #include "sampling/sampler.h"
 
@@ -83,7 +84,10 @@ class Session {
   // ---- generation: one token per next() ----
   // Starts a generation from the last prefill's logits (call after start() or prefill()). With
   // `graph`, decode steps replay one recorded step (a backend with graphs, backend sampling).
-  void begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph = false);
+  // With penalties (logit bias and penalties over this session's tokens and the output), every
+  // draw adjusts the logits first, and decode steps run eagerly whatever `graph` says.
+  void begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph = false,
+                        LogitPenalties penalties = {});
   // Draws the next token: the first from the prefill's logits, each later one after feeding the
   // token before it. The result says whether the generation ends with it; next() after that throws.
   DecodedToken next();
@@ -102,6 +106,10 @@ class Session {
   void note_fed(int32_t token) { kv_.append(std::span<const int32_t>(&token, 1)); }
 
  private:
+  // The forward of enqueue_decode_step, without the draw.
+  void enqueue_decode_forward();
+  // The generation's logit bias and penalties applied to last_logits() (nothing without any).
+  void adjust_logits();
   Session(std::unique_ptr<ModelRunner> own_runner, ModelRunner* runner, SessionOptions options);
   // Feeds `token` and draws token j from its logits (eager, or a replay of the recorded step).
   int32_t feed_and_draw(int32_t token, int64_t j);
@@ -117,6 +125,7 @@ class Session {
   Tensor all_normed_, all_act_, all_logits_;  // [max_chunk, ...], allocated on first logits_all
 
   std::optional<Generation> generation_;
+  PenaltyState penalties_;  // of the generation begun
   int32_t pending_ = -1;  // drawn, not yet fed
   bool finished_ = false;
   std::atomic<bool> cancelled_{false};

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "sampling/logit_penalties.h"
 #include "sampling/sampling_params.h"
 
 namespace g4 {
@@ -23,6 +24,7 @@ struct PlannedChunk {
   // prompt): the parameters of that draw.
   std::optional<SamplingParams> draw;
   int32_t top_logprobs = -1;     // with a draw: -1, or the log-probabilities asked for
+  std::vector<LogitAdjustment> adjustments;  // with a draw: its logit bias and penalties (often none)
 };
 
 // One batched forward: its chunks in row order (decode rows first, in arrival order).

@@ -1,5 +1,7 @@
 #include "serve/openai_api.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -325,6 +327,40 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
   }
 }
 
+// logit_bias ({"token id": bias in [-100, 100]}, at most kMaxLogitBias) and the penalties, each
+// checked in its range (presence and frequency [-2, 2], repetition (0, 2]) with a 400 naming it.
+LogitPenalties parse_penalties(const json& body) {
+  LogitPenalties p;
+  auto number = [&](const char* name, int lo, int hi, bool lo_open, float fallback) {
+    if (!body.contains(name) || body[name].is_null()) return fallback;
+    const json& v = body[name];
+    if (!v.is_number()) throw bad(name, std::string("'") + name + "' must be a number");
+    const double x = v.get<double>();
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
+      throw bad(name, std::string("'") + name + "' must be in " + (lo_open ? "(" : "[") + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "], got " + v.dump());
+    return float(x);
+  };
+  p.presence = number("presence_penalty", -2, 2, false, 0.0f);
+  p.frequency = number("frequency_penalty", -2, 2, false, 0.0f);
+  p.repetition = number("repetition_penalty", 0, 2, true, 1.0f);
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    const json& bias = body["logit_bias"];
+    if (!bias.is_object()) throw bad("logit_bias", "'logit_bias' must be an object of token ids to numbers");
+    if (bias.size() > kMaxLogitBias)
+      throw bad("logit_bias", "'logit_bias' holds " + std::to_string(bias.size()) + " tokens; the most is " +
+                                  std::to_string(kMaxLogitBias));
+    for (const auto& [key, value] : bias.items()) {
+      const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), ::isdigit);
+      if (!digits) throw bad("logit_bias", "'logit_bias' keys must be token ids (decimal integers), got '" + key + "'");
+      if (!value.is_number() || value.get<double>() < -100.0 || value.get<double>() > 100.0)
+        throw bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + value.dump() + " for " + key);
+      p.bias.emplace_back(int32_t(std::stol(key)), value.get<float>());
+    }
+  }
+  return p;
+}
+
 // "prompt": a non-empty string, a list of them, a list of token ids, or a list of such lists.
 std::vector<CompletionPrompt> parse_prompts(const json& body) {
   const char* const shapes = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids";
@@ -363,11 +399,8 @@ std::vector<CompletionPrompt> parse_prompts(const json& body) {
 }
 
 // A field g4 does not read, with a value that asks for nothing beyond what g4 does (a zero
-// penalty, no bias, plain text, one candidate): clients often send these explicitly.
+// value: plain text, one candidate, an end user's id): clients often send these explicitly.
 bool asks_nothing(const std::string& name, const json& value) {
-  if (name == "presence_penalty" || name == "frequency_penalty") return value.is_number() && value.get<double>() == 0.0;
-  if (name == "repetition_penalty") return value.is_number() && value.get<double>() == 1.0;
-  if (name == "logit_bias") return value.is_object() && value.empty();
   if (name == "response_format") return value.is_object() && value.size() == 1 && value.value("type", json()) == "text";
   if (name == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
   if (name == "user") return value.is_string();  // an end user's id, for the operator's records
@@ -379,7 +412,8 @@ bool asks_nothing(const std::string& name, const json& value) {
 void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common{"model", "temperature", "top_p", "min_p", "top_k", "seed", "max_tokens",
                                             "max_completion_tokens", "logprobs", "top_logprobs", "n", "stop",
-                                            "stream", "stream_options"};
+                                            "stream", "stream_options", "logit_bias", "presence_penalty",
+                                            "frequency_penalty", "repetition_penalty"};
   static const std::set<std::string> chat{"messages", "tools", "tool_choice", "chat_template_kwargs"}, completion{"prompt", "echo", "suffix"};
   const bool is_chat = endpoint == Endpoint::kChat;
   const std::set<std::string>&own = is_chat ? chat : completion, &other = is_chat ? completion : chat;
@@ -491,6 +525,7 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
   if (body.contains("stop")) r.stop = parse_stop(body["stop"]);
   if (given("stream")) r.stream = bool_field(body, "stream");
   r.include_usage = nested_bool(body, "stream_options", "include_usage").value_or(false);
+  r.penalties = parse_penalties(body);
   if (r.echo && r.top_logprobs >= 0)
     throw ApiError(ErrorKind::kUnsupported,
                    "'echo' with 'logprobs' asks for the prompt's log-probabilities, which g4 serve does not compute",

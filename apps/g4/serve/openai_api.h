@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sampling/logit_penalties.h"
 #include "sampling/sampler.h"
 #include "tokenizer/chat_template.h"
 #include "util/error.h"
@@ -61,6 +62,7 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;
   std::optional<int64_t> max_tokens;  // max_tokens or max_completion_tokens, >= 1
   std::vector<std::string> stop;      // non-empty strings
+  LogitPenalties penalties;           // logit_bias, presence/frequency/repetition_penalty
   bool stream = false, include_usage = false;
   // -1: no logprobs; else each token's log-probability and this many alternatives (chat:
   // logprobs + top_logprobs; completions: logprobs N).

@@ -13,6 +13,7 @@
 #include "serve/openai_api.h"
 #include "serve/reply_assembler.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/gemma4_output_parser.h"
 #include "util/error.h"
 
 namespace g4::serve {
@@ -313,6 +314,21 @@ std::vector<std::vector<int32_t>> Server::prompt_ids(const CompletionRequest& r)
   return prompts;
 }
 
+LogitPenalties Server::request_penalties(const CompletionRequest& r) const {
+  LogitPenalties p = r.penalties;
+  for (const auto& [token, bias] : p.bias)
+    if (token >= tokenizer_.vocab_size())
+      throw ApiError(ErrorKind::kInvalidArgument,
+                     "'logit_bias' names token " + std::to_string(token) + ", outside the vocabulary [0, " +
+                         std::to_string(tokenizer_.vocab_size()) + ")",
+                     "logit_bias");
+  // Tools declared but tool_choice "none": the template still shows the tools, so the call marker
+  // is banned rather than left to the model.
+  if (r.endpoint == Endpoint::kChat && !r.chat.tools.empty() && !r.parse_tool_calls)
+    if (std::optional<int32_t> open = tokenizer_.token_id(kToolCallOpen)) p.banned.push_back(*open);
+  return p;
+}
+
 namespace {
 
 // One prompt's generation: its channel, the assembler of its reply and what it echoes first.
@@ -342,6 +358,7 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
                      "model", "model_not_found");
     const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(r);
+    const LogitPenalties penalties = request_penalties(r);
     // Every prompt is submitted before any is awaited, so that they run batched; one refused
     // cancels those already in.
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -352,6 +369,7 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
           std::min(r.max_tokens.value_or(options_.default_max_tokens), worker_.max_seq_len() - int64_t(prompts[i].size()));
       scheduled.stop_ids = options_.stop_ids;
       scheduled.top_logprobs = r.top_logprobs;
+      scheduled.penalties = penalties;
       Generating g;
       try {
         g.channel = worker_.submit(std::move(scheduled));

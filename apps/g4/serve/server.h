@@ -72,6 +72,9 @@ class Server {
   // The request's prompts as token ids (chat: one, the formatted conversation), each checked
   // against the vocabulary and the context.
   std::vector<std::vector<int32_t>> prompt_ids(const CompletionRequest& request) const;
+  // The request's logit bias and penalties, its biased tokens checked against the vocabulary, and
+  // the tool call marker banned when tools are declared and tool_choice is "none".
+  LogitPenalties request_penalties(const CompletionRequest& request) const;
 
   EngineWorker& worker_;
   const Tokenizer& tokenizer_;

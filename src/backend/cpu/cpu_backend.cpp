@@ -323,6 +323,15 @@ void CpuBackend::sample(const Tensor& logits, const SamplingRows& params, const 
         sample_row(logits.as<float>() + r * stride, logits.cols, params.as<const SamplingParams>()[r]);
 }
 
+void CpuBackend::adjust_logits(const Tensor& logits, const AdjustmentRows& rows) {
+  G4_CHECK(logits.dtype == DType::F32 && logits.rows == rows.rows, "adjust_logits: one F32 logits row per row");
+  const int32_t* offsets = rows.offsets.as<int32_t>();
+  const auto* entries = static_cast<const LogitAdjustment*>(rows.entries.data);
+  for (int64_t r = 0; r < rows.rows; ++r)
+    apply_adjustments(std::span(logits.as<float>() + r * logits.cols, size_t(logits.cols)),
+                      std::span(entries + offsets[r], entries + offsets[r + 1]));
+}
+
 static void no_graphs() { throw Error(ErrorKind::kUnsupported, "the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }
 void CpuBackend::begin_capture() { no_graphs(); }
 void CpuBackend::end_capture(std::unique_ptr<RecordedStep>&) { no_graphs(); }

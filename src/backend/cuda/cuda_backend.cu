@@ -620,6 +620,13 @@ class CudaBackend final : public Backend {
     sampler_->sample(batch, stream_);
   }
 
+  void adjust_logits(const Tensor& logits, const AdjustmentRows& rows) override {
+    expect_dtype(logits, DType::F32, "adjust_logits logits");
+    G4_CHECK(logits.rows == rows.rows, "adjust_logits: one logits row per row");
+    launch_adjust_logits(ptr<float>(logits), rows.rows, logits.cols,
+                         static_cast<const LogitAdjustment*>(rows.entries.data), ptr<int32_t>(rows.offsets), stream_);
+  }
+
   void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
   void* stream_handle() const override { return stream_; }
   void set_profiling(bool on) override {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/row_routing.h"
+#include "sampling/logit_penalties.h"
 #include "util/dtype.h"
 
 namespace g4 {
@@ -47,6 +48,10 @@ void launch_softcap(const bf16* x, int64_t n, float cap, float* out, cudaStream_
 // weights stay packed (packed_kernels.h).
 void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, bool dst_f32,
                            cudaStream_t stream);
+// Row r of logits [rows, vocab]: the adjustments [offsets[r], offsets[r + 1]) of entries applied in
+// place (Backend::adjust_logits).
+void launch_adjust_logits(float* logits, int64_t rows, int64_t vocab, const LogitAdjustment* entries,
+                          const int32_t* offsets, cudaStream_t stream);
 // ids[0] = int32(token[0]); positions[0] += 1 (the device-side step advance of graph decode).
 void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions, cudaStream_t stream);
 // Uniform values in [center - spread, center + spread] from a counter hash of (seed, index).
