@@ -246,7 +246,7 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     out.replayed = graphs_->run(index, caches, work);
   };
   out.tokens = runner_.forward_and_sample(chunks, params, adjustments, run);
-  if (logprobs) {  // the draws left the logits as they were
+  if (logprobs) {  // as the draws saw them (after any logit bias and penalties)
     const Tensor logits = runner_.workspace_logits(int64_t(params.size())).logits;
     out.vocab = logits.cols;
     out.logits.resize(size_t(logits.numel()));
