@@ -28,8 +28,9 @@ class TokenVocabulary {
  public:
   // mask_size: the ids a mask covers, the model's vocabulary (0: the tokenizer's size); ids the
   // tokenizer does not have are never allowed. stop_tokens: allowed exactly when the grammar can
-  // end. Special tokens (Tokenizer::is_special) other than stop tokens, and tokens of no bytes, are
-  // never allowed.
+  // end. Control tokens are never allowed: special ones (Tokenizer::is_special), those of no
+  // bytes, and those whose bytes are "<…>" (three or more; xgrammar's rule, which catches Gemma's
+  // markers that tokenizer.json leaves unmarked, and a few HTML tags with them).
   TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t> stop_tokens, int32_t mask_size = 0);
 
   int32_t size() const { return size_; }
