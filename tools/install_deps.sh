@@ -9,7 +9,7 @@ set -euo pipefail
 # Building g4: compiler, CMake, and the header-only libraries the binary uses.
 build=(cmake g++ make pkgconf nlohmann-json3-dev libcli11-dev libcpp-httplib-dev)
 # Tests and benchmarks.
-tests=(libgtest-dev libgmock-dev libbenchmark-dev)
+tests=(libgtest-dev libgmock-dev libbenchmark-dev libvalijson-dev)
 
 want=("${build[@]}")
 with_tests=0

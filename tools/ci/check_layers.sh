@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Fails when an include in src/ runs back up a layer (docs/DESIGN.md §1):
-#   util → quant → format → {sampling, tokenizer} → backend → model → runtime
+#   util → quant → format → {sampling, tokenizer} → grammar → backend → model → runtime
 # A file may include its own layer and any layer below; sampling and tokenizer are siblings.
 #   tools/ci/check_layers.sh [SOURCE_DIR]
 set -uo pipefail
 root=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
-declare -A rank=([util]=0 [quant]=1 [format]=2 [sampling]=3 [tokenizer]=3 [backend]=4 [model]=5 [runtime]=6)
+declare -A rank=([util]=0 [quant]=1 [format]=2 [sampling]=3 [tokenizer]=3 [grammar]=4 [backend]=5 [model]=6 [runtime]=7)
 bad=0
 while IFS= read -r line; do
   file=${line%%:*}
