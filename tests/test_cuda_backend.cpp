@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -416,6 +417,35 @@ TEST_F(CudaOps, AdjustLogitsMatchesTheCpu) {
   for (size_t i = 0; i < want.size(); ++i) changed += want[i] != logits[i] ? 1 : 0;
   EXPECT_EQ(changed, entries.size()) << "only the listed logits change";
   EXPECT_EQ(got[size_t(vocab - 1)], -inf);
+}
+
+// Token masks (Backend::mask_logits): the device sets exactly the CPU's logits to -infinity — the
+// tokens a row's mask leaves out, and those past a mask shorter than the vocabulary — and leaves
+// rows without a mask alone.
+TEST_F(CudaOps, MaskLogitsMatchesTheCpu) {
+  const int64_t rows = 3, vocab = 262144 + 5, words = 262144 / 32;
+  std::vector<float> logits = random_values(size_t(rows * vocab), 20.0f, 11);
+  std::vector<uint32_t> masks(size_t(2 * words));
+  std::mt19937 rng(3);
+  for (uint32_t& w : masks) w = uint32_t(rng());
+  const std::vector<int32_t> row_mask = {1, -1, 0};
+  Both l = raw(DType::F32, rows, vocab, logits.data());
+  Both m = raw(DType::I32, 2, words, masks.data());
+  Both r = raw(DType::I32, rows, 1, row_mask.data());
+  cpu_.mask_logits(l.cpu, TokenMaskRows{m.cpu, r.cpu, rows});
+  gpu_->mask_logits(l.gpu, TokenMaskRows{m.gpu, r.gpu, rows});
+  const std::vector<float> want = read(cpu_, l.cpu), got = read(*gpu_, l.gpu);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t kept = 0;
+    for (int64_t t = 0; t < vocab; ++t) kept += got[size_t(row * vocab + t)] == logits[size_t(row * vocab + t)] ? 1 : 0;
+    int64_t allowed = vocab;
+    if (row_mask[size_t(row)] >= 0) {
+      allowed = 0;
+      for (int64_t w = 0; w < words; ++w) allowed += std::popcount(masks[size_t(row_mask[size_t(row)] * words + w)]);
+    }
+    EXPECT_EQ(kept, allowed) << "row " << row;
+  }
 }
 
 TEST_F(CudaOps, SampleAndAdvanceStepMatchTheCpu) {

@@ -554,15 +554,12 @@ TEST(ServeRequests, UnimplementedFieldsAreRefusedNotIgnored) {
     body[name] = value;
     return refusal(body, serve::Endpoint::kChat);
   };
-  EXPECT_EQ(with("response_format", {{"type", "json_object"}}), "response_format: 'response_format' is not supported by g4 serve");
+  EXPECT_EQ(with("response_format", {{"type", "json_object"}, {"schema", json::object()}}),
+            "response_format.schema: 'response_format.schema' is not supported by g4 serve");
   EXPECT_EQ(with("reasoning_effort", "low"), "reasoning_effort: 'reasoning_effort' is not supported by g4 serve");
   EXPECT_EQ(with("prompt", "x"), "prompt: 'prompt' is not supported by g4 serve on this endpoint");
-  EXPECT_EQ(with("tool_choice", "required"),
-            "tool_choice: 'tool_choice' \"required\" is not supported by g4 serve (it does not force calls yet): send "
-            "\"auto\" or \"none\"");
-  EXPECT_EQ(with("tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}).rfind(
-                "tool_choice: 'tool_choice' naming a function is not supported", 0),
-            0u);
+  EXPECT_EQ(with("response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}, {"pattern", "x"}}}}),
+            "response_format.json_schema.pattern: 'response_format.json_schema.pattern' is not supported by g4 serve");
   for (const auto& [name, value] : std::vector<std::pair<const char*, json>>{{"presence_penalty", 0},
                                                                            {"frequency_penalty", 0.0},
                                                                            {"logit_bias", json::object()},
@@ -570,6 +567,7 @@ TEST(ServeRequests, UnimplementedFieldsAreRefusedNotIgnored) {
                                                                            {"frequency_penalty", 1.5},
                                                                            {"repetition_penalty", 1.2},
                                                                            {"response_format", {{"type", "text"}}},
+                                                                           {"response_format", {{"type", "json_object"}}},
                                                                            {"user", "someone"},
                                                                            {"echo", nullptr}})
     EXPECT_EQ(with(name, value), "accepted") << name;
@@ -641,6 +639,58 @@ TEST(ServeRequests, PenaltiesOutOfRangeAre400sNamingTheField) {
   for (size_t i = 0; i <= kMaxLogitBias; ++i) many[std::to_string(i)] = 1;
   EXPECT_EQ(refused("logit_bias", many), "'logit_bias' holds 1025 tokens; the most is 1024");
   EXPECT_EQ(refused("frequency_penalty", 2), "accepted");
+}
+
+// tool_choice "required" and a named function force calls, response_format json_object and
+// json_schema force JSON (ReplyConstraint); choices that cannot be met are 400s naming the field:
+// "required" or a name without tools, a name the tools do not declare, a malformed response_format,
+// and both at once.
+TEST(ServeRequests, ToolChoiceAndResponseFormatBecomeConstraints) {
+  const json messages = {{{"role", "user"}, {"content", "hi"}}};
+  auto parse = [&](json body) {
+    body["messages"] = messages;
+    return serve::parse_completion_request(body.dump(), serve::Endpoint::kChat);
+  };
+  auto refused = [&](const json& body) {
+    try {
+      parse(body);
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param + ": " + e.what();
+    }
+    return std::string("accepted");
+  };
+  using Kind = serve::ReplyConstraint::Kind;
+  const serve::CompletionRequest required = parse({{"tools", kTools}, {"tool_choice", "required"}});
+  EXPECT_EQ(required.constraint.kind, Kind::kToolCalls);
+  EXPECT_EQ(required.constraint.function, "");
+  EXPECT_TRUE(required.parse_tool_calls);
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  EXPECT_EQ(parse({{"tools", kTools}, {"tool_choice", named}}).constraint.function, "get_weather");
+  EXPECT_EQ(parse({{"tools", kTools}, {"tool_choice", "auto"}}).constraint.kind, Kind::kNone);
+  EXPECT_EQ(parse({{"tools", kTools}, {"tool_choice", "none"}}).parse_tool_calls, false);
+  EXPECT_EQ(parse({{"response_format", {{"type", "json_object"}}}}).constraint.schema, R"({"type":"object"})");
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  const serve::CompletionRequest json_schema =
+      parse({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schema}, {"strict", true}}}}}});
+  EXPECT_EQ(json_schema.constraint.kind, Kind::kJson);
+  EXPECT_EQ(json::parse(json_schema.constraint.schema), schema);
+
+  EXPECT_EQ(refused({{"tool_choice", "required"}}), "tool_choice: 'tool_choice' \"required\" needs 'tools' to choose from");
+  EXPECT_EQ(refused({{"tool_choice", named}}), "tool_choice: 'tool_choice' naming 'get_weather' needs 'tools' to choose from");
+  EXPECT_EQ(refused({{"tools", kTools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}}),
+            "tool_choice: 'tool_choice' names the function 'get_time', which 'tools' does not declare");
+  EXPECT_EQ(refused({{"tools", kTools}, {"tool_choice", "always"}}).rfind("tool_choice: 'tool_choice' must be", 0), 0u);
+  EXPECT_EQ(refused({{"response_format", {{"type", "yaml"}}}}),
+            "response_format.type: 'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"yaml\"");
+  EXPECT_EQ(refused({{"response_format", {{"type", "json_schema"}}}}),
+            "response_format.json_schema: 'response_format.json_schema' must be an object with 'name' and 'schema'");
+  EXPECT_EQ(refused({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}}}}}}),
+            "response_format.json_schema.schema: 'response_format.json_schema.schema' must be a JSON Schema object");
+  EXPECT_EQ(refused({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", schema}}}}}}),
+            "response_format.json_schema.name: response_format.json_schema.name must be a string");
+  EXPECT_EQ(refused({{"tools", kTools}, {"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}),
+            "response_format: 'response_format' and a 'tool_choice' that forces a call cannot both shape the reply");
 }
 
 // Counts beyond the request limits are 400s that name the limit.

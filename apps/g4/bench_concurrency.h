@@ -2,11 +2,13 @@
 // (docs/DESIGN.md §7): aggregate generated tok/s, per-sequence decode tok/s and time to first token.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "grammar/matcher.h"
 #include "model/gemma4.h"
 
 namespace g4::cli {
@@ -18,6 +20,9 @@ struct ConcurrencyBench {
   bool batch_invariant = true;       // SchedulerOptions::batch_invariant
   bool cuda_graphs = false;          // SchedulerOptions::cuda_graphs
   int64_t profile_steps = 0;         // > 0: each run's full decode steps 5.. 4 + this, bracketed for a profiler
+  // Non-null: every sequence is constrained by this grammar (docs/DESIGN.md §4) and ends on its stop
+  // tokens; else each generates exactly `gen` tokens.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // One JSON object per sequence count; every sequence samples with top-k 64 / top-p 0.95 and its own seed.

@@ -14,12 +14,16 @@
 #include "backend/backend_factory.h"
 #include "bench_concurrency.h"
 #include "commands.h"
+#include "grammar/json_schema.h"
 #include "model/loader.h"
 #include "model/synthetic_weights.h"
 #include "quant/quantize.h"
 #include "runtime/decode_graph.h"
 #include "runtime/session.h"
 #include "runtime/tensor_parallel.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "util/files.h"
 #include "util/error.h"
 #ifdef G4_HAVE_CUDA
 #include "backend/cuda/copy_bandwidth.h"
@@ -41,6 +45,7 @@ struct BenchOptions {
   std::vector<int64_t> suite_prompts{512, 2048}, suite_contexts{1024, 32768};
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
   std::string tp_all_reduce = "peer";  // how CUDA ranks sum: "peer" (peer memory when reachable) or "nccl"
+  std::string json_schema;             // the continuous-batching bench's sequences constrained by this schema file
 };
 
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
@@ -237,10 +242,27 @@ double step_collective_seconds(Backend& be, Communicator& comm, const Gemma4& mo
   }) / kSteps;
 }
 
+// --json_schema: the schema compiled against the model file's tokenizer, ending on Gemma 4's stop
+// tokens and the file's end-of-sequence ids.
+std::shared_ptr<const grammar::CompiledGrammar> bench_grammar(const BenchOptions& o, const ModelConfig& c) {
+  if (o.json_schema.empty()) return nullptr;
+  G4_CHECK(!o.model_path.empty() && !o.concurrency.empty(), "--json_schema needs --model_path and --concurrency");
+  const std::optional<std::string> tokenizer_json = model_tokenizer_json(o.model_path);
+  G4_REQUIRE(kNotFound, tokenizer_json.has_value(), "--json_schema: " + o.model_path + " holds no tokenizer");
+  const Tokenizer tokenizer = Tokenizer::from_json(*tokenizer_json);
+  std::vector<int32_t> stops(kGemma4StopTokenIds.begin(), kGemma4StopTokenIds.end());
+  for (int id : c.eos_ids) stops.push_back(id);
+  std::erase_if(stops, [&](int32_t id) { return id >= tokenizer.vocab_size() || id >= c.vocab_size; });
+  auto vocabulary = std::make_shared<const grammar::TokenVocabulary>(tokenizer, stops, int32_t(c.vocab_size));
+  return std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(read_file(o.json_schema)),
+                                                          vocabulary);
+}
+
 // The continuous-batching bench's report (bench_concurrency) on `model`.
 nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
-  nlohmann::json r = bench_concurrency(
-      model, be, {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph, o.profile_steps});
+  nlohmann::json r = bench_concurrency(model, be,
+                                       {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph,
+                                        o.profile_steps, bench_grammar(o, model.config())});
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
   r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
   r["load_s"] = load_s;
@@ -482,6 +504,9 @@ void add_bench_command(CLI::App& app) {
                   "q4_k_m (llama.cpp's mix, Q6_K embedding), or another block type (default bf16)");
   cmd->add_option("--prompt_len,--prompt-len", opts->prompt_len, "Prompt tokens to prefill (default 2048)");
   cmd->add_option("--gen", opts->gen, "Tokens to decode per measurement (default 128)");
+  cmd->add_option("--json_schema", opts->json_schema,
+                  "With --concurrency and --model_path: every sequence constrained by this JSON Schema file "
+                  "(constrained decoding), ending where its JSON may end");
   cmd->add_option("--seed", opts->seed, "Seed of the weights, prompt and sampling");
   cmd->add_option("--concurrency", opts->concurrency,
                   "Sequence counts for the continuous-batching bench, e.g. 1,8,32,64 (each sequence: "

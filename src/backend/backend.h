@@ -44,6 +44,15 @@ struct AdjustmentRows {
   int64_t rows = 0;
 };
 
+// Token masks in backend memory (constrained decoding, grammar/matcher.h's layout): `words` holds
+// masks of `words.cols` 32-bit words, bit t of word t/32 set when token t is allowed; row r of a
+// forward's draws uses mask row_mask[r], or none when it is -1. I32 tensors.
+struct TokenMaskRows {
+  Tensor words;     // [masks, words per mask]
+  Tensor row_mask;  // [rows, 1]
+  int64_t rows = 0;
+};
+
 // The largest forward a backend is asked to run, so that it can size its scratch buffers once,
 // before any forward (a forward being captured into a graph must not allocate).
 struct ForwardReservation {
@@ -232,6 +241,9 @@ class Backend {
   // Row r of F32 logits [rows, V]: each listed token's logit becomes adjusted_logit(logit, its
   // adjustment) (logit_bias and penalties), in place, before the draw.
   virtual void adjust_logits(const Tensor& logits, const AdjustmentRows& rows) = 0;
+  // Row r of F32 logits [rows, V] with a mask: every token the mask does not allow (and every token
+  // past its words) becomes -infinity, in place, after adjust_logits and before the draw.
+  virtual void mask_logits(const Tensor& logits, const TokenMaskRows& rows) = 0;
   SamplingRows alloc_sampling_rows(int64_t rows);
   void upload_sampling_rows(std::span<const SamplingParams> rows, const SamplingRows& dst);
   virtual void synchronize() = 0;

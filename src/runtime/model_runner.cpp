@@ -121,6 +121,7 @@ void ModelRunner::forward(std::span<const SequenceChunk> chunks, const LogitsOut
 std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChunk> chunks,
                                                      std::span<const SamplingParams> params,
                                                      std::span<const std::vector<LogitAdjustment>> adjustments,
+                                                     std::span<const DrawMask* const> masks,
                                                      const std::function<void(const std::function<void()>& work)>& run) {
   const int64_t n = int64_t(params.size());
   int64_t out_rows = 0;
@@ -129,6 +130,7 @@ std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChu
            "forward_and_sample: one SamplingParams per output row (" + std::to_string(out_rows) + " rows, " +
                std::to_string(n) + " given), at most " + std::to_string(max_batch_sequences()));
   G4_CHECK(adjustments.empty() || int64_t(adjustments.size()) == n, "forward_and_sample: adjustments for every row or none");
+  G4_CHECK(masks.empty() || int64_t(masks.size()) == n, "forward_and_sample: masks for every row or none");
   const StagedInputs in = stage_inputs(chunks);
   backend_.upload_sampling_rows(params, params_);
   const AdjustmentRows adjust = stage_adjustments(adjustments);
@@ -136,6 +138,8 @@ std::vector<int32_t> ModelRunner::forward_and_sample(std::span<const SequenceChu
   run([&] {
     enqueue(in.rows, in.ids, in.positions, out);
     if (adjust.rows > 0) backend_.adjust_logits(out.logits, adjust);
+    // After the forward is enqueued: the host computes the masks while an asynchronous backend runs it.
+    if (const TokenMaskRows mask = stage_masks(masks); mask.rows > 0) backend_.mask_logits(out.logits, mask);
     backend_.sample(out.logits, params_.first(n), tokens_.rows_view(0, n));
   });
   std::vector<int64_t> drawn(size_t(n), 0);
@@ -159,6 +163,34 @@ AdjustmentRows ModelRunner::stage_adjustments(std::span<const std::vector<LogitA
                               adjustments_.offsets.rows_view(0, int64_t(offsets.size())), int64_t(rows.size())};
   backend_.upload(entries.data(), staged.entries);
   backend_.upload(offsets.data(), staged.offsets);
+  return staged;
+}
+
+TokenMaskRows ModelRunner::stage_masks(std::span<const DrawMask* const> rows) {
+  std::vector<int32_t> row_mask(rows.size(), -1);
+  int64_t masks = 0, words = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (!rows[r]) continue;
+    row_mask[r] = int32_t(masks++);
+    words = std::max(words, rows[r]->word_count());
+  }
+  if (masks == 0) return {};
+  G4_CHECK(words <= (config().vocab_size + 31) / 32, "a token mask of " + std::to_string(words) +
+                                                         " words is wider than the vocabulary");
+  if (masks_.words.rows < max_batch_sequences() || masks_.words.cols != words) {
+    masks_.words = backend_.alloc(DType::I32, max_batch_sequences(), words);
+    masks_.row_mask = backend_.alloc(DType::I32, max_batch_sequences(), 1);
+  }
+  mask_words_.resize(size_t(masks * words));
+  for (size_t r = 0; r < rows.size(); ++r)
+    if (rows[r]) {
+      const std::vector<uint32_t>& w = rows[r]->words();
+      std::copy(w.begin(), w.end(), mask_words_.begin() + row_mask[r] * words);
+    }
+  const TokenMaskRows staged{masks_.words.rows_view(0, masks), masks_.row_mask.rows_view(0, int64_t(rows.size())),
+                             int64_t(rows.size())};
+  backend_.upload(mask_words_.data(), staged.words);
+  backend_.upload(row_mask.data(), staged.row_mask);
   return staged;
 }
 

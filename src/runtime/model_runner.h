@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "model/gemma4.h"
+#include "runtime/draw_mask.h"
 #include "runtime/kv_pool.h"
 #include "sampling/sampling_params.h"
 
@@ -77,14 +78,20 @@ class ModelRunner {
   // draws, and `run` calls it or replays a recording of it (DecodeBatchGraphs); then reads back the
   // tokens and appends each chunk's tokens to its sequence. The logits stay in the workspace.
   // `adjustments`: empty, or per output row its logit bias and penalties (sampling/logit_penalties.h),
-  // applied on the backend before the draws.
+  // applied on the backend before the draws. `masks`: empty, or per output row its grammar's mask
+  // (null: none), computed on the host after the forward is enqueued and applied after the
+  // adjustments.
   std::vector<int32_t> forward_and_sample(std::span<const SequenceChunk> chunks,
                                           std::span<const SamplingParams> params,
                                           std::span<const std::vector<LogitAdjustment>> adjustments,
+                                          std::span<const DrawMask* const> masks,
                                           const std::function<void(const std::function<void()>& work)>& run);
   // Uploads per-row logit adjustments (at most max_batch_sequences rows) into the runner's buffer,
   // valid until the next call; rows 0 (nothing to apply) when every list is empty.
   AdjustmentRows stage_adjustments(std::span<const std::vector<LogitAdjustment>> rows);
+  // Uploads per-row token masks (null: none; at most max_batch_sequences rows) into the runner's
+  // buffer, computing each on the host; rows 0 (nothing to apply) when every row is null.
+  TokenMaskRows stage_masks(std::span<const DrawMask* const> rows);
   // The workspace's first `rows` logits rows (rows <= max_batch_sequences).
   LogitsOutput workspace_logits(int64_t rows) const;
 
@@ -105,6 +112,9 @@ class ModelRunner {
   SamplingRows params_;  // one row per output row
   // Per output row, the logit adjustments of a forward_and_sample; entries grow with the longest list.
   AdjustmentRows adjustments_;
+  // Per output row, the token masks of a forward_and_sample; allocated at the first constrained draw.
+  TokenMaskRows masks_;
+  std::vector<uint32_t> mask_words_;  // their host staging
 };
 
 }  // namespace g4

@@ -45,8 +45,13 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
                std::to_string(request.top_logprobs));
   G4_REQUIRE(kBusy, waiting_.size() < limits_.max_waiting,
              "busy: " + std::to_string(waiting_.size()) + " requests are waiting (the queue's bound); try again later");
+  if (request.grammar)
+    for (int32_t stop : request.grammar->vocabulary().stop_tokens())
+      G4_CHECK(std::find(request.stop_ids.begin(), request.stop_ids.end(), stop) != request.stop_ids.end(),
+               "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
-                              request.top_logprobs, PenaltyState(request.penalties, request.prompt)});
+                              request.top_logprobs, PenaltyState(request.penalties, request.prompt),
+                              request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr});
   return next_id_++;
 }
 
@@ -95,6 +100,7 @@ PlannedChunk StepPlanner::chunk(const Sequence& s, int64_t tokens) const {
     c.draw = s.generation.next_params();
     c.top_logprobs = s.top_logprobs;
     c.adjustments = s.penalties.adjustments();
+    if (s.matcher) c.mask = std::make_shared<const DrawMask>(s.matcher);
   }
   return c;
 }
@@ -175,6 +181,11 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
         ++row;
         continue;
       }
+      if (s.matcher && !s.matcher->accept_token(token)) {  // the mask allowed it: the backend broke the mask
+        events.push_back(fail(s, "internal error: token " + std::to_string(token) + " was drawn outside the grammar"));
+        ++row;
+        continue;
+      }
       const StopReason stop = s.generation.record(token, s.position, limits_.max_seq_len);
       s.penalties.record(token);
       s.ended = stop != StopReason::kNone;
@@ -217,7 +228,8 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
   std::vector<SequenceChunk> chunks;
   std::vector<SamplingParams> params;
   std::vector<std::vector<LogitAdjustment>> adjustments;  // per draw, when any draw has some
-  bool logprobs = false, adjusts = false;
+  std::vector<const DrawMask*> masks;                     // per draw, when any draw has one
+  bool logprobs = false, adjusts = false, masked = false;
   for (const PlannedChunk& c : forward.chunks) {
     KvSequence& kv = sequences.kv(c.id);
     G4_ASSERT(kv.position() == c.position, "request " + std::to_string(c.id) + "'s caches hold " +
@@ -228,6 +240,8 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
       params.push_back(*c.draw);
       adjustments.push_back(c.adjustments);
       adjusts = adjusts || !c.adjustments.empty();
+      masks.push_back(c.mask.get());
+      masked = masked || c.mask;
     }
     logprobs = logprobs || (c.draw && c.top_logprobs >= 0);
   }
@@ -236,16 +250,17 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     runner_.forward(chunks, runner_.workspace_logits(1));
     return out;
   }
-  // A forward that only decodes may replay a recording of itself; one that adjusts logits runs
-  // eagerly (its lists change every step; a recording holds none).
+  // A forward that only decodes may replay a recording of itself; one that adjusts or masks logits
+  // runs eagerly (its lists and masks change every step; a recording holds none).
   if (!adjusts) adjustments.clear();
+  if (!masked) masks.clear();
   auto run = [&](const std::function<void()>& work) {
-    if (!graphs_ || !forward.decodes_only() || adjusts) return work();
+    if (!graphs_ || !forward.decodes_only() || adjusts || masked) return work();
     std::vector<const std::vector<KvCache>*> caches;
     for (const SequenceChunk& c : chunks) caches.push_back(&c.kv->caches());
     out.replayed = graphs_->run(index, caches, work);
   };
-  out.tokens = runner_.forward_and_sample(chunks, params, adjustments, run);
+  out.tokens = runner_.forward_and_sample(chunks, params, adjustments, masks, run);
   if (logprobs) {  // as the draws saw them (after any logit bias and penalties)
     const Tensor logits = runner_.workspace_logits(int64_t(params.size())).logits;
     out.vocab = logits.cols;
@@ -289,6 +304,10 @@ Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
 RequestId Scheduler::add(const SchedulerRequest& request) {
   runner_.check_tokens(request.prompt, 0, runner_.max_seq_len());
   check_penalties(request.penalties, runner_.config().vocab_size);
+  if (request.grammar)
+    G4_CHECK(request.grammar->vocabulary().size() <= runner_.config().vocab_size,
+             "the grammar's vocabulary has " + std::to_string(request.grammar->vocabulary().size()) +
+                 " tokens, more than the model's " + std::to_string(runner_.config().vocab_size));
   return planner_.add(request);
 }
 

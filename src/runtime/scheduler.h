@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/matcher.h"
 #include "runtime/decode_graph.h"
 #include "runtime/generation.h"
 #include "runtime/kv_pool.h"
@@ -40,6 +41,10 @@ struct SchedulerRequest {
   // -1: no log-probabilities; 0..kMaxTopLogprobs: each drawn token's, and that many alternatives
   // (docs/DESIGN.md §8: the model's distribution, read back from the logits the token was drawn from).
   int32_t top_logprobs = -1;
+  // Constrained decoding (docs/DESIGN.md §4): each draw is limited to the tokens that keep the output
+  // a prefix of this grammar's language (its stop tokens where the language may end, and they must
+  // be stop_ids). Null: any token.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // One token drawn for one request; drawn.last() says the request ended with it (and left the
@@ -127,6 +132,7 @@ class StepPlanner {
     bool ended = false;
     int32_t top_logprobs = -1;
     PenaltyState penalties;
+    std::shared_ptr<grammar::GrammarMatcher> matcher;  // with SchedulerRequest::grammar
   };
   Sequence& running(RequestId id);
   void start_front(KvSequence kv);

@@ -1,12 +1,15 @@
-// One engine step as plain data (docs/DESIGN.md §7, "Plan, execute, update"): what the scheduler
+// One engine step as data (docs/DESIGN.md §7, "Plan, execute, update"): what the scheduler
 // decided (StepPlan), what running it produced (StepResult). The scheduler plans, an executor runs
 // the plan, and the results update the scheduler's state; a split model's other ranks run rank 0's
-// plan instead of deciding again.
+// plan instead of deciding again. All plain values but a constrained draw's mask, which is filled in
+// while the forward runs (DrawMask).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "runtime/draw_mask.h"
 #include "sampling/logit_penalties.h"
 #include "sampling/sampling_params.h"
 
@@ -25,6 +28,8 @@ struct PlannedChunk {
   std::optional<SamplingParams> draw;
   int32_t top_logprobs = -1;     // with a draw: -1, or the log-probabilities asked for
   std::vector<LogitAdjustment> adjustments;  // with a draw: its logit bias and penalties (often none)
+  // With a draw under a grammar: the tokens it may draw (computed while the forward runs; null: any).
+  std::shared_ptr<const DrawMask> mask;
 };
 
 // One batched forward: its chunks in row order (decode rows first, in arrival order).

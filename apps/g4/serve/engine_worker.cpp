@@ -90,6 +90,7 @@ EngineWorker::EngineWorker(Engine& rank0, WorkerOptions options, ScheduledRanks&
 
 void EngineWorker::start(const WorkerOptions& options) {
   max_seq_len_ = engine_->runner().max_seq_len();
+  vocab_size_ = engine_->config().vocab_size;
   max_in_flight_ = size_t(options.max_sessions + options.max_waiting);
   scheduler_ = std::make_unique<Scheduler>(engine_->runner(), scheduler_options(options));
   update_gauges();

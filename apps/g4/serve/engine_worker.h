@@ -84,6 +84,7 @@ class EngineWorker {
 
   // Fixed once loaded, so handler threads may read it without touching the engine.
   int64_t max_seq_len() const { return max_seq_len_; }
+  int64_t vocab_size() const { return vocab_size_; }  // the model's
   // Requests it takes at once, running and waiting (max_sessions + max_waiting); submit refuses more.
   size_t max_in_flight() const { return max_in_flight_; }
   // Requests cancelled while running or waiting so far (a stop string, a client that went away).
@@ -122,7 +123,7 @@ class EngineWorker {
   Engine* engine_ = nullptr;
   ScheduledRanks* ranks_ = nullptr;  // split: rank 0 publishes to the others
   std::unique_ptr<Scheduler> scheduler_;
-  int64_t max_seq_len_ = 0;
+  int64_t max_seq_len_ = 0, vocab_size_ = 0;
   size_t max_in_flight_ = 0;
   std::atomic<uint64_t> cancelled_count_{0};
 

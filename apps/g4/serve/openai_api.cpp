@@ -259,23 +259,62 @@ json parse_tools(const json& tools) {
   return tools;
 }
 
-// "none" keeps calls as text; "auto" parses them. "required" and a named function would need the
-// call forced by constrained decoding, which g4 does not do yet: they are refused, not ignored
-// (docs/DESIGN.md §8).
-bool tool_choice_parses(const json& choice) {
-  const bool named = choice.is_object() && choice.value("type", json()) == "function" && choice.contains("function") &&
-                     choice["function"].is_object() && choice["function"].contains("name");
-  if (choice.is_string()) {
-    const std::string c = choice.get<std::string>();
-    if (c == "none") return false;
-    if (c == "auto") return true;
+// "none" keeps calls as text (the call marker banned), "auto" parses them, "required" forces a call
+// of a declared function and a named function forces a call of that one (constrained decoding).
+// Returns whether calls are parsed.
+bool parse_tool_choice(const json& choice, CompletionRequest& r) {
+  const char* const shapes =
+      "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}";
+  if (choice == "none") return false;
+  if (choice == "auto") return true;
+  std::string name;
+  if (choice.is_object()) {
+    if (choice.size() != 2 || choice.value("type", json()) != "function" || !choice.contains("function") ||
+        !choice["function"].is_object() || choice["function"].size() != 1)
+      throw bad("tool_choice", shapes);
+    name = string_member(choice["function"], "name", "tool_choice.function").get<std::string>();
+  } else if (choice != "required") {
+    throw bad("tool_choice", shapes);
   }
-  if (named || choice == "required")
-    throw ApiError(ErrorKind::kUnsupported, "'tool_choice' " + (named ? std::string("naming a function") : std::string("\"required\"")) +
-                            " is not supported by g4 serve (it does not force calls yet): send \"auto\" or \"none\"",
-                   "tool_choice", "unsupported_parameter");
-  throw bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                           "\"function\": {\"name\": …}}");
+  if (r.chat.tools.empty())
+    throw bad("tool_choice", "'tool_choice' " + (name.empty() ? std::string("\"required\"") : "naming '" + name + "'") +
+                                 " needs 'tools' to choose from");
+  if (!name.empty() && std::none_of(r.chat.tools.begin(), r.chat.tools.end(),
+                                    [&](const json& tool) { return tool["function"]["name"] == name; }))
+    throw bad("tool_choice", "'tool_choice' names the function '" + name + "', which 'tools' does not declare");
+  r.constraint = ReplyConstraint{ReplyConstraint::Kind::kToolCalls, {}, name};
+  return true;
+}
+
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema":
+// {"name", "schema", "strict", "description"}} (the schema is enforced whether or not strict is set).
+ReplyConstraint parse_response_format(const json& format) {
+  auto only = [](const json& object, std::initializer_list<const char*> keys, const std::string& at) {
+    for (const auto& [key, value] : object.items())
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; }))
+        throw ApiError(ErrorKind::kUnsupported, "'" + at + "." + key + "' is not supported by g4 serve", at + "." + key,
+                       "unsupported_parameter");
+  };
+  if (!format.is_object() || !format.contains("type") || !format["type"].is_string())
+    throw bad("response_format", "'response_format' must be an object with a 'type': \"text\", \"json_object\" or \"json_schema\"");
+  const std::string type = format["type"].get<std::string>();
+  if (type == "text" || type == "json_object") {
+    only(format, {"type"}, "response_format");
+    return type == "text" ? ReplyConstraint{} : ReplyConstraint{ReplyConstraint::Kind::kJson, R"({"type":"object"})", {}};
+  }
+  if (type != "json_schema")
+    throw bad("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"" + type + "\"");
+  only(format, {"type", "json_schema"}, "response_format");
+  if (!format.contains("json_schema") || !format["json_schema"].is_object())
+    throw bad("response_format.json_schema", "'response_format.json_schema' must be an object with 'name' and 'schema'");
+  const json& spec = format["json_schema"];
+  only(spec, {"name", "schema", "strict", "description"}, "response_format.json_schema");
+  string_member(spec, "name", "response_format.json_schema");
+  if (spec.contains("strict") && !spec["strict"].is_boolean() && !spec["strict"].is_null())
+    throw bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be true or false");
+  if (!spec.contains("schema") || !spec["schema"].is_object())
+    throw bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON Schema object");
+  return ReplyConstraint{ReplyConstraint::Kind::kJson, spec["schema"].dump(), {}};
 }
 
 std::vector<std::string> parse_stop(const json& v) {
@@ -300,7 +339,7 @@ std::vector<std::string> parse_stop(const json& v) {
 void parse_chat_options(const json& body, CompletionRequest& r) {
   auto given = [&](const char* name) { return body.contains(name) && !body[name].is_null(); };
   if (given("tools")) r.chat.tools = parse_tools(body["tools"]);
-  const bool choice_parses = !given("tool_choice") || tool_choice_parses(body["tool_choice"]);  // checked with or without tools
+  const bool choice_parses = !given("tool_choice") || parse_tool_choice(body["tool_choice"], r);
   r.parse_tool_calls = !r.chat.tools.empty() && choice_parses;
   r.chat.enable_thinking = nested_bool(body, "chat_template_kwargs", "enable_thinking").value_or(false);
 }
@@ -399,9 +438,8 @@ std::vector<CompletionPrompt> parse_prompts(const json& body) {
 }
 
 // A field g4 does not read, with a value that asks for nothing beyond what g4 does (a zero
-// value: plain text, one candidate, an end user's id): clients often send these explicitly.
+// value: one candidate, an end user's id): clients often send these explicitly.
 bool asks_nothing(const std::string& name, const json& value) {
-  if (name == "response_format") return value.is_object() && value.size() == 1 && value.value("type", json()) == "text";
   if (name == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
   if (name == "user") return value.is_string();  // an end user's id, for the operator's records
   return false;
@@ -413,7 +451,7 @@ void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common{"model", "temperature", "top_p", "min_p", "top_k", "seed", "max_tokens",
                                             "max_completion_tokens", "logprobs", "top_logprobs", "n", "stop",
                                             "stream", "stream_options", "logit_bias", "presence_penalty",
-                                            "frequency_penalty", "repetition_penalty"};
+                                            "frequency_penalty", "repetition_penalty", "response_format"};
   static const std::set<std::string> chat{"messages", "tools", "tool_choice", "chat_template_kwargs"}, completion{"prompt", "echo", "suffix"};
   const bool is_chat = endpoint == Endpoint::kChat;
   const std::set<std::string>&own = is_chat ? chat : completion, &other = is_chat ? completion : chat;
@@ -526,6 +564,12 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
   if (given("stream")) r.stream = bool_field(body, "stream");
   r.include_usage = nested_bool(body, "stream_options", "include_usage").value_or(false);
   r.penalties = parse_penalties(body);
+  if (given("response_format")) {
+    const ReplyConstraint format = parse_response_format(body["response_format"]);
+    if (format.kind != ReplyConstraint::Kind::kNone && r.constraint.kind != ReplyConstraint::Kind::kNone)
+      throw bad("response_format", "'response_format' and a 'tool_choice' that forces a call cannot both shape the reply");
+    if (format.kind != ReplyConstraint::Kind::kNone) r.constraint = format;
+  }
   if (r.echo && r.top_logprobs >= 0)
     throw ApiError(ErrorKind::kUnsupported,
                    "'echo' with 'logprobs' asks for the prompt's log-probabilities, which g4 serve does not compute",

@@ -45,6 +45,16 @@ struct CompletionPrompt {
 // The most prompts one /v1/completions request holds (each is a choice of its own).
 inline constexpr size_t kMaxPrompts = 128;
 
+// What the reply must be, enforced by constrained decoding (docs/DESIGN.md §4 "Constrained
+// decoding", §8): JSON valid against a schema (response_format), or tool calls (tool_choice
+// "required": of any declared function; a named function: of that one).
+struct ReplyConstraint {
+  enum class Kind { kNone, kJson, kToolCalls };
+  Kind kind = Kind::kNone;
+  std::string schema;    // kJson: the JSON Schema (json_object: {"type":"object"})
+  std::string function;  // kToolCalls: the function tool_choice names; empty: any declared one
+};
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::optional<std::string> model;   // the model asked for, when named
@@ -53,6 +63,7 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;
   ChatOptions chat;
   bool parse_tool_calls = false;      // tools declared and tool_choice is not "none"
+  ReplyConstraint constraint;         // response_format, or tool_choice "required" or named
   // completion: the prompts ("prompt": a string, a list of strings, token ids or lists of token
   // ids), one choice each, in order; with echo, each choice's text starts with its prompt's.
   std::vector<CompletionPrompt> prompts;

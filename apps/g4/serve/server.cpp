@@ -138,7 +138,11 @@ std::string response_id(Endpoint endpoint) {
 }  // namespace
 
 Server::Server(EngineWorker& worker, const Tokenizer& tokenizer, ServerOptions options)
-    : worker_(worker), tokenizer_(tokenizer), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+    : worker_(worker),
+      tokenizer_(tokenizer),
+      options_(std::move(options)),
+      grammars_(tokenizer, options_.stop_ids, worker.vocab_size()),
+      http_(std::make_unique<httplib::Server>()) {
   // A streamed answer holds its HTTP thread to the end, and a slow client holds its own: one thread
   // per connection (docs/DESIGN.md §8).
   if (options_.max_connections == 0) options_.max_connections = std::max<size_t>(1024, 2 * worker_.max_in_flight() + 64);
@@ -359,6 +363,7 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
     const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(r);
     const LogitPenalties penalties = request_penalties(r);
+    const std::shared_ptr<const grammar::CompiledGrammar> grammar = grammars_.get(r);
     // Every prompt is submitted before any is awaited, so that they run batched; one refused
     // cancels those already in.
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -370,6 +375,7 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
       scheduled.stop_ids = options_.stop_ids;
       scheduled.top_logprobs = r.top_logprobs;
       scheduled.penalties = penalties;
+      scheduled.grammar = grammar;
       Generating g;
       try {
         g.channel = worker_.submit(std::move(scheduled));

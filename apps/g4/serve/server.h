@@ -21,6 +21,7 @@
 #include "serve/engine_worker.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
+#include "serve/reply_grammars.h"
 #include "tokenizer/tokenizer.h"
 
 namespace g4::serve {
@@ -79,6 +80,7 @@ class Server {
   EngineWorker& worker_;
   const Tokenizer& tokenizer_;
   ServerOptions options_;
+  ReplyGrammars grammars_;  // after options_: built from its stop_ids
   Metrics metrics_;
   std::atomic<bool> stop_requested_{false};
   std::unique_ptr<httplib::Server> http_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "format/tensor_source.h"
@@ -330,6 +331,21 @@ void CpuBackend::adjust_logits(const Tensor& logits, const AdjustmentRows& rows)
   for (int64_t r = 0; r < rows.rows; ++r)
     apply_adjustments(std::span(logits.as<float>() + r * logits.cols, size_t(logits.cols)),
                       std::span(entries + offsets[r], entries + offsets[r + 1]));
+}
+
+void CpuBackend::mask_logits(const Tensor& logits, const TokenMaskRows& rows) {
+  G4_CHECK(logits.dtype == DType::F32 && logits.rows == rows.rows, "mask_logits: one F32 logits row per row");
+  const int32_t* row_mask = rows.row_mask.as<int32_t>();
+  const int64_t words = rows.words.cols, covered = std::min(logits.cols, words * 32);
+  for (int64_t r = 0; r < rows.rows; ++r) {
+    if (row_mask[r] < 0) continue;
+    G4_ASSERT(row_mask[r] < rows.words.rows, "mask_logits: row " + std::to_string(r) + " names a mask that is not there");
+    const auto* mask = reinterpret_cast<const uint32_t*>(rows.words.as<int32_t>() + row_mask[r] * words);
+    float* row = logits.as<float>() + r * logits.cols;
+    for (int64_t t = 0; t < covered; ++t)
+      if (!((mask[t >> 5] >> (t & 31)) & 1u)) row[t] = -std::numeric_limits<float>::infinity();
+    std::fill(row + covered, row + logits.cols, -std::numeric_limits<float>::infinity());
+  }
 }
 
 static void no_graphs() { throw Error(ErrorKind::kUnsupported, "the cpu backend has no graph capture (CUDA graphs need --backend cuda)"); }

@@ -37,6 +37,7 @@ class CpuBackend : public Backend {
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override;
   void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) override;
   void adjust_logits(const Tensor& logits, const AdjustmentRows& rows) override;
+  void mask_logits(const Tensor& logits, const TokenMaskRows& rows) override;
   void synchronize() override {}
   size_t peak_memory_bytes() const override { return memory_.peak_bytes(); }
   // Every op computes each row on its own (each (row, output) dot product alone, per-row norms,

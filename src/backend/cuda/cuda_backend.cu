@@ -627,6 +627,13 @@ class CudaBackend final : public Backend {
                          static_cast<const LogitAdjustment*>(rows.entries.data), ptr<int32_t>(rows.offsets), stream_);
   }
 
+  void mask_logits(const Tensor& logits, const TokenMaskRows& rows) override {
+    expect_dtype(logits, DType::F32, "mask_logits logits");
+    G4_CHECK(logits.rows == rows.rows, "mask_logits: one logits row per row");
+    launch_mask_logits(ptr<float>(logits), rows.rows, logits.cols, static_cast<const uint32_t*>(rows.words.data),
+                       rows.words.cols, ptr<int32_t>(rows.row_mask), stream_);
+  }
+
   void synchronize() override { G4_CUDA(cudaStreamSynchronize(stream_)); }
   void* stream_handle() const override { return stream_; }
   void set_profiling(bool on) override {

@@ -52,6 +52,11 @@ void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64
 // place (Backend::adjust_logits).
 void launch_adjust_logits(float* logits, int64_t rows, int64_t vocab, const LogitAdjustment* entries,
                           const int32_t* offsets, cudaStream_t stream);
+// Row r of logits [rows, vocab] with row_mask[r] >= 0: tokens whose bit in mask row_mask[r] of
+// `masks` ([*, words] 32-bit words) is clear, or past its words, become -infinity
+// (Backend::mask_logits).
+void launch_mask_logits(float* logits, int64_t rows, int64_t vocab, const uint32_t* masks, int64_t words,
+                        const int32_t* row_mask, cudaStream_t stream);
 // ids[0] = int32(token[0]); positions[0] += 1 (the device-side step advance of graph decode).
 void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions, cudaStream_t stream);
 // Uniform values in [center - spread, center + spread] from a counter hash of (seed, index).

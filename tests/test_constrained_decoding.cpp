@@ -1,0 +1,175 @@
+// Constrained decoding in the scheduler (docs/DESIGN.md §4 "Constrained decoding", §7): requests
+// with a grammar draw, on the backend, only tokens their grammar allows. Seeded and greedy
+// generations of the embedded demo under several JSON Schemas, batched: every token the backend drew
+// must be one xgrammar allows at that step (its masks replayed token by token, and g4's masks equal
+// to xgrammar's at every step), every output that ended must be valid against its schema (valijson),
+// and unconstrained requests beside them draw exactly what they draw alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "model/loader.h"
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+#include "support/demo_engine.h"
+#include "support/grammar_oracle.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace g4 {
+namespace {
+
+using grammar::CompiledGrammar;
+using grammar::GrammarMatcher;
+using grammar::TokenVocabulary;
+
+constexpr int64_t kMaxSeqLen = 256;
+constexpr int64_t kBatch = 32;
+
+const char* const kSchemas[] = {
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"age":{"type":"integer"},
+        "ok":{"type":"boolean"},"tags":{"type":"array","items":{"enum":["red","green","blue"]},"maxItems":3}},
+        "required":["name","age"],"additionalProperties":false})",
+    R"({"type":"array","items":{"anyOf":[{"type":"number"},{"type":"null"},{"const":"x"}]},"minItems":1,"maxItems":5})",
+    R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},
+        "next":{"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]}},"required":["v","next"],"additionalProperties":false}},
+        "$ref":"#/$defs/node"})",
+    R"({"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"]}},
+        "required":["city","unit"],"additionalProperties":false})",
+    R"({"type":"object"})",
+};
+
+struct Demo {
+  std::unique_ptr<Engine> engine = test::demo_engine_for(kBatch, kMaxSeqLen, "cpu", test::embedded_demo_path());
+  Tokenizer tokenizer = Tokenizer::from_json(*model_tokenizer_json(test::embedded_demo_path()));
+  std::vector<int32_t> stops = {kGemma4StopTokenIds.begin(), kGemma4StopTokenIds.end()};
+  std::shared_ptr<const TokenVocabulary> vocabulary =
+      std::make_shared<TokenVocabulary>(tokenizer, stops, engine->config().vocab_size);
+};
+
+SchedulerRequest constrained(const Demo& demo, std::shared_ptr<const CompiledGrammar> grammar, int i) {
+  SchedulerRequest r;
+  r.prompt = demo.tokenizer.encode("<bos><|turn>user\nWrite the JSON answer number " + std::to_string(i) +
+                                       "<turn|>\n<|turn>model\n",
+                                   /*parse_special=*/true);
+  // Hot and wide, so that the walks wander through the grammar; every fifth greedy.
+  r.sampling = i % 5 == 0 ? SamplingParams{.temperature = 0.0f}
+                          : SamplingParams{.temperature = 1.5f, .top_k = 64, .seed = uint64_t(7000 + i)};
+  r.max_new_tokens = 48;
+  r.stop_ids = demo.stops;
+  r.grammar = std::move(grammar);
+  return r;
+}
+
+struct Generated {
+  std::vector<int32_t> tokens;  // drawn, the stop token included
+  StopReason stop = StopReason::kNone;
+};
+
+std::map<RequestId, Generated> run_all(Scheduler& scheduler, const std::vector<SchedulerRequest>& requests,
+                                       std::vector<RequestId>& ids) {
+  std::map<RequestId, Generated> out;
+  size_t next = 0;
+  while (next < requests.size() || !scheduler.idle()) {
+    // Requests arrive while others decode, so that forwards mix prompts and decode rows.
+    for (int k = 0; k < 4 && next < requests.size(); ++k) ids.push_back(scheduler.add(requests[next++]));
+    for (const SequenceEvent& e : scheduler.step()) {
+      EXPECT_TRUE(e.error.empty()) << "request " << e.id << ": " << e.error;
+      out[e.id].tokens.push_back(e.drawn.token);
+      out[e.id].stop = e.drawn.stop;
+    }
+  }
+  return out;
+}
+
+TEST(ConstrainedDecoding, DrawsStayInTheGrammarAndMasksAreXgrammars) {
+  test::install_grammar_packages();
+  Demo demo;
+  test::XgrammarOracle oracle;
+  oracle.load_vocabulary("demo", demo.tokenizer, demo.engine->config().vocab_size, demo.stops);
+  constexpr int kPerSchema = 120;
+  int total = 0, finished = 0;
+  for (const char* schema : kSchemas) {
+    auto compiled = std::make_shared<const CompiledGrammar>(grammar::json_schema_grammar(schema), demo.vocabulary);
+    std::vector<SchedulerRequest> requests;
+    for (int i = 0; i < kPerSchema; ++i) requests.push_back(constrained(demo, compiled, total + i));
+    Scheduler scheduler(demo.engine->runner());
+    std::vector<RequestId> ids;
+    const std::map<RequestId, Generated> got = run_all(scheduler, requests, ids);
+    std::vector<uint32_t> ours(size_t(demo.vocabulary->mask_words()));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Generated& g = got.at(ids[i]);
+      oracle.compile(schema);
+      GrammarMatcher matcher(compiled);
+      for (size_t step = 0; step < g.tokens.size(); ++step) {
+        matcher.fill_next_token_mask(ours.data());
+        const std::vector<uint32_t> theirs = oracle.mask(*demo.vocabulary);
+        ASSERT_EQ(ours, theirs) << "schema " << schema << ", request " << i << ", step " << step;
+        const int32_t t = g.tokens[step];
+        ASSERT_TRUE((theirs[size_t(t) >> 5] >> (t & 31)) & 1)
+            << "token " << t << " drawn outside the grammar: schema " << schema << ", request " << i << ", step " << step;
+        ASSERT_TRUE(matcher.accept_token(t));
+        ASSERT_TRUE(oracle.accept(t).first);
+      }
+      if (g.stop == StopReason::kStopToken) {
+        ++finished;
+        test::expect_valid_json(schema, demo.tokenizer.decode(std::span(g.tokens).first(g.tokens.size() - 1)));
+      } else {
+        EXPECT_EQ(g.stop, StopReason::kMaxTokens);
+      }
+    }
+    total += kPerSchema;
+  }
+  std::printf("%d constrained generations, %d ended by their grammar\n", total, finished);
+  EXPECT_GE(finished, total / 3) << "too few generations finished their JSON";
+}
+
+// A constrained request changes nothing for its neighbours: unconstrained requests batched with
+// constrained ones draw what they draw alone.
+TEST(ConstrainedDecoding, UnconstrainedNeighboursDrawAsAlone) {
+  Demo demo;
+  auto compiled = std::make_shared<const CompiledGrammar>(grammar::json_schema_grammar(kSchemas[3]), demo.vocabulary);
+  std::vector<SchedulerRequest> plain, mixed;
+  for (int i = 0; i < 8; ++i) {
+    SchedulerRequest r = constrained(demo, nullptr, i);
+    r.stop_ids = {};
+    plain.push_back(r);
+    mixed.push_back(r);
+    mixed.push_back(constrained(demo, compiled, 100 + i));
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const SchedulerRequest& r : plain) {
+    Scheduler scheduler(demo.engine->runner());
+    std::vector<RequestId> ids;
+    alone.push_back(run_all(scheduler, {r}, ids).at(ids[0]).tokens);
+  }
+  Scheduler scheduler(demo.engine->runner());
+  std::vector<RequestId> ids;
+  const auto got = run_all(scheduler, mixed, ids);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(got.at(ids[2 * i]).tokens, alone[i]) << "request " << i;
+}
+
+TEST(ConstrainedDecoding, AGrammarMustEndOnTheRequestsStopTokens) {
+  Demo demo;
+  SchedulerRequest r = constrained(
+      demo, std::make_shared<const CompiledGrammar>(grammar::json_object_grammar(), demo.vocabulary), 0);
+  r.stop_ids = {1};
+  Scheduler scheduler(demo.engine->runner());
+  try {
+    scheduler.add(r);
+    FAIL() << "accepted a grammar that ends on tokens the request does not stop at";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("stop tokens"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace g4
