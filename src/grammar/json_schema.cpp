@@ -1,5 +1,7 @@
 #include "grammar/json_schema.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -9,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/chat_template.h"
 #include "util/error.h"
 
 namespace g4::grammar {
@@ -116,13 +119,81 @@ bool value_has_type(const Json& value, std::string_view type) {
   return false;
 }
 
-class SchemaConverter {
- public:
-  explicit SchemaConverter(const Json& root) : root_(root) {}
+bool is_identifier(std::string_view name) {
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  if (name.empty() || !letter(name[0])) return false;
+  for (char c : name)
+    if (!letter(c) && !(c >= '0' && c <= '9')) return false;
+  return true;
+}
 
-  Grammar convert_root() {
-    const int32_t rule = convert(root_, "#");
-    return builder_.build(rule);
+// Refuses what Gemma 4's tool syntax cannot carry: a string holding its delimiter <|"|>, an object
+// key that is no identifier (keys are bare).
+void require_gemma4_writable(const Json& value, const std::string& where) {
+  if (value.is_string())
+    G4_REQUIRE(kUnsupported, value.get_ref<const std::string&>().find(kGemma4Quote) == std::string::npos,
+               "JSON Schema: an enum/const string holding " + std::string(kGemma4Quote) + " (at " + where +
+                   ") cannot be written in Gemma 4's tool syntax");
+  if (value.is_object())
+    for (const auto& [key, item] : value.items()) {
+      G4_REQUIRE(kUnsupported, is_identifier(key),
+                 "JSON Schema: enum/const object key '" + key + "' (at " + where +
+                     ") is no identifier, which Gemma 4's tool syntax writes bare");
+      require_gemma4_writable(item, where);
+    }
+  if (value.is_array())
+    for (const Json& item : value) require_gemma4_writable(item, where);
+}
+
+// Gemma 4's chat template writes an object's keys sorted case-insensitively (ASCII); so do its
+// grammars, so that the template's rendering of a call is in the language.
+bool gemma4_key_order(const std::string& a, const std::string& b) {
+  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
+    return lower(x) < lower(y);
+  });
+}
+
+Json parse_schema(std::string_view schema_json) {
+  try {
+    return Json::parse(schema_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kInvalidArgument, std::string("JSON Schema: not JSON: ") + e.what());
+  }
+}
+
+}  // namespace
+
+class SchemaConverter::Rules {
+ public:
+  Rules(GrammarBuilder& builder, ValueSyntax syntax) : builder_(builder), syntax_(syntax) {}
+
+  // The rule of a schema document: `root` is what its $refs resolve in.
+  int32_t document(const Json& root) {
+    root_ = &root;
+    refs_.clear();
+    const int32_t rule = convert(root, "#");
+    root_ = nullptr;
+    return rule;
+  }
+
+  int32_t object_document(const Json& root) {
+    if (root.is_object()) {
+      bool constrains = false;
+      for (const auto& [key, value] : root.items())
+        constrains = constrains || !(kAnnotations.count(key) || key == "$defs" || key == "definitions");
+      if (!constrains) return object();
+      if (const auto type = root.find("type"); type != root.end()) {
+        G4_CHECK(*type == "object" || *type == Json::array({"object"}),
+                 "JSON Schema: the schema admits values other than objects (its \"type\" is " + type->dump() + ")");
+      } else {
+        G4_REQUIRE(kUnsupported, root.contains("properties"),
+                   "JSON Schema: a schema of objects needs \"type\": \"object\" or \"properties\"");
+      }
+    } else if (root.is_boolean() && root.get<bool>()) {
+      return object();
+    }
+    return document(root);
   }
 
   // The rule of one schema; `where` is its JSON pointer, for messages.
@@ -202,7 +273,13 @@ class SchemaConverter {
           G4_CHECK(ok, "JSON Schema: an enum/const value at " + where + " is not of the schema's type");
         }
         std::string text;
-        serialize(*v, text);
+        if (syntax_ == ValueSyntax::kGemma4) {
+          // As the chat template writes it: keys bare and sorted, numbers as Python prints them, None.
+          require_gemma4_writable(*v, where);
+          text = format_gemma4_value(*v, /*quote_keys=*/false);
+        } else {
+          serialize(*v, text);
+        }
         builder_.add_alternative(rule, builder_.literal(text));
       }
       return rule;
@@ -262,8 +339,11 @@ class SchemaConverter {
       const int64_t max = count(schema, "maxLength", where).value_or(-1);
       G4_CHECK(max < 0 || min <= max, "JSON Schema: minLength above maxLength at " + where);
       const int32_t rule = builder_.add_rule();
-      builder_.add_alternative(rule, {builder_.byte('"'), builder_.ref(builder_.repeat({builder_.ref(length_char())}, min, max)),
-                                      builder_.byte('"')});
+      Sequence s = quote();
+      s.push_back(builder_.ref(builder_.repeat({builder_.ref(length_char())}, min, max)));
+      const Sequence close = quote();
+      s.insert(s.end(), close.begin(), close.end());
+      builder_.add_alternative(rule, std::move(s));
       return rule;
     }
     if (type == "array") {
@@ -287,11 +367,20 @@ class SchemaConverter {
     if (schema.contains("properties")) {
       G4_CHECK(schema["properties"].is_object(), "JSON Schema: " + where + "/properties is not an object");
       for (const auto& [name, sub] : schema["properties"].items()) {
-        for (char c : name)
-          G4_REQUIRE(kUnsupported, static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\' && c != 0x7f,
-                     "JSON Schema: a property name that needs escaping (at " + where + ") is not supported");
+        if (syntax_ == ValueSyntax::kGemma4) {
+          G4_REQUIRE(kUnsupported, is_identifier(name),
+                     "JSON Schema: property name '" + name + "' (at " + where +
+                         ") is no identifier [A-Za-z_][A-Za-z0-9_]*, which Gemma 4's tool syntax writes bare");
+        } else {
+          for (char c : name)
+            G4_REQUIRE(kUnsupported, static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\' && c != 0x7f,
+                       "JSON Schema: a property name that needs escaping (at " + where + ") is not supported");
+        }
         properties.emplace_back(name, convert(sub, where + "/properties/" + name));
       }
+      if (syntax_ == ValueSyntax::kGemma4)
+        std::stable_sort(properties.begin(), properties.end(),
+                         [](const auto& a, const auto& b) { return gemma4_key_order(a.first, b.first); });
     }
     std::set<std::string> required;
     if (schema.contains("required")) {
@@ -316,14 +405,14 @@ class SchemaConverter {
       }
     }
     const auto pair = [&](const std::string& name, int32_t value) {
-      Sequence s = builder_.literal("\"" + name + "\":");
+      Sequence s = builder_.literal(syntax_ == ValueSyntax::kGemma4 ? name + ":" : "\"" + name + "\":");
       s.push_back(builder_.ref(value));
       return s;
     };
-    Sequence extra_pair;  // basic_string ":" value
+    Sequence extra_pair;  // key ":" value
     std::optional<int32_t> extras;  // ("," extra_pair)*
     if (additional) {
-      extra_pair = {builder_.ref(string()), builder_.byte(':'), builder_.ref(*additional)};
+      extra_pair = {builder_.ref(key()), builder_.byte(':'), builder_.ref(*additional)};
       Sequence comma_pair = {builder_.byte(',')};
       comma_pair.insert(comma_pair.end(), extra_pair.begin(), extra_pair.end());
       extras = builder_.repeat(comma_pair, 0, -1);
@@ -373,7 +462,7 @@ class SchemaConverter {
     if (auto it = refs_.find(path); it != refs_.end()) return it->second;
     G4_REQUIRE(kUnsupported, path == "#" || path.rfind("#/", 0) == 0,
                "JSON Schema: $ref '" + path + "' (at " + where + ") outside the schema is not supported");
-    const Json* target = &root_;
+    const Json* target = root_;
     if (path != "#") {
       Json::json_pointer pointer;
       try {
@@ -381,8 +470,8 @@ class SchemaConverter {
       } catch (const nlohmann::json::exception&) {
         G4_CHECK(false, "JSON Schema: $ref '" + path + "' at " + where + " is not a JSON pointer");
       }
-      G4_CHECK(root_.contains(pointer), "JSON Schema: $ref '" + path + "' at " + where + " names nothing in the schema");
-      target = &root_.at(pointer);
+      G4_CHECK(root_->contains(pointer), "JSON Schema: $ref '" + path + "' at " + where + " names nothing in the schema");
+      target = &root_->at(pointer);
     }
     const int32_t rule = builder_.add_rule();
     refs_[path] = rule;
@@ -391,7 +480,7 @@ class SchemaConverter {
   }
 
   // A rule for each of xgrammar's basic_* rules, made when first used.
-  int32_t cached(int32_t& slot, void (SchemaConverter::*fill)(int32_t)) {
+  int32_t cached(int32_t& slot, void (Rules::*fill)(int32_t)) {
     if (slot < 0) {
       slot = builder_.add_rule();
       (this->*fill)(slot);
@@ -409,12 +498,13 @@ class SchemaConverter {
     s.add_range('0', '9');
     return builder_.bytes(s);
   }
-  int32_t digits_star() { return cached(digits_star_, &SchemaConverter::fill_digits_star); }
+  int32_t digits_star() { return cached(digits_star_, &Rules::fill_digits_star); }
   void fill_digits_star(int32_t rule) { builder_.add_alternative(rule, {builder_.ref(builder_.repeat({digit()}, 0, -1))}); }
 
   // UTF-8 sequences of two to four bytes as xgrammar's character classes read them: a lead byte
-  // 110xxxxx, 1110xxxx or 11110xxx and that many continuation bytes 10xxxxxx.
-  void add_multibyte(int32_t rule) {
+  // 110xxxxx, 1110xxxx or 11110xxx and that many continuation bytes 10xxxxxx; each followed by
+  // `then`.
+  void add_multibyte(int32_t rule, const Sequence& then = {}) {
     ByteSet cont;
     cont.add_range(0x80, 0xBF);
     const std::pair<uint8_t, uint8_t> leads[] = {{0xC0, 0xDF}, {0xE0, 0xEF}, {0xF0, 0xF7}};
@@ -423,32 +513,67 @@ class SchemaConverter {
       lead.add_range(leads[n - 1].first, leads[n - 1].second);
       Sequence s = {builder_.bytes(lead)};
       for (int i = 0; i < n; ++i) s.push_back(builder_.bytes(cont));
+      s.insert(s.end(), then.begin(), then.end());
       builder_.add_alternative(rule, std::move(s));
     }
   }
 
+  static void remove(ByteSet& set, uint8_t b) { set.words[b >> 6] &= ~(uint64_t{1} << (b & 63)); }
+
   // basic_string's character: [^\0-\x1f\"\\\r\n].
-  int32_t string_char() { return cached(string_char_, &SchemaConverter::fill_string_char); }
+  int32_t string_char() { return cached(string_char_, &Rules::fill_string_char); }
   void fill_string_char(int32_t rule) {
     ByteSet ascii;
     ascii.add_range(0x20, 0x7F);
-    ascii.words['"' >> 6] &= ~(uint64_t{1} << ('"' & 63));
-    ascii.words['\\' >> 6] &= ~(uint64_t{1} << ('\\' & 63));
+    remove(ascii, '"');
+    remove(ascii, '\\');
     builder_.add_alternative(rule, {builder_.bytes(ascii)});
     add_multibyte(rule);
   }
-  // The character of a string with minLength/maxLength: [^"\\\r\n] (no escapes, control characters
-  // other than CR and LF allowed: xgrammar's language, kept as is).
-  int32_t length_char() { return cached(length_char_, &SchemaConverter::fill_length_char); }
+  // The character of a string with minLength/maxLength. JSON: [^"\\\r\n] (no escapes, control
+  // characters other than CR and LF allowed: xgrammar's language, kept as is). Gemma 4: any but
+  // '<', so that counting characters needs no watch for the closing <|"|>.
+  int32_t length_char() { return cached(length_char_, &Rules::fill_length_char); }
   void fill_length_char(int32_t rule) {
     ByteSet ascii;
     ascii.add_range(0x00, 0x7F);
-    for (uint8_t c : {'"', '\\', '\r', '\n'}) ascii.words[c >> 6] &= ~(uint64_t{1} << (c & 63));
+    const std::string_view excluded = syntax_ == ValueSyntax::kGemma4 ? std::string_view("<") : "\"\\\r\n";
+    for (char c : excluded) remove(ascii, static_cast<uint8_t>(c));
     builder_.add_alternative(rule, {builder_.bytes(ascii)});
     add_multibyte(rule);
   }
 
-  int32_t string() { return cached(string_, &SchemaConverter::fill_string); }
+  // A string's opening or closing delimiter.
+  Sequence quote() {
+    return syntax_ == ValueSyntax::kGemma4 ? builder_.literal(kGemma4Quote) : Sequence{builder_.byte('"')};
+  }
+
+  int32_t string() {
+    return cached(string_, syntax_ == ValueSyntax::kGemma4 ? &Rules::fill_gemma4_string : &Rules::fill_string);
+  }
+  // <|"|> content <|"|>, the content any UTF-8 text without <|"|>: after the opening delimiter, a
+  // matcher of the delimiter whose state k is how many of its bytes end the text so far. Only its
+  // first byte is '<', so a byte that breaks a partial match restarts at state 1 if it is '<', else 0.
+  void fill_gemma4_string(int32_t rule) {
+    constexpr std::string_view delimiter = kGemma4Quote;
+    std::array<int32_t, delimiter.size()> state;
+    for (int32_t& s : state) s = builder_.add_rule();
+    for (size_t k = 0; k < delimiter.size(); ++k) {
+      ByteSet other;
+      other.add_range(0x00, 0x7F);
+      remove(other, '<');
+      remove(other, static_cast<uint8_t>(delimiter[k]));
+      builder_.add_alternative(state[k], {builder_.bytes(other), builder_.ref(state[0])});
+      add_multibyte(state[k], {builder_.ref(state[0])});
+      if (k > 0) builder_.add_alternative(state[k], {builder_.byte('<'), builder_.ref(state[1])});
+      Sequence next = {builder_.byte(static_cast<uint8_t>(delimiter[k]))};
+      if (k + 1 < delimiter.size()) next.push_back(builder_.ref(state[k + 1]));
+      builder_.add_alternative(state[k], std::move(next));
+    }
+    Sequence s = builder_.literal(delimiter);
+    s.push_back(builder_.ref(state[0]));
+    builder_.add_alternative(rule, std::move(s));
+  }
   void fill_string(int32_t rule) {
     // sub ::= '"' | char sub | '\\' escape sub
     const int32_t sub = builder_.add_rule();
@@ -468,14 +593,14 @@ class SchemaConverter {
     builder_.add_alternative(rule, {builder_.byte('"'), builder_.ref(sub)});
   }
 
-  int32_t integer() { return cached(integer_, &SchemaConverter::fill_integer); }
+  int32_t integer() { return cached(integer_, &Rules::fill_integer); }
   void fill_integer(int32_t rule) {
     builder_.add_alternative(rule, {builder_.byte('0')});
     builder_.add_alternative(rule, {builder_.byte('-'), digits_1_9(), builder_.ref(digits_star())});
     builder_.add_alternative(rule, {digits_1_9(), builder_.ref(digits_star())});
   }
 
-  int32_t number() { return cached(number_, &SchemaConverter::fill_number); }
+  int32_t number() { return cached(number_, &Rules::fill_number); }
   void fill_number(int32_t rule) {
     const int32_t whole = builder_.add_rule();  // "0" | [1-9] [0-9]*
     builder_.add_alternative(whole, {builder_.byte('0')});
@@ -496,52 +621,85 @@ class SchemaConverter {
     builder_.add_alternative(rule, {builder_.byte('-'), builder_.ref(whole), builder_.ref(fraction), builder_.ref(exponent)});
   }
 
-  int32_t boolean() { return cached(boolean_, &SchemaConverter::fill_boolean); }
+  int32_t boolean() { return cached(boolean_, &Rules::fill_boolean); }
   void fill_boolean(int32_t rule) {
     builder_.add_alternative(rule, builder_.literal("true"));
     builder_.add_alternative(rule, builder_.literal("false"));
   }
-  int32_t null() { return cached(null_, &SchemaConverter::fill_null); }
-  void fill_null(int32_t rule) { builder_.add_alternative(rule, builder_.literal("null")); }
+  // Gemma 4's chat template writes null as Python prints None.
+  int32_t null() { return cached(null_, &Rules::fill_null); }
+  void fill_null(int32_t rule) {
+    builder_.add_alternative(rule, builder_.literal(syntax_ == ValueSyntax::kGemma4 ? "None" : "null"));
+  }
 
-  // basic_array and basic_object separate their members with ", " (xgrammar's built-in rules keep
-  // the default separator whatever the schema's are).
-  int32_t array() { return cached(array_, &SchemaConverter::fill_array); }
+  // An object's key: a JSON string, or in Gemma 4's syntax a bare identifier.
+  int32_t key() {
+    return syntax_ == ValueSyntax::kGemma4 ? cached(identifier_, &Rules::fill_identifier) : string();
+  }
+  void fill_identifier(int32_t rule) {
+    ByteSet first;
+    first.add_range('a', 'z');
+    first.add_range('A', 'Z');
+    first.add('_');
+    ByteSet rest = first;
+    rest.add_range('0', '9');
+    builder_.add_alternative(rule, {builder_.bytes(first), builder_.ref(builder_.repeat({builder_.bytes(rest)}, 0, -1))});
+  }
+
+  // Members of basic_array and basic_object: xgrammar's built-in rules separate them with ", "
+  // whatever the schema's separators are; Gemma 4's template with ",".
+  Sequence separator() {
+    return syntax_ == ValueSyntax::kGemma4 ? Sequence{builder_.byte(',')} : builder_.literal(", ");
+  }
+  int32_t array() { return cached(array_, &Rules::fill_array); }
   void fill_array(int32_t rule) {
     builder_.add_alternative(rule, builder_.literal("[]"));
-    const int32_t more = builder_.repeat({builder_.byte(','), builder_.byte(' '), builder_.ref(any())}, 0, -1);
+    Sequence item = separator();
+    item.push_back(builder_.ref(any()));
+    const int32_t more = builder_.repeat(item, 0, -1);
     builder_.add_alternative(rule, {builder_.byte('['), builder_.ref(any()), builder_.ref(more), builder_.byte(']')});
   }
-  int32_t object() { return cached(object_, &SchemaConverter::fill_object); }
+  int32_t object() { return cached(object_, &Rules::fill_object); }
   void fill_object(int32_t rule) {
     builder_.add_alternative(rule, builder_.literal("{}"));
-    const int32_t more = builder_.repeat(
-        {builder_.byte(','), builder_.byte(' '), builder_.ref(string()), builder_.byte(':'), builder_.ref(any())}, 0, -1);
-    builder_.add_alternative(rule, {builder_.byte('{'), builder_.ref(string()), builder_.byte(':'), builder_.ref(any()),
+    Sequence member = separator();
+    member.insert(member.end(), {builder_.ref(key()), builder_.byte(':'), builder_.ref(any())});
+    const int32_t more = builder_.repeat(member, 0, -1);
+    builder_.add_alternative(rule, {builder_.byte('{'), builder_.ref(key()), builder_.byte(':'), builder_.ref(any()),
                                     builder_.ref(more), builder_.byte('}')});
   }
-  int32_t any() { return cached(any_, &SchemaConverter::fill_any); }
+  int32_t any() { return cached(any_, &Rules::fill_any); }
   void fill_any(int32_t rule) {
     for (int32_t r : {number(), string(), boolean(), null(), array(), object()}) builder_.add_alternative(rule, {builder_.ref(r)});
   }
 
-  const Json& root_;
-  GrammarBuilder builder_;
+  GrammarBuilder& builder_;
+  const ValueSyntax syntax_;
+  const Json* root_ = nullptr;
   std::map<std::string, int32_t> refs_;
   int32_t digits_star_ = -1, string_char_ = -1, length_char_ = -1, string_ = -1, integer_ = -1, number_ = -1,
-          boolean_ = -1, null_ = -1, array_ = -1, object_ = -1, any_ = -1;
+          boolean_ = -1, null_ = -1, identifier_ = -1, array_ = -1, object_ = -1, any_ = -1;
 };
 
-}  // namespace
+SchemaConverter::SchemaConverter(GrammarBuilder& builder, ValueSyntax syntax)
+    : rules_(std::make_unique<Rules>(builder, syntax)) {}
+
+SchemaConverter::~SchemaConverter() = default;
+
+int32_t SchemaConverter::value_rule(std::string_view schema_json) {
+  const Json schema = parse_schema(schema_json);
+  return rules_->document(schema);
+}
+
+int32_t SchemaConverter::object_rule(std::string_view schema_json) {
+  const Json schema = parse_schema(schema_json);
+  return rules_->object_document(schema);
+}
 
 Grammar json_schema_grammar(std::string_view schema_json) {
-  Json schema;
-  try {
-    schema = Json::parse(schema_json);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kInvalidArgument, std::string("JSON Schema: not JSON: ") + e.what());
-  }
-  return SchemaConverter(schema).convert_root();
+  GrammarBuilder builder;
+  const int32_t root = SchemaConverter(builder, ValueSyntax::kJson).value_rule(schema_json);
+  return builder.build(root);
 }
 
 Grammar json_object_grammar() { return json_schema_grammar(R"({"type":"object"})"); }

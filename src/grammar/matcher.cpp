@@ -10,7 +10,8 @@
 
 namespace g4::grammar {
 
-TokenVocabulary::TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t> stop_tokens, int32_t mask_size)
+TokenVocabulary::TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t> stop_tokens, int32_t mask_size,
+                                 const std::vector<std::string>& text_markers)
     : size_(mask_size > 0 ? mask_size : tokenizer.vocab_size()), stop_tokens_(std::move(stop_tokens)) {
   G4_CHECK(size_ >= tokenizer.vocab_size(), "grammar: a mask of " + std::to_string(size_) +
                                                 " tokens cannot cover the tokenizer's " +
@@ -19,14 +20,19 @@ TokenVocabulary::TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t
   text_.assign(size_, false);
   for (int32_t id : stop_tokens_)
     G4_CHECK(id >= 0 && id < size_, "grammar: stop token " + std::to_string(id) + " outside the vocabulary");
+  for (const std::string& marker : text_markers) G4_CHECK(!marker.empty(), "grammar: an empty text marker");
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    if (tokenizer.is_special(id) || is_stop(id)) continue;
-    tokenizer.append_token_bytes(id, false, bytes_[id]);
+    if (is_stop(id)) continue;
+    std::string token_bytes;
+    tokenizer.append_token_bytes(id, false, token_bytes);
+    const bool marker = std::find(text_markers.begin(), text_markers.end(), token_bytes) != text_markers.end();
+    if (tokenizer.is_special(id) && !marker) continue;
+    bytes_[id] = std::move(token_bytes);
     // A token of no bytes, or whose text is "<…>" (three bytes or more), is a control token:
     // Gemma's tokenizer.json marks only a few of its markers special (not <unusedN>, the tool and
     // channel markers).
     const std::string& b = bytes_[id];
-    if (b.empty() || (b.size() >= 3 && b.front() == '<' && b.back() == '>')) continue;
+    if (!marker && (b.empty() || (b.size() >= 3 && b.front() == '<' && b.back() == '>'))) continue;
     G4_CHECK(bytes_[id].size() < 65535, "grammar: a token of 64 KiB or more");
     text_[id] = true;
     sorted_.push_back(id);

@@ -31,8 +31,11 @@ class TokenVocabulary {
   // end. Control tokens are never allowed: special ones (Tokenizer::is_special), those of no
   // bytes, and those whose bytes are "<…>" (three or more: Gemma's <unusedN> and markers, which
   // tokenizer.json leaves unmarked, and a few HTML tags with them). xgrammar allows all of these
-  // where their text fits; g4 does not.
-  TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t> stop_tokens, int32_t mask_size = 0);
+  // where their text fits; g4 does not. text_markers: control tokens a grammar writes (Gemma's
+  // tool-call markers, kGemma4ToolCallMarkers): a token whose bytes equal one of them is a text
+  // token, special or not.
+  TokenVocabulary(const Tokenizer& tokenizer, std::vector<int32_t> stop_tokens, int32_t mask_size = 0,
+                  const std::vector<std::string>& text_markers = {});
 
   int32_t size() const { return size_; }
   int32_t mask_words() const { return (size_ + 31) / 32; }
