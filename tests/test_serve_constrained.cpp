@@ -110,7 +110,8 @@ Reply ask(httplib::Client& client, const json& body) {
   EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
   if (!r || r->status != 200) return out;
   if (!body["stream"].get<bool>()) {
-    const json& choice = json::parse(r->body)["choices"][0];
+    const json answer = json::parse(r->body);
+    const json& choice = answer["choices"][0];
     out.finish = choice["finish_reason"];
     if (choice["message"]["content"].is_string()) out.content = choice["message"]["content"];
     if (choice["message"].contains("tool_calls"))
@@ -123,7 +124,12 @@ Reply ask(httplib::Client& client, const json& body) {
     const std::string data = r->body.substr(at + 6, end - at - 6);
     at = end + 2;
     if (data == "[DONE]") break;
-    const json& choice = json::parse(data)["choices"][0];
+    const json chunk = json::parse(data);
+    if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) {
+      ADD_FAILURE() << "a stream event without a choice: " << data;
+      break;
+    }
+    const json& choice = chunk["choices"][0];
     const json& delta = choice["delta"];
     if (delta.contains("content") && delta["content"].is_string()) out.content += delta["content"].get<std::string>();
     if (delta.contains("tool_calls"))
@@ -191,9 +197,9 @@ TEST_F(ServeConstrained, SchemasOutsideTheSubsetAre400sNamingTheField) {
     EXPECT_TRUE(r && r->status == 400) << (r ? r->body : "no answer");
     return r ? json::parse(r->body)["error"] : json();
   };
-  const json pattern = error({{"response_format",
-                               {{"type", "json_schema"},
-                                {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^a+$"}}}}}}}}});
+  const json pattern_schema = {{"type", "string"}, {"pattern", "^a+$"}};
+  const json response_format = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", pattern_schema}}}};
+  const json pattern = error({{"response_format", response_format}});
   EXPECT_EQ(pattern["param"], "response_format");
   EXPECT_EQ(pattern["code"], "unsupported_parameter");
   EXPECT_NE(pattern["message"].get<std::string>().find("pattern"), std::string::npos) << pattern.dump();
