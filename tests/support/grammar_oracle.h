@@ -56,6 +56,8 @@ class XgrammarOracle {
 // stop tokens); g4's own mask must refuse every other token.
 std::vector<uint32_t> xgrammar_comparable(const grammar::TokenVocabulary& vocab, std::vector<uint32_t> theirs);
 
+// Expects `value` (read from `output`, which failures show) to be valid against `schema_text` (valijson).
+void expect_valid_value(const std::string& schema_text, const nlohmann::json& value, const std::string& output);
 // Expects `output` to be JSON valid against `schema_text` (valijson); numbers beyond what
 // nlohmann holds exactly (a double's range, 64-bit integers) are reported and not schema-checked.
 void expect_valid_json(const std::string& schema_text, const std::string& output);
