@@ -156,6 +156,24 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
 }
 
+// A KV budget larger than the device (a billion sequences' caches) becomes what the device has
+// free once the weights and workspaces are allocated (docs/DESIGN.md §7): the engine loads, and
+// requests run to the end instead of failing when the pool outgrows the memory.
+TEST(Scheduler, AKvBudgetBeyondTheDeviceIsWhatTheDeviceHoldsOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  auto engine = demo_engine(1'000'000'000, "cuda");
+  const size_t budget = engine->kv_pool().budget_bytes();
+  EXPECT_LT(budget, size_t(1'000'000'000) * engine->kv_pool().sequence_bytes(kMaxSeqLen));
+  EXPECT_LE(budget, engine->backend().free_memory_bytes()) << "the budget fits in what is free";
+  Scheduler scheduler(engine->runner());
+  std::vector<RequestId> ids;
+  const std::vector<SchedulerRequest> rs = requests();
+  std::vector<size_t> order(rs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const Run got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(int64_t(got.tokens.at(ids[i]).size()), rs[i].max_new_tokens);
+}
+
 // With cuda_graphs, a step that only decodes replays the recording for its batch size, recorded
 // again (the CUDA graph updated in place) as sequences join and leave: every sequence still draws
 // the tokens it draws alone, in batches of 2 to 13, staggered arrivals included.

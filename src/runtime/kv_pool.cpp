@@ -32,6 +32,14 @@ KvPool::KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes)
 
 KvPool::~KvPool() = default;
 
+void KvPool::limit_budget(size_t bytes, int64_t max_seq_len) {
+  budget_ = std::min(budget_, bytes);
+  G4_REQUIRE(kResourceExhausted, budget_ >= sequence_bytes(max_seq_len),
+             "out of KV memory: " + std::to_string(bytes) + " bytes are free for KV caches after the weights and the " +
+                 "forward's workspaces, less than one sequence's " + std::to_string(sequence_bytes(max_seq_len)) +
+                 " bytes at max_seq_len " + std::to_string(max_seq_len) + " (lower --max_seq_len)");
+}
+
 // Sliding layers keep a ring of two windows (a prefill chunk of up to 2 * window positions still
 // finds the window before each of its queries); full layers every position up to max_seq_len.
 static int64_t cache_positions(const ModelConfig& c, const LayerConfig& l, int64_t max_seq_len) {

@@ -70,6 +70,9 @@ class KvPool {
   // Bytes of one sequence's caches at max_seq_len positions.
   size_t sequence_bytes(int64_t max_seq_len) const;
   size_t budget_bytes() const { return budget_; }
+  // Lowers the budget to at most `bytes` (what the device can still hold); throws
+  // Error(kResourceExhausted) naming the bytes when that is less than one sequence of max_seq_len.
+  void limit_budget(size_t bytes, int64_t max_seq_len);
   size_t bytes_in_use() const { return in_use_; }  // held by live sequences
   size_t bytes_kept() const { return kept_; }      // held by kept prefixes (reclaimable)
   size_t kept_sequences() const { return kept_list_.size(); }

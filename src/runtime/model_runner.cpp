@@ -32,6 +32,15 @@ int64_t checked_batch_sequences(int64_t n) {
   return n;
 }
 
+// What a KV pool may take of the backend's free memory: all but a margin for what is allocated
+// later (graph recordings, library workspaces, token masks): 1 GiB or 1/32 of it, the larger.
+size_t kv_memory_available(const Backend& backend) {
+  const size_t free_bytes = backend.free_memory_bytes();
+  if (free_bytes == SIZE_MAX) return SIZE_MAX;  // host memory: the budget stands as given
+  const size_t margin = std::max<size_t>(size_t(1) << 30, free_bytes / 32);
+  return free_bytes > margin ? free_bytes - margin : 0;
+}
+
 }  // namespace
 
 // The sliding layers' ring must hold a whole window (the attention reads the window back from
@@ -78,6 +87,9 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
                                              .heads = int(rc.num_heads),
                                              .head_dim = rc.max_head_dim(),
                                              .intermediate = rc.intermediate_size});
+  // The caches come last, from what the weights and the workspaces leave: a budget the device
+  // cannot hold makes requests wait for memory instead of failing in the middle of a step.
+  pool_.limit_budget(kv_memory_available(backend), max_seq_len_);
 }
 
 void ModelRunner::check_tokens(std::span<const int32_t> tokens, int64_t start, int64_t max_seq_len) const {

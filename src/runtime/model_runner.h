@@ -21,7 +21,9 @@ struct RunnerOptions {
   int64_t max_seq_len = 0;          // a sequence's context; 0 = ModelConfig::default_max_seq_len()
   int64_t max_prefill_chunk = 0;    // rows of one forward; 0 = ModelConfig::max_prefill_chunk(max_seq_len)
   int64_t max_batch_sequences = 1;  // sequences whose logits one forward computes (a decode batch)
-  size_t kv_budget_bytes = 0;       // 0 = the caches of kv_budget_sequences sequences of max_seq_len
+  // The KV pool's budget (0 = the caches of kv_budget_sequences sequences of max_seq_len), at most
+  // what the device has free once the weights and the forward's workspaces are allocated.
+  size_t kv_budget_bytes = 0;
   int64_t kv_budget_sequences = 1;
 };
 
