@@ -3,7 +3,7 @@
 // generations of the embedded demo under several JSON Schemas, batched: every token the backend drew
 // must be one xgrammar allows at that step (its masks replayed token by token, and g4's masks equal
 // to xgrammar's at every step), every output that ended must be valid against its schema (valijson),
-// and unconstrained requests beside them draw exactly what they draw alone.
+// and unconstrained requests beside them draw exactly what they draw alone. The same on CUDA.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,12 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend_factory.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "support/demo_engine.h"
+#include "support/fixtures.h"
 #include "support/grammar_oracle.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -47,7 +49,9 @@ const char* const kSchemas[] = {
 };
 
 struct Demo {
-  std::unique_ptr<Engine> engine = test::demo_engine_for(kBatch, kMaxSeqLen, "cpu", test::embedded_demo_path());
+  explicit Demo(const std::string& backend = "cpu")
+      : engine(test::demo_engine_for(kBatch, kMaxSeqLen, backend, test::embedded_demo_path())) {}
+  std::unique_ptr<Engine> engine;
   Tokenizer tokenizer = Tokenizer::from_json(*model_tokenizer_json(test::embedded_demo_path()));
   std::vector<int32_t> stops = {kGemma4StopTokenIds.begin(), kGemma4StopTokenIds.end()};
   std::shared_ptr<const TokenVocabulary> vocabulary =
@@ -89,12 +93,13 @@ std::map<RequestId, Generated> run_all(Scheduler& scheduler, const std::vector<S
   return out;
 }
 
-TEST(ConstrainedDecoding, DrawsStayInTheGrammarAndMasksAreXgrammars) {
+// kPerSchema requests a schema on `backend`: every draw checked against xgrammar, every finished
+// output validated.
+void expect_draws_in_the_grammar(const std::string& backend, int kPerSchema) {
   test::install_grammar_packages();
-  Demo demo;
+  Demo demo(backend);
   test::XgrammarOracle oracle;
   oracle.load_vocabulary("demo", demo.tokenizer, demo.engine->config().vocab_size, demo.stops);
-  constexpr int kPerSchema = 120;
   int total = 0, finished = 0;
   for (const char* schema : kSchemas) {
     auto compiled = std::make_shared<const CompiledGrammar>(grammar::json_schema_grammar(schema), demo.vocabulary);
@@ -111,7 +116,7 @@ TEST(ConstrainedDecoding, DrawsStayInTheGrammarAndMasksAreXgrammars) {
       for (size_t step = 0; step < g.tokens.size(); ++step) {
         matcher.fill_next_token_mask(ours.data());
         const std::vector<uint32_t> theirs = oracle.mask(*demo.vocabulary);
-        ASSERT_EQ(ours, theirs) << "schema " << schema << ", request " << i << ", step " << step;
+        ASSERT_EQ(ours, theirs) << backend << ", schema " << schema << ", request " << i << ", step " << step;
         const int32_t t = g.tokens[step];
         ASSERT_TRUE((theirs[size_t(t) >> 5] >> (t & 31)) & 1)
             << "token " << t << " drawn outside the grammar: schema " << schema << ", request " << i << ", step " << step;
@@ -127,8 +132,16 @@ TEST(ConstrainedDecoding, DrawsStayInTheGrammarAndMasksAreXgrammars) {
     }
     total += kPerSchema;
   }
-  std::printf("%d constrained generations, %d ended by their grammar\n", total, finished);
+  std::printf("%s: %d constrained generations, %d ended by their grammar\n", backend.c_str(), total, finished);
   EXPECT_GE(finished, total / 3) << "too few generations finished their JSON";
+}
+
+TEST(ConstrainedDecoding, DrawsStayInTheGrammarAndMasksAreXgrammars) { expect_draws_in_the_grammar("cpu", 120); }
+
+// The device's masks (Backend::mask_logits on CUDA) under the same checks.
+TEST(ConstrainedDecoding, DrawsStayInTheGrammarOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  expect_draws_in_the_grammar("cuda", 40);
 }
 
 // A constrained request changes nothing for its neighbours: unconstrained requests batched with

@@ -170,7 +170,7 @@ TEST(Scheduler, AKvBudgetBeyondTheDeviceIsWhatTheDeviceHoldsOnCuda) {
   const std::vector<SchedulerRequest> rs = requests();
   std::vector<size_t> order(rs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  const Run got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
+  const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(int64_t(got.tokens.at(ids[i]).size()), rs[i].max_new_tokens);
 }
 
