@@ -105,6 +105,25 @@ std::string describe_difference(const TokenizerCase& c, const std::vector<uint32
   return text;
 }
 
+// One of the shortest of `all` (non-empty) holding a byte of `closers`, else one of the shortest.
+int32_t shortest_closing(const TokenVocabulary& vocab, const std::vector<int32_t>& all, const char* closers,
+                         std::mt19937& rng) {
+  std::vector<int32_t> best;
+  size_t best_length = SIZE_MAX;
+  bool best_closes = false;
+  for (int32_t id : all) {
+    const std::string& b = vocab.bytes(id);
+    const bool closes = b.find_first_of(closers) != std::string::npos;
+    if (closes > best_closes || (closes == best_closes && b.size() < best_length)) {
+      best.clear();
+      best_length = b.size();
+      best_closes = closes;
+    }
+    if (closes == best_closes && b.size() == best_length) best.push_back(id);
+  }
+  return best[rng() % best.size()];
+}
+
 // Picks a token: uniformly among the allowed ones for `wander` steps, then closing: a stop token
 // when allowed, else the shortest allowed tokens ending a string, array or object, else the
 // shortest allowed.
@@ -116,20 +135,7 @@ int32_t pick(const TokenizerCase& c, const std::vector<uint32_t>& mask, int step
   if (step < wander) return all[rng() % all.size()];
   for (int32_t id : c.vocabulary->stop_tokens())
     if (allowed(mask, id)) return id;
-  std::vector<int32_t> best;
-  size_t best_len = SIZE_MAX;
-  bool best_closes = false;
-  for (int32_t id : all) {
-    const std::string& b = c.vocabulary->bytes(id);
-    const bool closes = b.find_first_of("\"]}") != std::string::npos;
-    if (closes > best_closes || (closes == best_closes && b.size() < best_len)) {
-      best.clear();
-      best_len = b.size();
-      best_closes = closes;
-    }
-    if (closes == best_closes && b.size() == best_len) best.push_back(id);
-  }
-  return best[rng() % best.size()];
+  return shortest_closing(*c.vocabulary, all, "\"]}", rng);
 }
 
 // Random walks of both matchers; returns the number of finished (terminated) outputs.
@@ -425,20 +431,7 @@ int32_t pick_for_calls(const TokenVocabulary& vocab, const std::vector<uint32_t>
     }
     if (!best.empty()) return best[rng() % best.size()];
   }
-  std::vector<int32_t> best;
-  size_t best_length = SIZE_MAX;
-  bool best_closes = false;
-  for (int32_t id : all) {
-    const std::string& b = vocab.bytes(id);
-    const bool closes = b.find_first_of("]}") != std::string::npos;
-    if (closes > best_closes || (closes == best_closes && b.size() < best_length)) {
-      best.clear();
-      best_length = b.size();
-      best_closes = closes;
-    }
-    if (closes == best_closes && b.size() == best_length) best.push_back(id);
-  }
-  return best[rng() % best.size()];
+  return shortest_closing(vocab, all, "]}", rng);
 }
 
 // The calls `text` holds, read as g4 serve reads a reply; fails unless it is calls and nothing else.
