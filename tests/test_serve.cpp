@@ -38,6 +38,7 @@
 #include "serve/openai_api.h"
 #include "serve/reply_text.h"
 #include "serve/server.h"
+#include "support/build_kind.h"
 #include "support/fixtures.h"
 #include "support/running_server.h"
 #include "tokenizer/chat_template.h"
@@ -525,11 +526,8 @@ TEST(ServeRequests, ParsingIsLinearInTheBody) {
   // The fastest of three (tests run beside each other). Linear: 16× the time for 16× the objects,
   // plus cache effects; quadratic parsing took ~25 s for 160 000 objects in this build.
   auto fastest = [&](size_t objects) { return std::min({seconds_for(objects), seconds_for(objects), seconds_for(objects)}); };
-#if defined(__SANITIZE_ADDRESS__)
-  const double slack = 5.0, limit_s = 10.0;  // ASan slows every allocation; quadratic parsing took minutes here
-#else
-  const double slack = 0.5, limit_s = 1.0;
-#endif
+  // ASan slows every allocation; quadratic parsing took minutes there.
+  const double slack = test::kSanitizerBuild ? 5.0 : 0.5, limit_s = test::kSanitizerBuild ? 10.0 : 1.0;
   const double small = fastest(10000), large = fastest(160000);
   EXPECT_LT(large, 64 * std::max(small, 1e-3) + slack) << "10 000 objects " << small << " s, 160 000 " << large << " s";
   EXPECT_LT(seconds_for((size_t(8) << 20) / 3), limit_s);  // 8 MiB of ",{}"

