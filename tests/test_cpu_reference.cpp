@@ -118,7 +118,7 @@ TEST(CpuBackendOps, AttentionOfTheChunksLastQueries) {
     a.q_first = q_first;
     return a;
   };
-  auto new_cache = [&] { return KvCache{be.alloc(DType::F32, cap, hd), be.alloc(DType::F32, cap, hd), cap}; };
+  auto new_cache = [&] { return one_page_kv_cache(be, DType::F32, cap, hd); };
   // out and the cache's keys, to compare.
   auto run = [&](int64_t q_first, std::vector<float>& out, std::vector<float>& cache_k) {
     KvCache cache = new_cache();

@@ -221,10 +221,8 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
   };
   for (const auto& c : cases) {
     const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;
-    KvCache cpu_cache{cpu_.alloc(DType::F32, c.capacity, kv_cols), cpu_.alloc(DType::F32, c.capacity, kv_cols),
-                      c.capacity};
-    KvCache gpu_cache{gpu_->alloc(DType::BF16, c.capacity, kv_cols), gpu_->alloc(DType::BF16, c.capacity, kv_cols),
-                      c.capacity};
+    KvCache cpu_cache = one_page_kv_cache(cpu_, DType::F32, c.capacity, kv_cols);
+    KvCache gpu_cache = one_page_kv_cache(*gpu_, DType::BF16, c.capacity, kv_cols);
     int32_t pos = 0;
     for (int64_t T : c.chunks) {
       std::vector<int32_t> p(static_cast<size_t>(T));
@@ -272,7 +270,7 @@ TEST_F(CudaOps, NormedAttentionFoldsTheHeadNormsIntoDecode) {
       Both inv_freq = rope_inv_freq(hd, hd / 8);  // partial RoPE: a quarter of the pairs rotate
       Both q_w = weight(0, hd, DType::BF16, 1.0f, 0.2f), k_w = weight(0, hd, DType::BF16, 1.0f, 0.2f);
       auto cache_of = [&](Backend& be, DType dtype) {
-        return KvCache{be.alloc(dtype, c.capacity, kv_cols), be.alloc(dtype, c.capacity, kv_cols), c.capacity};
+        return one_page_kv_cache(be, dtype, c.capacity, kv_cols);
       };
       KvCache cpu_cache = cache_of(cpu_, DType::F32), folded_cache = cache_of(*gpu_, DType::BF16),
               separate_cache = cache_of(*gpu_, DType::BF16);
@@ -352,8 +350,8 @@ TEST_F(CudaOps, DecodeBatchAttentionGivesEachSequenceItsAloneBits) {
         const std::vector<float> kc = random_values(size_t(c.capacity * kv_cols), 2.0f, seed_++),
                                  vc = random_values(size_t(c.capacity * kv_cols), 1.5f, seed_++);
         for (std::vector<KvCache>* caches : {&batched, &alone})
-          caches->push_back(KvCache{activation(c.capacity, kv_cols, kc).gpu, activation(c.capacity, kv_cols, vc).gpu,
-                                    c.capacity});
+          caches->push_back(
+              one_page_kv_cache(*gpu_, activation(c.capacity, kv_cols, kc).gpu, activation(c.capacity, kv_cols, vc).gpu));
       }
       // Sequence i's arguments, as the model makes them: row i of every tensor.
       auto sequence = [&](int64_t i, const Tensor& ot, KvCache& cache) {
@@ -567,7 +565,7 @@ std::vector<float> hidden_after(Backend& be, const Gemma4& full, int n, std::spa
   for (const LayerConfig& l : c.layers) {
     const int64_t cap = l.sliding ? 2 * int64_t(c.sliding_window) : T;
     const int64_t cols = int64_t(l.kv_heads) * l.head_dim;
-    caches.push_back({be.alloc(be.activation_dtype(), cap, cols), be.alloc(be.activation_dtype(), cap, cols), cap});
+    caches.push_back(one_page_kv_cache(be, be.activation_dtype(), cap, cols));
   }
   std::vector<int32_t> pos(tokens.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
@@ -736,7 +734,10 @@ TEST(CudaSession, TooLargeMaxSeqLenIsAClearOutOfMemoryError) {
     s.prefill(std::vector<int32_t>{2});  // a session takes its caches when it first runs tokens
     FAIL() << "expected an out-of-memory error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+    // The KV pool's pages are settled when the session's runner is made: before any forward.
+    EXPECT_EQ(e.kind(), ErrorKind::kResourceExhausted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out of KV memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lower --max_seq_len"), std::string::npos) << e.what();
   }
 }
 

@@ -425,7 +425,8 @@ TEST_F(CudaQuant, DecodeAttentionQuantizesItsOutputBitForBit) {
       const Both positions = raw(DType::I32, 1, 1, &c.position);
       const Both q = activation(1, q_cols, 3.0f), k = activation(1, kv_cols, 2.0f), v = activation(1, kv_cols, 1.5f);
       const Both out = activation(1, q_cols);
-      KvCache cache{activation(c.capacity, kv_cols, 2.0f).gpu, activation(c.capacity, kv_cols, 1.5f).gpu, c.capacity};
+      KvCache cache =
+          one_page_kv_cache(*gpu_, activation(c.capacity, kv_cols, 2.0f).gpu, activation(c.capacity, kv_cols, 1.5f).gpu);
       const Tensor kh = k.gpu.reshaped(c.kv_heads, hd), vh = v.gpu.reshaped(c.kv_heads, hd);
       const HeadNorms norms{q.gpu.reshaped(c.heads, hd), q_w.gpu, kh, k_w.gpu, vh, vh, positions.gpu, inv_freq.gpu,
                             1e-6f};

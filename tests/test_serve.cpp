@@ -1012,6 +1012,9 @@ TEST_F(Serve, MetricsCountRequestsTokensAndShowEverySessionFreed) {
   EXPECT_EQ(metric(text, "g4_queue_depth"), 0);
   EXPECT_EQ(metric(text, "g4_kv_bytes_in_use"), 0);
   EXPECT_GT(metric(text, "g4_kv_bytes_budget"), 0);
+  EXPECT_GT(metric(text, "g4_kv_pages_total"), 0);
+  EXPECT_GT(metric(text, "g4_kv_pages_free"), 0);
+  EXPECT_LE(metric(text, "g4_kv_pages_free"), metric(text, "g4_kv_pages_total"));
   EXPECT_GE(metric(text, "g4_time_to_first_token_seconds_count"), 1);
   EXPECT_GE(metric(text, "g4_decode_token_seconds_count"), 1);
   for (const char* type : {"# TYPE g4_requests_total counter", "# TYPE g4_time_to_first_token_seconds histogram",

@@ -94,21 +94,24 @@ TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
   EXPECT_EQ(pool.bytes_in_use(), 2 * one);
   const std::string error = test::error_of([&] { s3->start(prompt_of(5, 10)); });
   EXPECT_NE(error.find("out of KV memory: " + std::to_string(one) + " bytes requested, " + std::to_string(2 * one) +
-                       " of " + std::to_string(2 * one) + " in use"),
+                       " of " + std::to_string(2 * one) + " reserved"),
             std::string::npos)
       << error;
-  // A destroyed session's memory comes back: kept for prefix reuse, then taken by a new session.
+  // A destroyed session's memory comes back: its reservation at once, its pages (one a layer for
+  // 10 tokens) kept for prefix reuse while the pool has free pages.
+  const size_t layers_pages = engine->config().layers.size() * pool.page_bytes();
   s1.reset();
   EXPECT_EQ(pool.bytes_in_use(), one);
-  EXPECT_EQ(pool.bytes_kept(), one);
+  EXPECT_EQ(pool.bytes_kept(), layers_pages);
   s3->start(prompt_of(5, 10));
   EXPECT_EQ(pool.bytes_in_use(), 2 * one);
-  EXPECT_EQ(pool.kept_sequences(), 0u) << "the kept prefix was evicted for the new session";
-  // A session that holds no tokens keeps nothing: its memory is free at once.
+  EXPECT_EQ(pool.kept_sequences(), 0u) << "the kept prefix (<bos>) was taken over by the new session";
+  // A session that holds no tokens keeps nothing: its pages are free at once.
   s3->reset();
   s3.reset();
   EXPECT_EQ(pool.bytes_in_use(), one);
   EXPECT_EQ(pool.bytes_kept(), 0u);
+  EXPECT_EQ(pool.pages_free(), pool.pages_total() - int64_t(engine->config().layers.size())) << "s2's pages";
   // A sequence larger than the whole budget is refused by name.
   auto small_engine = demo_engine(1);
   auto large = small_engine->create_session(SessionOptions{.max_seq_len = 1024});
@@ -151,25 +154,42 @@ TEST(Sessions, DroppedPrefixesAreNotReused) {
   EXPECT_EQ(generate(*engine->create_session(), request(longer, 21, 4)).prefilled, int64_t(longer.size()));
 }
 
-TEST(Sessions, PartialPrefixIsReusedOnlyWhileTheRingHoldsTheWindow) {
+TEST(Sessions, PartialPrefixIsReusedOnlyWhileThePagesHoldTheWindow) {
   auto engine = demo_engine(1);
-  const KvPool& pool = engine->kv_pool();
+  KvPool& pool = engine->kv_pool();
   const int64_t window = engine->config().sliding_window;
   ASSERT_EQ(window, 64);
   const std::vector<int32_t> cached = prompt_of(6, 200);
-  // Diverging at p: usable while cached.size() - p <= window; the prompt's last token always runs.
+  // Diverging at p: the prompt's last token always runs.
   auto diverging_at = [&](int64_t p) {
     std::vector<int32_t> prompt(cached.begin(), cached.begin() + p);
     for (int i = 0; i < 20; ++i) prompt.push_back(int32_t(4000 + i));
     return prompt;
   };
-  EXPECT_EQ(pool.usable_prefix(cached, diverging_at(136)), 136);
-  EXPECT_EQ(pool.usable_prefix(cached, diverging_at(135)), 0) << "200 - 135 > window";
-  EXPECT_EQ(pool.usable_prefix(cached, cached), 199) << "the last token is prefilled for its logits";
-  EXPECT_EQ(pool.usable_prefix(cached, std::vector<int32_t>{cached[0]}), 0);
+  {
+    // Prefilled in chunks of 2 * window: the last forward, at 128, freed the sliding pages wholly
+    // before its window (128 - 64 + 1 = 65), so the first held position is 65 rounded down to a page.
+    KvSequence kv = pool.acquire(kMaxSeqLen);
+    ModelRunner& runner = engine->runner();
+    for (int64_t at = 0; at < 200; at += 128) {
+      const SequenceChunk chunk{&kv, std::span(cached).subspan(size_t(at), size_t(std::min<int64_t>(128, 200 - at))), 1};
+      runner.forward(std::span(&chunk, 1), runner.workspace_logits(1));
+    }
+    const KvPageLayout layout = kv_page_layout(engine->config(), runner.backend().activation_dtype(), kMaxSeqLen);
+    int64_t first_held = 0;
+    for (size_t i = 0; i < layout.page_positions.size(); ++i)
+      if (engine->config().layers[i].sliding)
+        first_held = std::max(first_held, 65 / layout.page_positions[i] * layout.page_positions[i]);
+    const int64_t first_usable = first_held + window - 1;
+    EXPECT_EQ(pool.usable_prefix(kv, diverging_at(first_usable)), first_usable) << "first held " << first_held;
+    EXPECT_EQ(pool.usable_prefix(kv, diverging_at(first_usable - 1)), 0) << "its window starts before the pages held";
+    EXPECT_EQ(pool.usable_prefix(kv, cached), 199) << "the last token is prefilled for its logits";
+    EXPECT_EQ(pool.usable_prefix(kv, std::vector<int32_t>{cached[0]}), 0);
+    kv.forget();
+  }
 
   // The reused prefix gives the tokens a fresh prefill gives.
-  for (int64_t p : {150, 100}) {
+  for (int64_t p : {150, 100}) {  // 150 is usable, 100 not
     {
       auto holder = engine->create_session();
       holder->start(cached);

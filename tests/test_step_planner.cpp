@@ -43,6 +43,7 @@ class Planner : public ::testing::Test {
   void make(int64_t sequences, SchedulerLimits limits) {
     const size_t one = KvPool(config_, backend_, 0).sequence_bytes(kMaxSeqLen);
     pool_ = std::make_unique<KvPool>(config_, backend_, one * size_t(sequences));
+    pool_->allocate_pages(SIZE_MAX, kMaxSeqLen);
     limits.max_seq_len = kMaxSeqLen;
     planner_ = std::make_unique<StepPlanner>(*pool_, limits);
   }

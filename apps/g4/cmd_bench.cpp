@@ -133,7 +133,7 @@ double attention_seconds(Backend& be, const ModelConfig& c, const LayerConfig& l
   const int64_t q_cols = int64_t(c.num_heads) * l.head_dim, kv_cols = int64_t(l.kv_heads) * l.head_dim;
   // A sliding layer's ring holds two windows, whatever the chunk (a 512-token prompt still has one).
   const int64_t capacity = l.sliding ? std::max<int64_t>(T, 2 * int64_t(c.sliding_window)) : T;
-  KvCache cache{be.alloc(a, capacity, kv_cols), be.alloc(a, capacity, kv_cols), capacity};
+  const KvCache cache = one_page_kv_cache(be, a, capacity, kv_cols);
   AttentionArgs args;
   args.q = be.alloc(a, T, q_cols);
   args.k_new = be.alloc(a, T, kv_cols);

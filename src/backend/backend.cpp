@@ -12,6 +12,19 @@ SamplingRows SamplingRows::first(int64_t n) const {
   return SamplingRows{storage.rows_view(0, n), n};
 }
 
+KvCache one_page_kv_cache(Backend& backend, Tensor k, Tensor v) {
+  G4_CHECK(k.rows == v.rows && k.cols == v.cols, "a one-page KV cache: K and V of one shape");
+  const int64_t capacity = k.rows;
+  KvCache cache{std::move(k), std::move(v), backend.alloc(DType::I32, 1, 1), capacity, capacity};
+  const int32_t page = 0;
+  backend.upload(&page, cache.table);
+  return cache;
+}
+
+KvCache one_page_kv_cache(Backend& backend, DType dtype, int64_t capacity, int64_t kv_cols) {
+  return one_page_kv_cache(backend, backend.alloc(dtype, capacity, kv_cols), backend.alloc(dtype, capacity, kv_cols));
+}
+
 SamplingRows Backend::alloc_sampling_rows(int64_t rows) {
   return SamplingRows{alloc(DType::I32, rows, kWordsPerRow), rows};
 }

@@ -21,6 +21,7 @@
 namespace g4 {
 
 struct HostTensor;  // format/tensor_source.h
+class Backend;
 
 // Per-row sampling parameters in backend memory: `rows` SamplingParams, the one layout host and
 // device share (sampling/sampling_params.h). Made by Backend::alloc_sampling_rows and written by
@@ -62,19 +63,34 @@ struct ForwardReservation {
   int64_t intermediate = 0;  // the MLP's width
 };
 
-// One layer's KV cache: K and V rows [capacity, kv_heads*head_dim]. Position p lives in row
-// p % capacity (a ring for sliding layers, capacity = 2*window; flat for full layers).
+// One layer's KV cache of one sequence, in pages (docs/DESIGN.md §7): the K row of position p is
+// row page_row(p) of `k` and its V row the same row of `v`, where
+//   page_row(p) = table[(p / page_positions) % slots] * page_stride + p % page_positions,
+// slots = table.rows. The KV pool's pages hold the K rows of their positions, then the V rows (v is
+// k offset by page_positions rows, page_stride = 2 * page_positions); a sliding layer's table is a
+// ring of pages, a full layer's has a slot for every page of the context. The table (I32 [slots,
+// 1], in backend memory) names a page only where the sequence holds one: the host keeps it so
+// that every position an attention reads or stores has its page.
 struct KvCache {
   Tensor k, v;
-  int64_t capacity = 0;
+  Tensor table;
+  int64_t page_positions = 0, page_stride = 0;
+  // Positions the table reaches before it wraps (the ring a sliding layer reads back from).
+  int64_t capacity() const { return table.rows * page_positions; }
 };
+
+// A cache of k.rows positions in one page of its own (position p in row p % k.rows): a ring for a
+// sliding layer, flat for a full one. For kernels' tests and benchmarks.
+KvCache one_page_kv_cache(Backend& backend, Tensor k, Tensor v);
+// The same over new K and V tensors of `capacity` rows.
+KvCache one_page_kv_cache(Backend& backend, DType dtype, int64_t capacity, int64_t kv_cols);
 
 // The queries are the chunk's tokens [q_first, T): a chunk may skip those whose output nobody
 // reads (the last layer of a prompt), while every token's K/V is still attended and stored.
 struct AttentionArgs {
   Tensor q;          // [T - q_first, heads*head_dim], normed and rotated
   Tensor k_new, v_new;  // [T, kv_heads*head_dim] of this chunk, normed (and K rotated)
-  KvCache* cache;    // keys/values of positions before this chunk
+  const KvCache* cache;  // keys/values of positions before this chunk
   Tensor positions;  // I32 [T, 1], contiguous: positions[i] = positions[0] + i
   int heads = 0, kv_heads = 0, head_dim = 0;
   int window = 0;    // sliding window (pos_q - pos_k < window); 0 = full causal

@@ -185,7 +185,7 @@ void Gemma4::forward_batch(Backend& be, ForwardBuffers& buf, std::span<const Seq
   }
 }
 
-void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
+void Gemma4::forward_layers(Backend& be, ForwardBuffers& buf, const std::vector<KvCache>& caches, const Tensor& ids,
                             const Tensor& positions, int64_t out_rows) const {
   const SequenceRows one{&caches, 0, ids.rows, out_rows};
   forward_batch(be, buf, std::span(&one, 1), ids, positions);

@@ -24,7 +24,7 @@ struct ForwardBuffers {
 // are its tokens at contiguous positions, attending over (and extending) its `caches`, one per
 // layer; the hidden states of its last `out_rows` rows are read.
 struct SequenceRows {
-  std::vector<KvCache>* caches = nullptr;
+  const std::vector<KvCache>* caches = nullptr;
   int64_t first_row = 0, rows = 0, out_rows = 0;
   int64_t last_position = -1;  // the position of the sequence's last row, when the host knows it
 };
@@ -65,7 +65,7 @@ class Gemma4 {
                      const Tensor& positions) const;
   // forward_batch of one sequence: T = ids.rows tokens at contiguous `positions`, the last
   // out_rows of them read.
-  void forward_layers(Backend& be, ForwardBuffers& buf, std::vector<KvCache>& caches, const Tensor& ids,
+  void forward_layers(Backend& be, ForwardBuffers& buf, const std::vector<KvCache>& caches, const Tensor& ids,
                       const Tensor& positions, int64_t out_rows) const;
   // LM head + soft-cap of hidden rows `hidden` [n, H] into F32 `logits` [n, V]. `scratch` holds
   // the activation-dtype logits [n, V]. A rank of a split model computes its vocabulary shard and

@@ -29,7 +29,7 @@ std::vector<uintptr_t> cache_layout(std::span<const std::vector<KvCache>* const>
   std::vector<uintptr_t> out;
   for (const std::vector<KvCache>* caches : sequences)
     for (const KvCache& c : *caches)
-      out.insert(out.end(), {uintptr_t(c.k.data), uintptr_t(c.v.data), uintptr_t(c.capacity)});
+      out.insert(out.end(), {uintptr_t(c.k.data), uintptr_t(c.v.data), uintptr_t(c.table.data)});
   return out;
 }
 
@@ -72,6 +72,7 @@ int64_t DecodeGraph::next() {
   G4_CHECK(started_, "DecodeGraph::next before start");
   G4_CHECK(s.position() < s.max_seq_len(), "context full (" + std::to_string(s.max_seq_len()) + " tokens)");
   Backend& be = s.backend();
+  s.prepare_decode_step();
   be.replay(*recorded_);
   int64_t token = 0;
   s.runner().download_result(s.decode_step_tensors().token, &token);

@@ -34,7 +34,7 @@
 
 namespace g4 {
 
-// What a recording bakes in of some sequences' caches: every layer's K and V addresses and capacity.
+// What a recording bakes in of some sequences' caches: every layer's K and V addresses and page table.
 std::vector<uintptr_t> cache_layout(std::span<const std::vector<KvCache>* const> sequences);
 
 // Throws unless the runner's backend records steps. A rank of a split model records its step's

@@ -89,7 +89,7 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
                                              .intermediate = rc.intermediate_size});
   // The caches come last, from what the weights and the workspaces leave: a budget the device
   // cannot hold makes requests wait for memory instead of failing in the middle of a step.
-  pool_.limit_budget(kv_memory_available(backend), max_seq_len_);
+  pool_.allocate_pages(kv_memory_available(backend), max_seq_len_);
 }
 
 void ModelRunner::check_tokens(std::span<const int32_t> tokens, int64_t start, int64_t max_seq_len) const {
@@ -108,6 +108,7 @@ ModelRunner::StagedInputs ModelRunner::stage_inputs(std::span<const SequenceChun
   std::vector<int32_t> ids, positions;
   StagedInputs staged;
   for (const SequenceChunk& c : chunks) {
+    pool_.prepare(*c.kv, int64_t(c.tokens.size()));
     staged.rows.push_back(SequenceRows{&c.kv->caches(), int64_t(ids.size()), int64_t(c.tokens.size()), c.out_rows,
                                        c.kv->position() + int64_t(c.tokens.size()) - 1});
     ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());

@@ -63,7 +63,7 @@ int64_t Session::start(std::span<const int32_t> prompt) {
   check_input(prompt, 0);
   end_generation();
   KvPool& pool = runner_.kv_pool();
-  const int64_t own = pool.usable_prefix(kv_.tokens(), prompt);
+  const int64_t own = pool.usable_prefix(kv_, prompt);
   if (kv_.empty() || pool.best_kept_prefix(max_seq_len_, prompt) > own) {
     // Ours go back first (kept with their tokens): the same bytes come back out, so the budget holds.
     kv_.give_back();
@@ -137,6 +137,8 @@ int64_t Session::sample(const Sampler& sampler, int64_t j) {
   return checked_token(token);
 }
 
+void Session::prepare_decode_step() { runner_.kv_pool().prepare(kv_, 1); }
+
 void Session::enqueue_decode_forward() {
   const SequenceRows one{&kv_.caches(), 0, 1, 1};
   const LogitsOutput ws = runner_.workspace_logits(1);
@@ -178,6 +180,7 @@ int32_t Session::feed_and_draw(int32_t token, int64_t j) {
   be.upload(&token, step_.id);
   be.upload(&position, step_.position);
   be.upload_sampling_rows({&params, 1}, step_.params);
+  prepare_decode_step();
   enqueue_decode_forward();
   adjust_logits();
   be.sample(logits_, step_.params, step_.token);

@@ -102,6 +102,9 @@ class Session {
   // last_logits() and the draw with step.params into step.token. Uploads, reads back and
   // allocates nothing.
   void enqueue_decode_step();
+  // Makes the caches hold the page of the next position, which a decode step stores (eager or
+  // replayed: a recording reads the page tables from backend memory).
+  void prepare_decode_step();
   // Records that a decode step fed `token` (its K/V are now in the caches).
   void note_fed(int32_t token) { kv_.append(std::span<const int32_t>(&token, 1)); }
 

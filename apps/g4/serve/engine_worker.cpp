@@ -270,6 +270,8 @@ void EngineWorker::update_gauges() {
   g.kv_bytes_in_use = pool.bytes_in_use();
   g.kv_bytes_kept = pool.bytes_kept();
   g.kv_budget_bytes = pool.budget_bytes();
+  g.kv_pages_total = pool.pages_total();
+  g.kv_pages_free = pool.pages_free();
   if (ranks_) ranks_->set_load(0, {g.running, g.kv_bytes_in_use});
   std::lock_guard lock(gauges_mutex_);
   gauges_ = g;

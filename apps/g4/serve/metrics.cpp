@@ -94,12 +94,16 @@ std::string Metrics::render(const EngineGauges& engine) const {
   out += sample("g4_queue_depth", double(engine.waiting));
   out += header("g4_running_sequences", "gauge", "Sequences generating now.");
   out += sample("g4_running_sequences", double(engine.running));
-  out += header("g4_kv_bytes_in_use", "gauge", "KV-cache bytes held by live sequences.");
+  out += header("g4_kv_bytes_in_use", "gauge", "KV-cache bytes reserved by live sequences.");
   out += sample("g4_kv_bytes_in_use", double(engine.kv_bytes_in_use));
   out += header("g4_kv_bytes_kept", "gauge", "KV-cache bytes of finished sequences kept for prefix reuse (reclaimable).");
   out += sample("g4_kv_bytes_kept", double(engine.kv_bytes_kept));
   out += header("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.");
   out += sample("g4_kv_bytes_budget", double(engine.kv_budget_bytes));
+  out += header("g4_kv_pages_total", "gauge", "The KV pool's pages.");
+  out += sample("g4_kv_pages_total", double(engine.kv_pages_total));
+  out += header("g4_kv_pages_free", "gauge", "KV pages no sequence holds (kept prefixes' pages are not free).");
+  out += sample("g4_kv_pages_free", double(engine.kv_pages_free));
   if (!engine.ranks.empty()) {
     out += header("g4_rank_running_sequences", "gauge", "Sequences generating now on each tensor-parallel rank.");
     for (size_t r = 0; r < engine.ranks.size(); ++r)

@@ -32,6 +32,7 @@ class Histogram {
 struct EngineGauges {
   size_t waiting = 0, running = 0;
   size_t kv_bytes_in_use = 0, kv_bytes_kept = 0, kv_budget_bytes = 0;
+  int64_t kv_pages_total = 0, kv_pages_free = 0;
   // A split model (--tp N): each rank's running sequences and live KV bytes, rank 0 first (the
   // gauges above are rank 0's); empty unsplit.
   std::vector<RankLoad> ranks;

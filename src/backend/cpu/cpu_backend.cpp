@@ -184,14 +184,21 @@ void CpuBackend::head_norms(const HeadNorms& a) {
   rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
 }
 
+// The cache row of position p (KvCache): the page its table names, then the row in the page.
+static int64_t page_row(const KvCache& c, int64_t p) {
+  const int32_t page = c.table.as<int32_t>()[(p / c.page_positions) % c.table.rows];
+  G4_ASSERT(page >= 0, "attention: position " + std::to_string(p) + " has no KV page");
+  return page * c.page_stride + p % c.page_positions;
+}
+
 // Attention of the (query row, head) jobs [b, e) over the cache and the chunk's fresh K/V.
 G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
-  const int64_t hd = a.head_dim, cap = a.cache->capacity;
+  const int64_t hd = a.head_dim;
   const int64_t pos0 = a.positions.as<int32_t>()[0];
   const int group = a.heads / a.kv_heads;
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
   auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
-    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + (kp % cap) * kv_cols;
+    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + page_row(*a.cache, kp) * kv_cols;
   };
   std::vector<float> scores;
   std::vector<float> acc(static_cast<size_t>(hd));
@@ -220,7 +227,7 @@ G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_
 }
 
 void CpuBackend::attention(const AttentionArgs& a) {
-  const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity;
+  const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity();
   const int64_t pos0 = a.positions.as<int32_t>()[0];
   G4_CHECK(a.window == 0 || cap >= a.window, "attention: ring cache smaller than the sliding window");
   G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
@@ -228,11 +235,11 @@ void CpuBackend::attention(const AttentionArgs& a) {
            "attention: q and out must hold the chunk's tokens [q_first, T)");
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
   pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { attention_jobs(a, b, e); });
-  // Store this chunk's K/V only after every query has read the older ring entries.
-  for (int64_t t = std::max<int64_t>(0, T - cap); t < T; ++t) {
-    const int64_t slot = (pos0 + t) % cap;
-    std::memcpy(a.cache->k.as<float>() + slot * kv_cols, a.k_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
-    std::memcpy(a.cache->v.as<float>() + slot * kv_cols, a.v_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
+  // Store this chunk's K/V only after every query has read the older entries.
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = page_row(*a.cache, pos0 + t);
+    std::memcpy(a.cache->k.as<float>() + row * kv_cols, a.k_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
+    std::memcpy(a.cache->v.as<float>() + row * kv_cols, a.v_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
   }
 }
 

@@ -471,6 +471,7 @@ class CudaBackend final : public Backend {
       for (int z = 0; z < caches.sequences; ++z) {
         caches.k[z] = ptr<bf16>(args[at + size_t(z)].cache->k);
         caches.v[z] = ptr<bf16>(args[at + size_t(z)].cache->v);
+        caches.table[z] = ptr<int32_t>(args[at + size_t(z)].cache->table);
       }
       reserve_decode_attention(a.heads, a.head_dim, caches.sequences);
       launch_decode_attention(a, caches, ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
@@ -895,7 +896,9 @@ class CudaBackend final : public Backend {
           !row_of(n0.v_in, r, n.v_in) || !row_of(a0.out, r, a.out) || !row_of(a0.positions, r, a.positions))
         return false;
       if (a.heads != a0.heads || a.kv_heads != a0.kv_heads || a.head_dim != a0.head_dim || a.window != a0.window ||
-          a.scale != a0.scale || a.cache->capacity != a0.cache->capacity || a.cache->k.cols != a0.cache->k.cols ||
+          a.scale != a0.scale || a.cache->table.rows != a0.cache->table.rows ||
+          a.cache->page_positions != a0.cache->page_positions || a.cache->page_stride != a0.cache->page_stride ||
+          a.cache->k.cols != a0.cache->k.cols ||
           n.q_weight.data != n0.q_weight.data || n.k_weight.data != n0.k_weight.data ||
           n.inv_freq.data != n0.inv_freq.data || n.eps != n0.eps)
         return false;
@@ -931,6 +934,7 @@ class CudaBackend final : public Backend {
     DecodeCaches caches;
     caches.k[0] = a.k_cache;
     caches.v[0] = a.v_cache;
+    caches.table[0] = a.page_table;
     return caches;
   }
 
@@ -948,7 +952,10 @@ class CudaBackend final : public Backend {
     a.positions = ptr<int32_t>(args.positions);
     a.T = args.positions.rows;
     a.q_first = args.q_first;
-    a.capacity = args.cache->capacity;
+    a.page_table = ptr<int32_t>(args.cache->table);
+    a.table_slots = int(args.cache->table.rows);
+    a.page_positions = int(args.cache->page_positions);
+    a.page_stride = args.cache->page_stride;
     a.heads = args.heads;
     a.kv_heads = args.kv_heads;
     a.head_dim = args.head_dim;

@@ -81,7 +81,12 @@ struct AttentionLaunch {
   const bf16 *q, *k_new, *v_new;
   bf16 *k_cache, *v_cache, *out;
   const int32_t* positions;
-  int64_t T, capacity;
+  int64_t T;
+  // The cache's pages (KvCache): key position p's K/V row is cache_row(a, p) of k_cache/v_cache.
+  const int32_t* page_table;
+  int table_slots, page_positions;
+  int64_t page_stride;
+  __host__ __device__ int64_t capacity() const { return int64_t(table_slots) * page_positions; }
   int heads, kv_heads, head_dim, window;
   float scale;
   int64_t q_stride, kv_stride, out_stride;  // row strides in elements
@@ -95,7 +100,7 @@ struct AttentionLaunch {
 // Decode (T == 1): split-K flash decoding (which also stores the token's K/V), then the merge of
 // the splits, for one to kMaxDecodeSequences sequences in one launch pair. Sequence z's query, new
 // K/V, output and position are row z of a's tensors (a.q + z * q_stride, ..., a.positions + z); its
-// caches are caches.k[z] and caches.v[z] (a's own are not read). Each sequence's blocks compute
+// caches are caches.k[z], caches.v[z] and caches.table[z] (a's own are not read). Each sequence's blocks compute
 // exactly what a launch of that sequence alone computes (docs/DESIGN.md §7, batch invariance).
 // `partials` holds sequences * decode_partial_floats(a, max_splits) floats. With `planes` (one
 // sequence, head_dim a multiple of 32), the output row is also quantized for the packed GEMV, as
@@ -105,6 +110,7 @@ struct DecodeCaches {
   int sequences = 1;
   bf16* k[kMaxDecodeSequences] = {};
   bf16* v[kMaxDecodeSequences] = {};
+  const int32_t* table[kMaxDecodeSequences] = {};
 };
 int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits);
 // `splits_bound` > 0 (the most decode_attention_splits of the launch's sequences) launches only the

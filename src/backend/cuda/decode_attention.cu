@@ -80,6 +80,7 @@ __device__ inline AttentionLaunch sequence_launch(const AttentionLaunch& batch, 
   a.positions += z;
   a.k_cache = caches.k[z];
   a.v_cache = caches.v[z];
+  a.page_table = caches.table[z];
   return a;
 }
 
@@ -132,20 +133,18 @@ struct DecodeSmem {
 // Starts copying the K or V rows (`cache`) of keys [kb, kb + kTileKeys) into shared rows of `ld`
 // elements (a cp.async wait completes it): keys past `last` become zeros (P is 0 there, and 0
 // times a stale NaN would not be), the new token's (key pos) is left to place_fresh_row. Key
-// kp < pos is cache slot kp % capacity; a tile's keys lie within one window (or the flat cache),
-// so its slots wrap at most once and one modulo serves the whole tile (32-bit: positions and
-// capacities are below 2^31).
+// kp < pos is cache row cache_row(a, kp).
 __device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int kb, int last, int pos, int kvh, bf16* rows,
                            int ld) {
-  const int vecs = a.head_dim / 8, capacity = int(a.capacity), first_slot = kb % capacity;
+  const int vecs = a.head_dim / 8;
   const int64_t head_offset = int64_t(kvh) * a.head_dim;
+  const TileRows tile_rows(a, kb);
   for (int i = threadIdx.x; i < kTileKeys * vecs; i += blockDim.x) {
     const int j = i / vecs, c = (i - j * vecs) * 8;
     if (kb + j == pos) continue;
-    int64_t slot = first_slot + j;
-    if (slot >= capacity) slot -= capacity;
     const bool valid = kb + j <= last;
-    cp_async16(shared_addr(rows + j * ld + c), cache + (valid ? slot * a.kv_stride + head_offset + c : 0), valid);
+    cp_async16(shared_addr(rows + j * ld + c),
+               cache + (valid ? tile_rows(a, kb, j) * a.kv_stride + head_offset + c : 0), valid);
   }
 }
 
@@ -159,18 +158,18 @@ struct SharedAndGlobalSink {
 };
 
 // The new token's K and V rows of kv head kvh (normed first when a.norm_inputs, by the block's
-// last two warps) into fresh_k / fresh_v and into cache slot pos % capacity.
+// last two warps) into fresh_k / fresh_v and into its cache row.
 __device__ void make_fresh_row(const AttentionLaunch& a, int64_t pos, int kvh, bf16* fresh_k, bf16* fresh_v) {
   const int D = a.head_dim, warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
-  const int64_t head_offset = int64_t(kvh) * D, cache_row = (pos % a.capacity) * a.kv_stride + head_offset;
+  const int64_t head_offset = int64_t(kvh) * D, row = cache_row(a, int(pos)) * a.kv_stride + head_offset;
   if (!a.norm_inputs) {
     for (int c = 8 * threadIdx.x; c < D; c += 8 * blockDim.x) {
       const uint4 k = *reinterpret_cast<const uint4*>(a.k_new + head_offset + c);
       const uint4 v = *reinterpret_cast<const uint4*>(a.v_new + head_offset + c);
       *reinterpret_cast<uint4*>(fresh_k + c) = k;
       *reinterpret_cast<uint4*>(fresh_v + c) = v;
-      *reinterpret_cast<uint4*>(a.k_cache + cache_row + c) = k;
-      *reinterpret_cast<uint4*>(a.v_cache + cache_row + c) = v;
+      *reinterpret_cast<uint4*>(a.k_cache + row + c) = k;
+      *reinterpret_cast<uint4*>(a.v_cache + row + c) = v;
     }
     return;
   }
@@ -180,12 +179,12 @@ __device__ void make_fresh_row(const AttentionLaunch& a, int64_t pos, int kvh, b
   load_head_row((is_k ? a.k_new : a.v_new) + head_offset, D / 2, raw);
   if (!is_k) {
     norm_head_row(raw, D / 2, nullptr, a.norm_eps, static_cast<const RopeLane<kHeadNormMaxAccesses>*>(nullptr),
-                  SharedAndGlobalSink{fresh_v, a.v_cache + cache_row}, NoSink{});
+                  SharedAndGlobalSink{fresh_v, a.v_cache + row}, NoSink{});
     return;
   }
   RopeLane<kHeadNormMaxAccesses> rope;
   rope_lane(a.inv_freq, D / 2, float(pos), rope);
-  norm_head_row(raw, D / 2, a.k_norm_weight, a.norm_eps, &rope, SharedAndGlobalSink{fresh_k, a.k_cache + cache_row},
+  norm_head_row(raw, D / 2, a.k_norm_weight, a.norm_eps, &rope, SharedAndGlobalSink{fresh_k, a.k_cache + row},
                 NoSink{});
 }
 
@@ -621,7 +620,7 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
   // Keys a query can see span at most the window (ring) or the capacity (flat cache); a split
   // holds at least one tile of them (split_keys_at).
-  const int64_t span = a.window ? a.window : a.capacity;
+  const int64_t span = a.window ? a.window : a.capacity();
   int splits = int(std::min<int64_t>(max_splits, ceil_div(span, int64_t(kTileKeys))));
   if (splits_bound > 0) splits = std::min(splits, splits_bound);  // past it every split is empty
   parts.launched = splits;  // the merge loads no more (at 64 sequences the loads were most of its time)

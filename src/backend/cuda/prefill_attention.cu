@@ -112,16 +112,13 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       });
       return;
     }
-    // The cached keys of a tile lie within one window (ring: capacity >= window) or below the
-    // capacity (flat cache), so one subtraction wraps a slot.
-    const int kb_slot = kb % int(a.capacity);
+    const TileRows tile_rows(a, kb);  // kb has its page, cached or being stored by this chunk
     stage_rows<DP, kKeys>([&](int j, int col, uint32_t offset) {
       const int kp = kb + j;
       const bool valid = kp < key_end && col < D;
-      int slot = kb_slot + j;
-      if (slot >= a.capacity) slot -= int(a.capacity);
       const bool fresh = kp >= pos0;
-      const int64_t off = int64_t(fresh ? kp - pos0 : slot) * a.kv_stride + int64_t(kvh) * D + col;
+      const int64_t row = fresh ? int64_t(kp - pos0) : valid ? tile_rows(a, kb, j) : 0;
+      const int64_t off = row * a.kv_stride + int64_t(kvh) * D + col;
       cp_async16(k_dst + offset, valid ? (fresh ? a.k_new : a.k_cache) + off : a.k_new, valid);
       cp_async16(v_dst + offset, valid ? (fresh ? a.v_new : a.v_cache) + off : a.v_new, valid);
     });
@@ -273,18 +270,18 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
   }
 }
 
-// Stores the chunk's K/V rows (the last `capacity` of them) at their slots, 16 bytes at a time
-// (rows hold kv_heads * head_dim values, a multiple of 16).
+// Stores the chunk's K/V rows (the last `capacity` of them, which a ring holds) at their cache rows,
+// 16 bytes at a time (rows hold kv_heads * head_dim values, a multiple of 16).
 __global__ void store_kv_kernel(AttentionLaunch a) {
   const int64_t vecs = int64_t(a.kv_heads) * a.head_dim / 8, stride = a.kv_stride / 8;
-  const int64_t first = max(int64_t(0), a.T - a.capacity), pos0 = a.positions[0];
+  const int64_t first = max(int64_t(0), a.T - a.capacity()), pos0 = a.positions[0];
   const uint4 *k = reinterpret_cast<const uint4*>(a.k_new), *v = reinterpret_cast<const uint4*>(a.v_new);
   uint4 *k_cache = reinterpret_cast<uint4*>(a.k_cache), *v_cache = reinterpret_cast<uint4*>(a.v_cache);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (a.T - first) * vecs;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = first + i / vecs, c = i % vecs, slot = (pos0 + t) % a.capacity;
-    k_cache[slot * stride + c] = k[t * stride + c];
-    v_cache[slot * stride + c] = v[t * stride + c];
+    const int64_t t = first + i / vecs, c = i % vecs, row = cache_row(a, int(pos0 + t));
+    k_cache[row * stride + c] = k[t * stride + c];
+    v_cache[row * stride + c] = v[t * stride + c];
   }
 }
 
@@ -315,7 +312,7 @@ void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream) {
     else
       launch_prefill_tiles<512>(args, stream);
   }
-  const int64_t vecs = std::min(a.T, a.capacity) * a.kv_heads * a.head_dim / 8;
+  const int64_t vecs = std::min(a.T, a.capacity()) * a.kv_heads * a.head_dim / 8;
   launch_kernel("store_kv_kernel", store_kv_kernel, unsigned(std::min<int64_t>(ceil_div(vecs, 256), 4096)), 256, 0,
                 stream, Pdl::kOff, a);
 }

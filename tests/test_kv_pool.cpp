@@ -1,0 +1,219 @@
+// Paged KV caches (docs/DESIGN.md §7): attention through a page table gives the bits of attention
+// over one contiguous cache, on the CPU and on CUDA; a sequence's pages follow its length (a
+// sliding layer's only its window); a sequence's tokens do not depend on where its pages lie; kept
+// prefixes give their pages back, least recently used first, when a live sequence needs them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/backend_factory.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "support/demo_engine.h"
+#include "support/fixtures.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace g4 {
+namespace {
+
+constexpr int64_t kMaxSeqLen = 1024;  // a context well past the sliding ring
+
+std::vector<int32_t> prompt_of(int32_t first, int n) {
+  std::vector<int32_t> ids = {2};
+  for (int i = 1; i < n; ++i) ids.push_back(int32_t((first + 37 * i) % 4000 + 10));
+  return ids;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// A backend tensor holding `values` in the backend's activation type (bf16 on CUDA).
+Tensor activation(Backend& be, int64_t rows, int64_t cols, const std::vector<float>& values) {
+  Tensor t = be.alloc(be.activation_dtype(), rows, cols);
+  if (t.dtype == DType::F32) {
+    be.upload(values.data(), t);
+  } else {
+    std::vector<uint16_t> h(values.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(values[i]);
+    be.upload(h.data(), t);
+  }
+  return t;
+}
+
+std::vector<uint8_t> bytes_of(Backend& be, const Tensor& t) {
+  std::vector<uint8_t> out(t.bytes());
+  be.download(t, out.data());
+  return out;
+}
+
+// One layer's attention, chunk after chunk (a prompt in pieces, then decode steps), over a paged
+// cache whose pages lie in shuffled order with a ring of `slots` pages, and over one contiguous
+// cache: every chunk's output must be the same bits.
+void expect_paged_equals_contiguous(const std::string& backend_name, int window) {
+  std::unique_ptr<Backend> be = make_backend(backend_name);
+  const int heads = 4, kv_heads = 2, head_dim = 64, page_positions = 8;
+  const int64_t kv_cols = int64_t(kv_heads) * head_dim, q_cols = int64_t(heads) * head_dim;
+  const std::vector<int64_t> chunks = {5, 19, 1, 1, 40, 1, 1, 1, 33, 1, 1};
+  const int64_t total = std::accumulate(chunks.begin(), chunks.end(), int64_t(0));
+  const int64_t largest = *std::max_element(chunks.begin(), chunks.end());
+  // The pool's rule (kv_page_layout): a ring holds the window and the largest chunk.
+  const int64_t slots = window ? (window + largest + page_positions - 1) / page_positions + 1
+                               : (total + page_positions - 1) / page_positions;
+  const int64_t pages = 3 * slots;  // more pages than the table names: others lie between
+  const int64_t stride = 2 * page_positions;
+  Tensor arena = be->alloc(be->activation_dtype(), pages * stride, kv_cols);
+  KvCache paged{arena, arena.rows_view(page_positions, arena.rows - page_positions),
+                be->alloc(DType::I32, slots, 1), page_positions, stride};
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::vector<int32_t> table(order.begin(), order.begin() + slots);
+  be->upload(table.data(), paged.table);
+  const KvCache contiguous = one_page_kv_cache(*be, be->activation_dtype(), window ? 3 * window : total, kv_cols);
+
+  int64_t pos = 0;
+  uint32_t seed = 1;
+  for (int64_t T : chunks) {
+    std::vector<int32_t> p(static_cast<size_t>(T));
+    std::iota(p.begin(), p.end(), int32_t(pos));
+    Tensor positions = be->alloc(DType::I32, T, 1);
+    be->upload(p.data(), positions);
+    const Tensor q = activation(*be, T, q_cols, random_floats(size_t(T * q_cols), seed++));
+    const Tensor k = activation(*be, T, kv_cols, random_floats(size_t(T * kv_cols), seed++));
+    const Tensor v = activation(*be, T, kv_cols, random_floats(size_t(T * kv_cols), seed++));
+    std::vector<uint8_t> outs[2];
+    for (int i = 0; i < 2; ++i) {
+      AttentionArgs a;
+      a.q = q, a.k_new = k, a.v_new = v, a.positions = positions;
+      a.cache = i == 0 ? &paged : &contiguous;
+      a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim, a.window = window;
+      a.scale = 0.125f;
+      a.out = be->alloc(be->activation_dtype(), T, q_cols);
+      be->attention(a);
+      outs[i] = bytes_of(*be, a.out);
+    }
+    ASSERT_EQ(outs[0], outs[1]) << backend_name << ", window " << window << ": the chunk of " << T << " at " << pos;
+    pos += T;
+  }
+}
+
+TEST(KvPages, PagedAttentionIsContiguousAttentionBitForBit) {
+  for (int window : {0, 24}) expect_paged_equals_contiguous("cpu", window);
+}
+
+TEST(KvPages, PagedAttentionIsContiguousAttentionBitForBitOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  for (int window : {0, 24}) expect_paged_equals_contiguous("cuda", window);
+}
+
+// A sequence holds the pages of the positions it stored: every full layer's up to its length, a
+// sliding layer's from the window of its last forward on; given back with no tokens, all of them.
+TEST(KvPages, ASequencesPagesFollowItsLength) {
+  auto engine = test::demo_engine_for(2, kMaxSeqLen, "cpu", test::embedded_demo_path());
+  const ModelConfig& c = engine->config();
+  KvPool& pool = engine->kv_pool();
+  const KvPageLayout layout = kv_page_layout(c, engine->runner().backend().activation_dtype(), kMaxSeqLen);
+  auto expected_pages = [&](int64_t length, int64_t last_forward_at) {
+    int64_t pages = 0;
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      const int64_t B = layout.page_positions[i];
+      const int64_t first = c.layers[i].sliding ? std::max<int64_t>(0, last_forward_at - c.sliding_window + 1) / B : 0;
+      pages += (length - 1) / B - first + 1;
+    }
+    return pages;
+  };
+  KvSequence kv = pool.acquire(kMaxSeqLen);
+  EXPECT_EQ(kv.pages_held(), 0);
+  ModelRunner& runner = engine->runner();
+  const std::vector<int32_t> tokens = prompt_of(3, 230);
+  int64_t at = 0;
+  for (int64_t n : {10, 90, 1, 1, 128}) {
+    const SequenceChunk chunk{&kv, std::span(tokens).subspan(size_t(at), size_t(n)), 1};
+    runner.forward(std::span(&chunk, 1), runner.workspace_logits(1));
+    EXPECT_EQ(kv.pages_held(), expected_pages(at + n, at)) << "after " << at + n << " tokens";
+    at += n;
+  }
+  EXPECT_LT(kv.pages_held() * int64_t(pool.page_bytes()), int64_t(kv.bytes())) << "less than its reservation";
+  const int64_t free_before = pool.pages_free();
+  kv.forget();
+  kv.give_back();
+  EXPECT_EQ(pool.pages_free(), pool.pages_total());
+  EXPECT_GT(pool.pages_free(), free_before);
+}
+
+// Greedy and seeded tokens of a request alone in a fresh engine, and in an engine whose pages
+// other sessions scattered first (held, kept, released): the same.
+TEST(KvPages, TokensDoNotDependOnWherePagesLie) {
+  const std::vector<int32_t> prompt = prompt_of(11, 150);
+  auto generate_in = [&](Engine& engine, uint64_t seed) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.sampler = Sampler(seed ? SamplingParams{.temperature = 1.0f, .top_k = 40, .seed = seed}
+                             : SamplingParams{.temperature = 0.0f});
+    r.max_new_tokens = 40;
+    r.stop_ids = {};
+    return generate(*engine.create_session(), r).tokens;
+  };
+  for (uint64_t seed : {0u, 42u}) {
+    auto fresh = test::demo_engine_for(4, kMaxSeqLen, "cpu", test::embedded_demo_path());
+    const std::vector<int32_t> alone = generate_in(*fresh, seed);
+    auto busy = test::demo_engine_for(4, kMaxSeqLen, "cpu", test::embedded_demo_path());
+    auto a = busy->create_session(), b = busy->create_session();
+    a->start(prompt_of(5, 70));
+    b->start(prompt_of(6, 200));
+    a.reset();  // kept: its pages stay between b's
+    auto c = busy->create_session();
+    c->start(prompt_of(7, 33));
+    EXPECT_EQ(generate_in(*busy, seed), alone) << "seed " << seed;
+  }
+}
+
+// Kept prefixes hold pages only while no live sequence needs them: a pool full of kept prefixes
+// gives their pages to a new sequence, least recently used first.
+TEST(KvPages, KeptPrefixesGiveTheirPagesBackLeastRecentlyUsedFirst) {
+  auto engine = test::demo_engine_for(1, kMaxSeqLen, "cpu", test::embedded_demo_path());
+  KvPool& pool = engine->kv_pool();
+  // Kept sequences of 200 tokens, no two with a common prefix, until the next would not fit in
+  // the free pages.
+  auto unrelated = [](int32_t first) {
+    std::vector<int32_t> p = prompt_of(first, 200);
+    p[0] = 100 + first;
+    return p;
+  };
+  int32_t first = 20;
+  std::vector<std::vector<int32_t>> kept;
+  while (true) {
+    auto s = engine->create_session();
+    const std::vector<int32_t> p = unrelated(first++);
+    s->start(p);
+    kept.push_back(p);
+    if (pool.pages_free() < s->kv().pages_held()) break;
+  }
+  ASSERT_GE(kept.size(), 2u) << "the pool holds at least two kept sequences of 200 tokens";
+  const size_t before = pool.kept_sequences();
+  ASSERT_EQ(before, kept.size());
+  auto s = engine->create_session();
+  s->start(unrelated(first));
+  EXPECT_LT(pool.kept_sequences(), before) << "a kept prefix gave its pages to the live sequence";
+  // The oldest went first: the newest is still there, and a prompt continuing it reuses it.
+  std::vector<int32_t> next = kept.back();
+  next.push_back(7);
+  s.reset();
+  EXPECT_EQ(pool.best_kept_prefix(kMaxSeqLen, next), 200);
+  std::vector<int32_t> oldest = kept.front();
+  oldest.push_back(7);
+  EXPECT_EQ(pool.best_kept_prefix(kMaxSeqLen, oldest), 0);
+}
+
+}  // namespace
+}  // namespace g4
