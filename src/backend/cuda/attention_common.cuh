@@ -21,18 +21,6 @@ __device__ inline int64_t cache_row(const AttentionLaunch& a, int p) {
   return int64_t(page) * a.page_stride + p % a.page_positions;
 }
 
-// Cache rows of the keys of a tile starting at kb: the keys in kb's page follow its row, so a
-// table lookup (two divisions) is made once per tile and again only where a page ends.
-struct TileRows {
-  int64_t first_row;
-  int in_first_page;
-  __device__ TileRows(const AttentionLaunch& a, int kb)
-      : first_row(cache_row(a, kb)), in_first_page(a.page_positions - kb % a.page_positions) {}
-  __device__ int64_t operator()(const AttentionLaunch& a, int kb, int j) const {
-    return j < in_first_page ? first_row + j : cache_row(a, kb + j);
-  }
-};
-
 inline void check_attention_shape(const AttentionLaunch& a) {
   G4_CHECK(a.head_dim % 16 == 0 && a.head_dim <= kMaxAttentionHeadDim,
            "cuda attention: head_dim must be a multiple of 16 and at most 512");

@@ -138,13 +138,12 @@ __device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int kb, 
                            int ld) {
   const int vecs = a.head_dim / 8;
   const int64_t head_offset = int64_t(kvh) * a.head_dim;
-  const TileRows tile_rows(a, kb);
   for (int i = threadIdx.x; i < kTileKeys * vecs; i += blockDim.x) {
     const int j = i / vecs, c = (i - j * vecs) * 8;
     if (kb + j == pos) continue;
     const bool valid = kb + j <= last;
     cp_async16(shared_addr(rows + j * ld + c),
-               cache + (valid ? tile_rows(a, kb, j) * a.kv_stride + head_offset + c : 0), valid);
+               cache + (valid ? cache_row(a, kb + j) * a.kv_stride + head_offset + c : 0), valid);
   }
 }
 

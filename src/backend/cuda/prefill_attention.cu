@@ -112,12 +112,11 @@ __global__ __launch_bounds__(kPrefillThreads, 1) void prefill_attention_kernel(P
       });
       return;
     }
-    const TileRows tile_rows(a, kb);  // kb has its page, cached or being stored by this chunk
     stage_rows<DP, kKeys>([&](int j, int col, uint32_t offset) {
       const int kp = kb + j;
       const bool valid = kp < key_end && col < D;
       const bool fresh = kp >= pos0;
-      const int64_t row = fresh ? int64_t(kp - pos0) : valid ? tile_rows(a, kb, j) : 0;
+      const int64_t row = fresh ? int64_t(kp - pos0) : valid ? cache_row(a, kp) : 0;
       const int64_t off = row * a.kv_stride + int64_t(kvh) * D + col;
       cp_async16(k_dst + offset, valid ? (fresh ? a.k_new : a.k_cache) + off : a.k_new, valid);
       cp_async16(v_dst + offset, valid ? (fresh ? a.v_new : a.v_cache) + off : a.v_new, valid);
