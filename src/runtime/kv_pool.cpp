@@ -46,8 +46,7 @@ KvPageLayout kv_page_layout(const ModelConfig& c, DType dtype, int64_t max_seq_l
 }
 
 size_t kv_sequence_bytes(const ModelConfig& config, DType dtype, int64_t max_seq_len) {
-  const KvPageLayout layout = kv_page_layout(config, dtype, max_seq_len);
-  return size_t(layout.table_entries) * layout.page_bytes;
+  return kv_page_layout(config, dtype, max_seq_len).sequence_bytes();
 }
 
 KvSequence& KvSequence::operator=(KvSequence&& other) noexcept {
@@ -77,8 +76,7 @@ const KvPageLayout& KvPool::layout(int64_t max_seq_len) const {
 }
 
 size_t KvPool::sequence_bytes(int64_t max_seq_len) const {
-  const KvPageLayout& l = layout(max_seq_len);
-  return size_t(l.table_entries) * l.page_bytes;
+  return layout(max_seq_len).sequence_bytes();
 }
 
 void KvPool::allocate_pages(size_t available, int64_t max_seq_len) {

@@ -30,6 +30,8 @@ struct KvPageLayout {
   size_t page_bytes = 0;
   std::vector<int64_t> page_positions, page_stride, slots, table_offset;
   int64_t table_entries = 0;  // slots of every layer
+  // The most a sequence holds: a page for every slot.
+  size_t sequence_bytes() const { return size_t(table_entries) * page_bytes; }
 };
 // A forward stores at most config.max_prefill_chunk(max_seq_len) positions of a sequence.
 KvPageLayout kv_page_layout(const ModelConfig& config, DType dtype, int64_t max_seq_len);
