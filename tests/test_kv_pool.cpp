@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "backend/backend_factory.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/scheduler.h"
+#include "support/build_kind.h"
 #include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
@@ -143,12 +146,15 @@ TEST(KvPages, ASequencesPagesFollowItsLength) {
     EXPECT_EQ(kv.pages_held(), expected_pages(at + n, at)) << "after " << at + n << " tokens";
     at += n;
   }
-  EXPECT_LT(kv.pages_held() * int64_t(pool.page_bytes()), int64_t(kv.bytes())) << "less than its reservation";
-  const int64_t free_before = pool.pages_free();
-  kv.forget();
+  EXPECT_LT(kv.pages_held() * int64_t(pool.page_bytes()), int64_t(kv.reserved_bytes())) << "less than its reservation";
+  const int64_t available_before = pool.pages_available();
   kv.give_back();
+  EXPECT_EQ(pool.pages_in_use(), 0);
+  EXPECT_EQ(pool.pages_available(), pool.pages_total());
+  EXPECT_GT(pool.pages_cached(), 0) << "its written pages stay cached";
+  pool.drop_cached();
   EXPECT_EQ(pool.pages_free(), pool.pages_total());
-  EXPECT_GT(pool.pages_free(), free_before);
+  EXPECT_GT(pool.pages_free(), available_before);
 }
 
 // Greedy and seeded tokens of a request alone in a fresh engine, and in an engine whose pages
@@ -178,12 +184,12 @@ TEST(KvPages, TokensDoNotDependOnWherePagesLie) {
   }
 }
 
-// Kept prefixes hold pages only while no live sequence needs them: a pool full of kept prefixes
-// gives their pages to a new sequence, least recently used first.
-TEST(KvPages, KeptPrefixesGiveTheirPagesBackLeastRecentlyUsedFirst) {
+// Cached pages are held by no sequence: a pool full of them gives them to a new sequence, least
+// recently released first.
+TEST(KvPages, CachedPagesGiveWayLeastRecentlyReleasedFirst) {
   auto engine = test::demo_engine_for(1, kMaxSeqLen, "cpu", test::embedded_demo_path());
   KvPool& pool = engine->kv_pool();
-  // Kept sequences of 200 tokens, no two with a common prefix, until the next would not fit in
+  // Finished sequences of 200 tokens, no two with a common prefix, until the next would not fit in
   // the free pages.
   auto unrelated = [](int32_t first) {
     std::vector<int32_t> p = prompt_of(first, 200);
@@ -191,28 +197,160 @@ TEST(KvPages, KeptPrefixesGiveTheirPagesBackLeastRecentlyUsedFirst) {
     return p;
   };
   int32_t first = 20;
-  std::vector<std::vector<int32_t>> kept;
+  std::vector<std::vector<int32_t>> cached;
   while (true) {
     auto s = engine->create_session();
     const std::vector<int32_t> p = unrelated(first++);
     s->start(p);
-    kept.push_back(p);
+    cached.push_back(p);
     if (pool.pages_free() < s->kv().pages_held()) break;
   }
-  ASSERT_GE(kept.size(), 2u) << "the pool holds at least two kept sequences of 200 tokens";
-  const size_t before = pool.kept_sequences();
-  ASSERT_EQ(before, kept.size());
+  ASSERT_GE(cached.size(), 2u) << "the pool caches at least two sequences of 200 tokens";
+  const int64_t unit = pool.share_unit();
+  ASSERT_LE(unit, 150);
+  auto next_of = [](std::vector<int32_t> p) {
+    p.push_back(7);
+    return p;
+  };
+  EXPECT_EQ(pool.cached_prefix(kMaxSeqLen, next_of(cached.front())), 200 / unit * unit);
+  EXPECT_EQ(pool.pages_in_use(), 0);
   auto s = engine->create_session();
   s->start(unrelated(first));
-  EXPECT_LT(pool.kept_sequences(), before) << "a kept prefix gave its pages to the live sequence";
+  EXPECT_GT(pool.pages_in_use(), 0);
   // The oldest went first: the newest is still there, and a prompt continuing it reuses it.
-  std::vector<int32_t> next = kept.back();
-  next.push_back(7);
-  s.reset();
-  EXPECT_EQ(pool.best_kept_prefix(kMaxSeqLen, next), 200);
-  std::vector<int32_t> oldest = kept.front();
-  oldest.push_back(7);
-  EXPECT_EQ(pool.best_kept_prefix(kMaxSeqLen, oldest), 0);
+  EXPECT_EQ(pool.cached_prefix(kMaxSeqLen, next_of(cached.back())), 200 / unit * unit);
+  EXPECT_EQ(pool.cached_prefix(kMaxSeqLen, next_of(cached.front())), 0);
+}
+
+// Requests of the demo model through a scheduler: greedy and seeded, each `gen` tokens.
+std::vector<SchedulerRequest> chats(const std::vector<std::vector<int32_t>>& prompts, int64_t gen) {
+  std::vector<SchedulerRequest> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SchedulerRequest r;
+    r.prompt = prompts[i];
+    r.sampling = i % 2 ? SamplingParams{.temperature = 0.9f, .top_k = 30, .seed = 500 + i}
+                       : SamplingParams{.temperature = 0.0f};
+    r.max_new_tokens = gen;
+    r.stop_ids = {};
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Each request alone on a fresh engine.
+std::vector<std::vector<int32_t>> alone(const std::vector<SchedulerRequest>& rs) {
+  std::vector<std::vector<int32_t>> out;
+  for (const SchedulerRequest& r : rs) {
+    auto engine = test::demo_engine_for(1, kMaxSeqLen, "cpu", test::embedded_demo_path());
+    Scheduler scheduler(engine->runner());
+    scheduler.add(r);
+    std::vector<int32_t>& tokens = out.emplace_back();
+    while (!scheduler.idle())
+      for (const SequenceEvent& e : scheduler.step()) tokens.push_back(e.drawn.token);
+  }
+  return out;
+}
+
+// Two chats with the same system prompt: the second, arriving while the first decodes, begins with
+// the first's pages (shared, held once) and both give the tokens each gives alone.
+TEST(KvPages, TwoChatsSharingASystemPromptHoldItOnce) {
+  auto engine = test::demo_engine_for(2, kMaxSeqLen, "cpu", test::embedded_demo_path());
+  KvPool& pool = engine->kv_pool();
+  const int64_t unit = pool.share_unit();
+  const std::vector<int32_t> system = prompt_of(41, int(2 * unit + 9));
+  std::vector<int32_t> a = system, b = system;
+  for (int32_t t : {300, 301, 302}) a.push_back(t);
+  for (int32_t t : {400, 401}) b.push_back(t);
+  const std::vector<SchedulerRequest> rs = chats({a, b}, 24);
+  const std::vector<std::vector<int32_t>> want = alone(rs);
+
+  Scheduler scheduler(engine->runner());
+  std::map<RequestId, std::vector<int32_t>> got;
+  auto step = [&] {
+    for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
+  };
+  const RequestId first = scheduler.add(rs[0]);
+  for (int i = 0; i < 3; ++i) step();
+  const RequestId second = scheduler.add(rs[1]);
+  step();
+  // The system prompt's whole shared units are held once: every layer's pages of 2 * unit positions.
+  int64_t shared = 0;
+  const KvPageLayout layout = kv_page_layout(engine->config(), engine->runner().backend().activation_dtype(), kMaxSeqLen);
+  for (int64_t b_positions : layout.page_positions) shared += 2 * unit / b_positions;
+  EXPECT_EQ(pool.pages_shared(), shared);
+  EXPECT_LT(pool.pages_in_use(), 2 * pool.pages_for_positions(kMaxSeqLen, int64_t(b.size()) + 1))
+      << "less than two unshared sequences";
+  while (!scheduler.idle()) step();
+  EXPECT_EQ(got[first], want[0]);
+  EXPECT_EQ(got[second], want[1]);
+  EXPECT_EQ(pool.pages_in_use(), 0);
+  EXPECT_EQ(pool.pages_shared(), 0);
+}
+
+// More sequences than the pool holds at their full length: running ones outgrow the pool, the
+// youngest is preempted (its pages to host memory) and resumes later; every request gives the tokens
+// it gives alone, and the pool is empty at the end.
+TEST(KvPages, PreemptedSequencesGiveTheirTokensAlone) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(prompt_of(60 + 13 * i, 30 + 7 * i));
+  const int64_t gen = 100, context = 256;
+  const std::vector<SchedulerRequest> rs = chats(prompts, gen);
+  const std::vector<std::vector<int32_t>> want = alone(rs);
+
+  // A pool of two sequences' most pages: every request fits alone, six at full length do not.
+  auto engine = test::demo_engine_for(2, context, "cpu", test::embedded_demo_path());
+  KvPool& pool = engine->kv_pool();
+  ASSERT_LT(pool.pages_total(), 6 * pool.pages_for_positions(context, 30 + gen));
+  Scheduler scheduler(engine->runner());
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::vector<RequestId> ids;
+  for (const SchedulerRequest& r : rs) ids.push_back(scheduler.add(r));
+  int64_t steps = 0, most_running = 0;
+  while (!scheduler.idle() && steps++ < 5000) {
+    for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
+    most_running = std::max(most_running, int64_t(scheduler.running()));
+  }
+  EXPECT_GT(scheduler.preemptions(), 0) << "the pool was outgrown";
+  EXPECT_GE(most_running, 3) << "admission by the pages needed now runs more than the pool's full-length count";
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[ids[i]], want[i]) << "request " << i;
+  EXPECT_EQ(pool.pages_in_use(), 0);
+}
+
+// 1 024 requests queued at once on a pool of a few sequences: all finish, and the pool is empty.
+TEST(KvPages, AThousandQueuedRequestsAllFinish) {
+  const int n = test::kSanitizerBuild ? 256 : 1024;
+  auto engine = test::demo_engine_for(4, kMaxSeqLen, "cpu", test::embedded_demo_path());
+  KvPool& pool = engine->kv_pool();
+  Scheduler scheduler(engine->runner(), SchedulerOptions{.max_waiting = size_t(n)});
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) prompts.push_back(prompt_of(i, 3 + i % 40));
+  std::map<RequestId, int64_t> tokens;
+  for (const SchedulerRequest& r : chats(prompts, 3)) scheduler.add(r);
+  int64_t steps = 0;
+  while (!scheduler.idle() && steps++ < 20000)
+    for (const SequenceEvent& e : scheduler.step()) {
+      EXPECT_EQ(e.error, "");
+      ++tokens[e.id];
+    }
+  EXPECT_TRUE(scheduler.idle());
+  EXPECT_EQ(tokens.size(), size_t(n));
+  for (const auto& [id, count] : tokens) EXPECT_EQ(count, 3) << "request " << id;
+  EXPECT_EQ(pool.pages_in_use(), 0);
+  EXPECT_EQ(pool.pages_available(), pool.pages_total());
+}
+
+// Every request that fits the context fits the pool: a pool smaller than one sequence of
+// max_seq_len is refused when the engine is made, naming the bytes.
+TEST(KvPages, APoolSmallerThanOneSequenceIsAClearError) {
+  EngineOptions o;
+  o.model_path = test::embedded_demo_path();
+  o.max_seq_len = kMaxSeqLen;
+  const size_t one = Engine(o).kv_pool().sequence_bytes(kMaxSeqLen);
+  o.kv_budget_bytes = one - 1;
+  const std::string error = test::error_of([&] { Engine engine(o); });
+  EXPECT_NE(error.find("out of KV memory"), std::string::npos) << error;
+  EXPECT_NE(error.find(std::to_string(one) + " bytes"), std::string::npos) << error;
+  EXPECT_EQ(test::error_kind_of([&] { Engine engine(o); }), ErrorKind::kResourceExhausted);
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ std::vector<std::vector<int32_t>> alone(Engine& engine, const std::vector<Schedu
                                         bool fresh_pool = false) {
   std::vector<std::vector<int32_t>> out;
   for (const SchedulerRequest& r : rs) {
-    if (fresh_pool) engine.kv_pool().drop_kept();
+    if (fresh_pool) engine.kv_pool().drop_cached();
     out.push_back(generate(*engine.create_session(), generation_of(r)).tokens);
   }
   return out;
@@ -106,7 +106,7 @@ Run run(Scheduler& scheduler, const std::vector<SchedulerRequest>& rs, const std
 }
 
 // The batch-invariance check over batch sizes, slots, chunk sizes and arrival orders. With
-// fresh_pool, no run reuses an earlier run's prefixes (see KvPool::drop_kept); with cuda_graphs,
+// fresh_pool, no run reuses an earlier run's prefixes (see KvPool::drop_cached); with cuda_graphs,
 // the schedulers replay recorded decode steps, and every run must have replayed some.
 void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks, bool fresh_pool = false,
                              bool cuda_graphs = false) {
@@ -122,7 +122,7 @@ void expect_batch_invariance(Engine& engine, const std::vector<int64_t>& chunks,
         std::vector<int> when(batch, 0);
         if (arrival == 2)
           for (size_t i = 0; i < batch; ++i) when[i] = int(i % 4);
-        if (fresh_pool) engine.kv_pool().drop_kept();
+        if (fresh_pool) engine.kv_pool().drop_cached();
         Scheduler scheduler(engine.runner(),
                             SchedulerOptions{.prefill_tokens_per_step = chunk, .cuda_graphs = cuda_graphs});
         std::vector<RequestId> ids;
@@ -202,7 +202,7 @@ TEST(Scheduler, Q4_0RecordsKeepDecodeBatchesInvariantOnCuda) {
 // in decode batches as fusion on — the batched decode attention launch, quantizing alongside, the
 // Q4_0 records' GELU-mul and residual norm —, for the bf16 demo and the Q4_0 file, invariant or not.
 std::vector<std::vector<int32_t>> tokens_with_fusion(Engine& engine, bool fusion, bool invariant) {
-  engine.kv_pool().drop_kept();
+  engine.kv_pool().drop_cached();
   engine.backend().set_fusion(fusion);
   Scheduler scheduler(engine.runner(), SchedulerOptions{.batch_invariant = invariant});
   const std::vector<SchedulerRequest> rs = requests();
@@ -406,7 +406,7 @@ TEST(Scheduler, BatchInvariantFalseRunsTheDecodeBatchInOneForwardOnCuda) {
   for (size_t i = 0; i < rs.size(); ++i) order[i] = i;
   std::vector<std::vector<int32_t>> eager;
   for (bool graphs : {false, true}) {
-    engine->kv_pool().drop_kept();
+    engine->kv_pool().drop_cached();
     Scheduler scheduler(engine->runner(), SchedulerOptions{.batch_invariant = false, .cuda_graphs = graphs});
     std::vector<RequestId> ids;
     const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
@@ -446,7 +446,7 @@ TEST(Scheduler, RecordedDecodeStepsOutliveReplacedScratchBuffersOnCuda) {
   for (bool invariant : {true, false}) {
     std::vector<std::vector<int32_t>> eager;
     for (bool graphs : {false, true}) {
-      engine->kv_pool().drop_kept();
+      engine->kv_pool().drop_cached();
       Scheduler scheduler(engine->runner(), SchedulerOptions{.batch_invariant = invariant, .cuda_graphs = graphs});
       std::vector<RequestId> ids;
       const auto got = run(scheduler, rs, order, when, &ids);
@@ -522,7 +522,7 @@ void expect_a_nan_fails_only_its_sequence(const std::string& backend, bool graph
   const std::vector<std::vector<int32_t>> want = alone(*engine, good, /*fresh_pool=*/true);
 
   KvPool& pool = engine->kv_pool();
-  pool.drop_kept();
+  pool.drop_cached();
   // Each prompt in one chunk, as alone (on CUDA prefill is not invariant to chunking, §7); where
   // the backend has graphs, steps that only decode replay recordings.
   Scheduler scheduler(engine->runner(), SchedulerOptions{.prefill_tokens_per_step = 127, .cuda_graphs = graphs});
@@ -534,8 +534,7 @@ void expect_a_nan_fails_only_its_sequence(const std::string& backend, bool graph
   std::map<RequestId, std::vector<SequenceEvent>> events;
   while (!scheduler.idle()) {
     for (SequenceEvent& e : scheduler.step()) events[e.id].push_back(std::move(e));
-    EXPECT_EQ(pool.bytes_in_use(), scheduler.running() * pool.sequence_bytes(kMaxSeqLen))
-        << "only running sequences hold KV memory";
+    EXPECT_EQ(pool.pages_in_use() > 0, scheduler.running() > 0) << "only running sequences hold KV pages";
   }
 
   ASSERT_EQ(events[reader_id].size(), 1u);
@@ -553,8 +552,7 @@ void expect_a_nan_fails_only_its_sequence(const std::string& backend, bool graph
     }
     EXPECT_EQ(tokens, want[i]) << "request " << i;
   }
-  EXPECT_EQ(pool.bytes_in_use(), 0u);
-  EXPECT_EQ(pool.kept_sequences(), good.size()) << "a failed sequence keeps nothing";
+  EXPECT_EQ(pool.pages_in_use(), 0);
 }
 
 TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequence) {
@@ -566,38 +564,46 @@ TEST(Scheduler, ANanInOneSequenceFailsOnlyThatSequenceOnCuda) {
   expect_a_nan_fails_only_its_sequence("cuda", /*graphs=*/true);
 }
 
-TEST(Scheduler, TheKvBudgetBoundsAdmissionAndCancelFreesMemory) {
-  auto engine = demo_engine(2);
+// A request waits while the pool cannot hold its prompt beside the running sequences; cancelling
+// gives pages back at once.
+TEST(Scheduler, ThePagesBoundAdmissionAndCancelFreesThem) {
+  auto engine = demo_engine(1);
   const std::vector<SchedulerRequest> rs = requests();
-  const std::vector<std::vector<int32_t>> want = alone(*engine, {rs[1], rs[2], rs[3], rs[5]});
+  const std::vector<std::vector<int32_t>> want = alone(*engine, {rs[1]});
   KvPool& pool = engine->kv_pool();
-  const size_t one = pool.sequence_bytes(kMaxSeqLen);
   Scheduler scheduler(engine->runner());
-  const RequestId a = scheduler.add(rs[1]), b = scheduler.add(rs[2]), c = scheduler.add(rs[3]),
-                  d = scheduler.add(rs[5]);
+  const RequestId a = scheduler.add(rs[1]), b = scheduler.add(rs[2]);
   std::map<RequestId, std::vector<int32_t>> got;
   auto step = [&] {
     for (const SequenceEvent& e : scheduler.step()) got[e.id].push_back(e.drawn.token);
   };
   step();
-  EXPECT_EQ(scheduler.running(), 2u) << "room for two sequences";
+  EXPECT_EQ(scheduler.running(), 2u);
+  const int64_t both = pool.pages_in_use();
+  const int64_t pages_of_b = pool.pages_for_positions(kMaxSeqLen, int64_t(rs[2].prompt.size()));
+  // A third request's prompt does not fit beside them: it waits.
+  SchedulerRequest big = rs[3];
+  while (pool.pages_for_positions(kMaxSeqLen, int64_t(big.prompt.size()) + 1) <= pool.pages_available())
+    big.prompt.push_back(big.prompt.back() % 4000 + 11);
+  ASSERT_LE(int64_t(big.prompt.size()), kMaxSeqLen - big.max_new_tokens);
+  const RequestId c = scheduler.add(big), d = scheduler.add(rs[5]);
+  step();
+  EXPECT_EQ(scheduler.running(), 2u) << "c waits for pages";
   EXPECT_EQ(scheduler.waiting(), 2u);
-  EXPECT_EQ(pool.bytes_in_use(), 2 * one);
-  // Cancelling a running request frees its memory at once; a waiting one takes its place.
+  // Cancelling a running request gives its pages back at once; the waiting one then starts.
   EXPECT_TRUE(scheduler.cancel(b));
   EXPECT_FALSE(scheduler.cancel(b));
-  EXPECT_EQ(pool.bytes_in_use(), one);
-  EXPECT_EQ(pool.bytes_kept(), 0u) << "a cancelled sequence keeps nothing";
+  EXPECT_LE(pool.pages_in_use(), both - pages_of_b + int64_t(engine->config().layers.size()));
   EXPECT_TRUE(scheduler.cancel(d)) << "a waiting request can be cancelled too";
   while (!scheduler.idle()) step();
   EXPECT_EQ(got[a], want[0]);
-  EXPECT_EQ(got[c], want[2]);
+  EXPECT_EQ(got[c], alone(*demo_engine(1), {big})[0]);
   EXPECT_EQ(got.count(d), 0u);
-  EXPECT_EQ(pool.bytes_in_use(), 0u);
+  EXPECT_EQ(pool.pages_in_use(), 0);
 }
 
 // Ten thousand requests come and go — cancelled while waiting, while prefilling and while
-// decoding — and nothing is left behind: the pool holds no live or kept bytes at the end.
+// decoding — and nothing is left behind: no sequence holds a page at the end.
 TEST(Scheduler, TenThousandRequestsAddedAndCancelledLeaveThePoolEmpty) {
   auto engine = demo_engine(2);
   KvPool& pool = engine->kv_pool();
@@ -615,14 +621,15 @@ TEST(Scheduler, TenThousandRequestsAddedAndCancelledLeaveThePoolEmpty) {
   EXPECT_TRUE(scheduler.idle());
   EXPECT_EQ(scheduler.running(), 0u);
   EXPECT_EQ(scheduler.waiting(), 0u);
-  EXPECT_EQ(pool.bytes_in_use(), 0u);
-  EXPECT_EQ(pool.bytes_kept(), 0u);
+  EXPECT_EQ(pool.pages_in_use(), 0);
 }
 
 TEST(Scheduler, AFinishedSequenceServesTheNextTurn) {
   auto engine = demo_engine(2);
   Scheduler scheduler(engine->runner());
   SchedulerRequest first = requests()[6];
+  const int64_t unit = engine->kv_pool().share_unit();
+  while (int64_t(first.prompt.size()) < 2 * unit + 3) first.prompt.push_back(first.prompt.back() % 4000 + 17);
   const RequestId id = scheduler.add(first);
   std::vector<int32_t> reply;
   while (!scheduler.idle())
@@ -633,6 +640,9 @@ TEST(Scheduler, AFinishedSequenceServesTheNextTurn) {
   next.prompt.insert(next.prompt.end(), reply.begin(), reply.end());
   const std::vector<int32_t> turn = {105, 2364, 107, 400, 401};
   next.prompt.insert(next.prompt.end(), turn.begin(), turn.end());
+  // The finished sequence's whole pages are cached: the next turn begins with all whole share units.
+  const int64_t cached = engine->kv_pool().cached_prefix(kMaxSeqLen, next.prompt);
+  EXPECT_EQ(cached, int64_t(first.prompt.size() + reply.size() - 1) / unit * unit);
   scheduler.add(next);
   std::vector<int32_t> got;
   int64_t prefilled = 0;
@@ -640,7 +650,7 @@ TEST(Scheduler, AFinishedSequenceServesTheNextTurn) {
     for (const SequenceEvent& e : scheduler.step()) got.push_back(e.drawn.token);
     prefilled += scheduler.last_step().prefill_rows;
   }
-  EXPECT_EQ(prefilled, int64_t(turn.size()) + 1) << "the new turn and the reply's last token";
+  EXPECT_EQ(prefilled, int64_t(next.prompt.size()) - cached);
   EXPECT_EQ(got, alone(*demo_engine(1), {next})[0]);
 }
 

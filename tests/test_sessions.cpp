@@ -1,7 +1,7 @@
 // Many sessions on one engine (docs/DESIGN.md §7): sessions never share state, the KV pool keeps
 // its byte budget and gives memory back, a conversation's next turn prefills only its new tokens
 // (and a partial prefix is reused only when every sliding layer still holds the window before
-// it), generation ends for the documented reasons, cancel works, NaN logits fail the call with the
+// it), a new session begins with the cached prefix of its prompt, generation ends for the documented reasons, cancel works, NaN logits fail the call with the
 // error users know, bad input is a clear error.
 // On the demo model (CPU always; the no-bleed check also on CUDA when a GPU is present).
 #include <gtest/gtest.h>
@@ -87,31 +87,33 @@ TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
   auto engine = demo_engine(2);
   KvPool& pool = engine->kv_pool();
   const size_t one = pool.sequence_bytes(kMaxSeqLen);
+  const int64_t layers = int64_t(engine->config().layers.size());
   auto s1 = engine->create_session(), s2 = engine->create_session(), s3 = engine->create_session();
-  EXPECT_EQ(pool.bytes_in_use(), 0u) << "a session takes its caches when it first runs tokens";
+  EXPECT_EQ(pool.bytes_reserved(), 0u) << "a session takes its caches when it first runs tokens";
   s1->start(prompt_of(3, 10));
   s2->start(prompt_of(4, 10));
-  EXPECT_EQ(pool.bytes_in_use(), 2 * one);
+  EXPECT_EQ(pool.bytes_reserved(), 2 * one);
+  EXPECT_EQ(pool.pages_in_use(), 2 * layers) << "10 tokens: a page a layer each";
   const std::string error = test::error_of([&] { s3->start(prompt_of(5, 10)); });
   EXPECT_NE(error.find("out of KV memory: " + std::to_string(one) + " bytes requested, " + std::to_string(2 * one) +
                        " of " + std::to_string(2 * one) + " reserved"),
             std::string::npos)
       << error;
-  // A destroyed session's memory comes back: its reservation at once, its pages (one a layer for
-  // 10 tokens) kept for prefix reuse while the pool has free pages.
-  const size_t layers_pages = engine->config().layers.size() * pool.page_bytes();
+  // A destroyed session's memory comes back at once: its reservation, and its pages (none whole:
+  // nothing cached).
   s1.reset();
-  EXPECT_EQ(pool.bytes_in_use(), one);
-  EXPECT_EQ(pool.bytes_kept(), layers_pages);
+  EXPECT_EQ(pool.bytes_reserved(), one);
+  EXPECT_EQ(pool.pages_in_use(), layers);
+  EXPECT_EQ(pool.pages_cached(), 0);
   s3->start(prompt_of(5, 10));
-  EXPECT_EQ(pool.bytes_in_use(), 2 * one);
-  EXPECT_EQ(pool.kept_sequences(), 0u) << "the kept prefix (<bos>) was taken over by the new session";
-  // A session that holds no tokens keeps nothing: its pages are free at once.
+  EXPECT_EQ(pool.bytes_reserved(), 2 * one);
+  // reset() gives the pages back and keeps the reservation; destroying gives that back too.
   s3->reset();
+  EXPECT_EQ(pool.pages_in_use(), layers) << "s2's pages";
+  EXPECT_EQ(pool.bytes_reserved(), 2 * one);
   s3.reset();
-  EXPECT_EQ(pool.bytes_in_use(), one);
-  EXPECT_EQ(pool.bytes_kept(), 0u);
-  EXPECT_EQ(pool.pages_free(), pool.pages_total() - int64_t(engine->config().layers.size())) << "s2's pages";
+  EXPECT_EQ(pool.bytes_reserved(), one);
+  EXPECT_EQ(pool.pages_free(), pool.pages_total() - layers) << "s2's pages";
   // A sequence larger than the whole budget is refused by name.
   auto small_engine = demo_engine(1);
   auto large = small_engine->create_session(SessionOptions{.max_seq_len = 1024});
@@ -122,17 +124,13 @@ TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
 TEST(Sessions, NextTurnPrefillsOnlyTheNewTokensAndMatchesAFreshSession) {
   auto engine = demo_engine(1);
   const std::vector<int32_t> first = prompt_of(4, 16);
-  std::vector<int32_t> history = first;
-  {
-    auto session = engine->create_session();
-    const GenerationResult one = generate(*session, request(first, 21, 10));
-    history.insert(history.end(), one.tokens.begin(), one.tokens.end());
-  }  // ended: its caches are kept, keyed by the tokens they hold (all but the last reply token)
+  auto session = engine->create_session();
+  const GenerationResult one = generate(*session, request(first, 21, 10));
+  std::vector<int32_t> whole = first;
+  whole.insert(whole.end(), one.tokens.begin(), one.tokens.end());
   const std::vector<int32_t> turn = prompt_of(5, 9);
-  std::vector<int32_t> whole = history;
   whole.insert(whole.end(), turn.begin(), turn.end());
-  auto next = engine->create_session();
-  const GenerationResult second = generate(*next, request(whole, 31, 12));
+  const GenerationResult second = generate(*session, request(whole, 31, 12));
   EXPECT_EQ(second.prefilled, int64_t(turn.size()) + 1) << "the new turn and the reply's last token";
   auto fresh_engine = demo_engine(1);
   auto fresh = fresh_engine->create_session();
@@ -141,16 +139,37 @@ TEST(Sessions, NextTurnPrefillsOnlyTheNewTokensAndMatchesAFreshSession) {
   EXPECT_EQ(second.tokens, want.tokens);
 }
 
+// A new session whose prompt begins with a finished one's tokens begins with its cached pages: all
+// whole share units of them (KvPool::share_unit), and gives a fresh session's tokens.
+TEST(Sessions, ANewSessionBeginsWithTheCachedPrefix) {
+  auto engine = demo_engine(1);
+  const int64_t unit = engine->kv_pool().share_unit();
+  const std::vector<int32_t> first = prompt_of(4, int(2 * unit + 5));
+  std::vector<int32_t> whole = first;
+  {
+    auto session = engine->create_session();
+    const GenerationResult one = generate(*session, request(first, 21, 10));
+    whole.insert(whole.end(), one.tokens.begin(), one.tokens.end() - 1);  // the last one was not fed
+  }
+  whole.push_back(9);
+  const int64_t cached = int64_t(whole.size() - 1) / unit * unit;
+  EXPECT_EQ(engine->kv_pool().cached_prefix(kMaxSeqLen, whole), cached);
+  const GenerationResult got = generate(*engine->create_session(), request(whole, 31, 12));
+  EXPECT_EQ(got.prefilled, int64_t(whole.size()) - cached);
+  auto fresh_engine = demo_engine(1);
+  EXPECT_EQ(got.tokens, alone(*fresh_engine, request(whole, 31, 12)));
+}
+
 TEST(Sessions, DroppedPrefixesAreNotReused) {
   auto engine = demo_engine(1);
-  const std::vector<int32_t> first = prompt_of(4, 16);
+  const std::vector<int32_t> first = prompt_of(4, int(2 * engine->kv_pool().share_unit() + 5));
   generate(*engine->create_session(), request(first, 21, 10));
-  ASSERT_EQ(engine->kv_pool().kept_sequences(), 1u);
-  engine->kv_pool().drop_kept();
-  EXPECT_EQ(engine->kv_pool().kept_sequences(), 0u);
-  EXPECT_EQ(engine->kv_pool().bytes_kept(), 0u);
   std::vector<int32_t> longer = first;
   longer.push_back(7);
+  ASSERT_GT(engine->kv_pool().cached_prefix(kMaxSeqLen, longer), 0);
+  engine->kv_pool().drop_cached();
+  EXPECT_EQ(engine->kv_pool().cached_prefix(kMaxSeqLen, longer), 0);
+  EXPECT_EQ(engine->kv_pool().pages_cached(), 0);
   EXPECT_EQ(generate(*engine->create_session(), request(longer, 21, 4)).prefilled, int64_t(longer.size()));
 }
 
@@ -185,19 +204,18 @@ TEST(Sessions, PartialPrefixIsReusedOnlyWhileThePagesHoldTheWindow) {
     EXPECT_EQ(pool.usable_prefix(kv, diverging_at(first_usable - 1)), 0) << "its window starts before the pages held";
     EXPECT_EQ(pool.usable_prefix(kv, cached), 199) << "the last token is prefilled for its logits";
     EXPECT_EQ(pool.usable_prefix(kv, std::vector<int32_t>{cached[0]}), 0);
-    kv.forget();
   }
 
-  // The reused prefix gives the tokens a fresh prefill gives.
-  for (int64_t p : {150, 100}) {  // 150 is usable, 100 not
-    {
-      auto holder = engine->create_session();
-      holder->start(cached);
-    }
-    const std::vector<int32_t> prompt = diverging_at(p);
+  // A session continuing from its own tokens: at 150 it keeps them, at 100 it cannot (it may still
+  // begin with cached pages); either way the tokens are a fresh prefill's.
+  for (int64_t p : {150, 100}) {
+    pool.drop_cached();  // the session prefills `cached` itself, in chunks from 0 as above
     auto session = engine->create_session();
+    session->start(cached);
+    const std::vector<int32_t> prompt = diverging_at(p);
     const GenerationResult got = generate(*session, request(prompt, 41, 8));
-    EXPECT_EQ(got.prefilled, p == 150 ? int64_t(prompt.size()) - p : int64_t(prompt.size())) << "p " << p;
+    if (p == 150) EXPECT_EQ(got.prefilled, int64_t(prompt.size()) - p);
+    else EXPECT_GT(got.prefilled, int64_t(prompt.size()) - p);
     auto fresh_engine = demo_engine(1);
     EXPECT_EQ(got.tokens, alone(*fresh_engine, request(prompt, 41, 8))) << "p " << p;
   }

@@ -1,10 +1,12 @@
 // The scheduling policy on its own (StepPlanner, docs/DESIGN.md §7): no model and no forward —
 // the tests feed the tokens a forward would have drawn. Decode rows come first, then prompt chunks
-// within the step's budget, packed into forwards by rows and draws; the KV pool's room bounds
-// admission and a cancellation frees it; a finished sequence leaves, a NaN fails its sequence
-// alone; a follower's admissions must be the next waiting requests.
+// within the step's budget, packed into forwards by rows and draws; the KV pool's pages bound
+// admission and a cancellation frees them; running sequences that outgrow the pool preempt the
+// youngest, which resumes when pages come back; a finished sequence leaves, a NaN fails its
+// sequence alone; a follower's membership changes must name its own sequences in its order.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -19,7 +21,8 @@ namespace {
 
 constexpr int64_t kMaxSeqLen = 64;
 
-// One full-attention layer of 2 KV heads of 8 dims: the pool's memory is all the planner needs.
+// One full-attention layer of 2 KV heads of 8 dims (pages of 32 positions, two for a sequence of
+// kMaxSeqLen): the pool's memory is all the planner needs.
 ModelConfig pool_config() {
   ModelConfig c;
   c.vocab_size = 100;
@@ -47,11 +50,18 @@ class Planner : public ::testing::Test {
     limits.max_seq_len = kMaxSeqLen;
     planner_ = std::make_unique<StepPlanner>(*pool_, limits);
   }
-  // The result of running `plan`: each draw gives `token`.
-  static StepResult drawing(const StepPlan& plan, int32_t token) {
+  // The result of running `plan`: each chunk's sequence takes the pages of its positions and holds
+  // its tokens, as a forward leaves it (ModelRunner), and each draw gives `token`.
+  StepResult drawing(const StepPlan& plan, int32_t token) {
     StepResult result;
-    for (const PlannedForward& f : plan.forwards)
+    for (const PlannedForward& f : plan.forwards) {
+      for (const PlannedChunk& c : f.chunks) {
+        KvSequence& kv = planner_->kv(c.id);
+        pool_->prepare(kv, int64_t(c.tokens.size()));
+        kv.append(c.tokens);
+      }
       result.forwards.push_back(ForwardDraws{std::vector<int32_t>(size_t(f.draws()), token), {}, 0, false});
+    }
     return result;
   }
 
@@ -62,11 +72,11 @@ class Planner : public ::testing::Test {
 };
 
 TEST_F(Planner, DecodeRowsFirstThenPromptChunksWithinTheBudget) {
-  make(2, {.prefill_tokens_per_step = 16, .forward_rows = 8, .forward_draws = 4});
+  make(1, {.prefill_tokens_per_step = 16, .forward_rows = 8, .forward_draws = 4});
   const RequestId a = planner_->add(request(10)), b = planner_->add(request(20)), c = planner_->add(request(5));
 
-  // Step 1: a's whole prompt (10 of 16) starts; b starts too (room for two) but its first chunk
-  // (16) does not fit the 6 left; c waits for room. A 10-row chunk exceeds 8 rows: alone.
+  // Step 1: a's whole prompt (10 of 16) starts; b starts too (a page each: the pool's two) but its
+  // first chunk (16) does not fit the 6 left; c waits for a page. A 10-row chunk exceeds 8 rows: alone.
   StepPlan plan = planner_->plan();
   EXPECT_EQ(plan.admitted, (std::vector<RequestId>{a, b}));
   ASSERT_EQ(plan.forwards.size(), 1u);
@@ -109,18 +119,44 @@ TEST_F(Planner, DecodeRowsFirstThenPromptChunksWithinTheBudget) {
   (void)c;
 }
 
-TEST_F(Planner, TheKvPoolsRoomBoundsAdmissionAndCancellingFreesIt) {
+TEST_F(Planner, ThePoolsPagesBoundAdmissionAndCancellingFreesThem) {
   make(1, {.prefill_tokens_per_step = 64, .forward_rows = 64, .forward_draws = 4});
-  const RequestId a = planner_->add(request(3)), b = planner_->add(request(3));
+  EXPECT_EQ(pool_->pages_total(), 2);
+  // 40 prompt tokens and the first new one: both pages.
+  const RequestId a = planner_->add(request(40)), b = planner_->add(request(40));
   StepPlan plan = planner_->plan();
   EXPECT_EQ(plan.admitted, std::vector<RequestId>{a});
   planner_->update(plan, drawing(plan, 7));
   EXPECT_TRUE(planner_->plan().admitted.empty()) << "one sequence fills the pool";
   EXPECT_TRUE(planner_->cancel(a));
-  EXPECT_EQ(pool_->bytes_in_use(), 0u);
-  EXPECT_EQ(pool_->bytes_kept(), 0u) << "a cancelled sequence keeps nothing";
+  EXPECT_EQ(pool_->pages_in_use(), 0);
   plan = planner_->plan();
   EXPECT_EQ(plan.admitted, std::vector<RequestId>{b});
+}
+
+// Two sequences of one page each outgrow a pool of two pages at position 32: the youngest is
+// preempted (its page copied out), the oldest runs to its end, and the youngest then resumes where
+// it stood and ends with all its tokens.
+TEST_F(Planner, TheYoungestIsPreemptedWhenRunningSequencesOutgrowThePool) {
+  make(1, {.prefill_tokens_per_step = 64, .forward_rows = 64, .forward_draws = 4});
+  const RequestId a = planner_->add(request(20, 30)), b = planner_->add(request(20, 30));
+  std::map<RequestId, int64_t> drawn;
+  std::vector<RequestId> preempted, resumed;
+  for (int step = 0; !planner_->idle() && step < 200; ++step) {
+    const StepPlan plan = planner_->plan();
+    preempted.insert(preempted.end(), plan.preempted.begin(), plan.preempted.end());
+    resumed.insert(resumed.end(), plan.resumed.begin(), plan.resumed.end());
+    EXPECT_LE(planner_->running() + planner_->waiting(), 2u) << "waiting() counts the preempted";
+    for (const SequenceEvent& e : planner_->update(plan, drawing(plan, 7))) ++drawn[e.id];
+    EXPECT_LE(pool_->pages_in_use(), 2);
+  }
+  EXPECT_TRUE(planner_->idle());
+  EXPECT_EQ(preempted, std::vector<RequestId>{b});
+  EXPECT_EQ(resumed, std::vector<RequestId>{b});
+  EXPECT_EQ(planner_->preemptions(), 1);
+  EXPECT_EQ(drawn[a], 30);
+  EXPECT_EQ(drawn[b], 30);
+  EXPECT_EQ(pool_->pages_in_use(), 0);
 }
 
 TEST_F(Planner, AFinishedSequenceLeavesAndANanFailsAlone) {
@@ -143,19 +179,24 @@ TEST_F(Planner, AFinishedSequenceLeavesAndANanFailsAlone) {
   EXPECT_EQ(events[0].id, a);
   EXPECT_EQ(events[0].drawn.stop, StopReason::kMaxTokens);
   EXPECT_TRUE(planner_->idle());
-  EXPECT_EQ(pool_->bytes_in_use(), 0u) << "every sequence gave its caches back";
+  EXPECT_EQ(pool_->pages_in_use(), 0) << "every sequence gave its pages back";
 }
 
-TEST_F(Planner, AFollowersAdmissionsMustBeItsNextWaitingRequests) {
+TEST_F(Planner, AFollowersChangesMustNameItsSequencesInItsOrder) {
   make(1, {.prefill_tokens_per_step = 64, .forward_rows = 64, .forward_draws = 4});
   const RequestId a = planner_->add(request(3)), b = planner_->add(request(3));
-  const std::vector<RequestId> wrong{b};
-  EXPECT_EQ(test::error_kind_of([&] { planner_->admit(wrong); }), ErrorKind::kInternal);
-  const std::vector<RequestId> right{a};
-  planner_->admit(right);
-  EXPECT_EQ(planner_->running(), 1u);
-  const std::vector<RequestId> no_room{b};
-  EXPECT_EQ(test::error_kind_of([&] { planner_->admit(no_room); }), ErrorKind::kInternal);
+  auto follow = [&](std::vector<RequestId> preempted, std::vector<RequestId> resumed, std::vector<RequestId> admitted) {
+    planner_->follow(StepPlan{std::move(preempted), std::move(resumed), std::move(admitted), {}});
+  };
+  EXPECT_EQ(test::error_kind_of([&] { follow({}, {}, {b}); }), ErrorKind::kInternal) << "b is not the next waiting";
+  follow({}, {}, {a, b});
+  EXPECT_EQ(planner_->running(), 2u);
+  EXPECT_EQ(test::error_kind_of([&] { follow({a}, {}, {}); }), ErrorKind::kInternal) << "a is not the youngest";
+  follow({b}, {}, {});
+  EXPECT_EQ(planner_->preempted(), 1u);
+  EXPECT_EQ(test::error_kind_of([&] { follow({}, {a}, {}); }), ErrorKind::kInternal) << "a is not preempted";
+  follow({}, {b}, {});
+  EXPECT_EQ(planner_->running(), 2u);
 }
 
 TEST_F(Planner, BadRequestsAreClearErrorsOfTheirKind) {

@@ -24,7 +24,7 @@ struct EngineOptions {
   int64_t max_seq_len = 0;        // 0 = the program's g4.max_seq_len
   int64_t max_prefill_chunk = 0;  // 0 = the program's g4.max_prefill_chunk
   int threads = 0;                // CPU backend worker threads; 0 = one per hardware thread
-  // Bytes of KV caches for all sequences and kept prefixes together; 0 = one sequence of
+  // Bytes of KV caches for all sequences and cached prefixes together; 0 = one sequence of
   // max_seq_len (what g4 run and g4 chat use).
   size_t kv_budget_bytes = 0;
   // When kv_budget_bytes is 0: the budget is this many sequences of max_seq_len (a server's

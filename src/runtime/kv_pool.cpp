@@ -18,6 +18,25 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 size_t layer_row_bytes(const LayerConfig& l, DType dtype) { return row_bytes(dtype, int64_t(l.kv_heads) * l.head_dim); }
 
+uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+PrefixHash extended(PrefixHash h, std::span<const int32_t> tokens) {
+  for (int32_t t : tokens) {
+    const uint64_t v = uint64_t(uint32_t(t));
+    h.a = mix64(h.a ^ (v + 0x9e3779b97f4a7c15ull));
+    h.b = mix64(h.b + v * 0xd6e8feb86659fd93ull + 0x632be59bd9b4e019ull);
+  }
+  return h;
+}
+
+constexpr PrefixHash kEmptyPrefix{0x243f6a8885a308d3ull, 0x13198a2e03707344ull};
+
 }  // namespace
 
 KvPageLayout kv_page_layout(const ModelConfig& c, DType dtype, int64_t max_seq_len) {
@@ -49,23 +68,39 @@ size_t kv_sequence_bytes(const ModelConfig& config, DType dtype, int64_t max_seq
   return kv_page_layout(config, dtype, max_seq_len).sequence_bytes();
 }
 
+// ---- KvSequence ----
+
 KvSequence& KvSequence::operator=(KvSequence&& other) noexcept {
   if (this == &other) return *this;
   give_back();
   pool_ = std::exchange(other.pool_, nullptr);
   state_ = std::move(other.state_);
-  bytes_ = other.bytes_;
+  reserved_ = std::exchange(other.reserved_, 0);
   return *this;
 }
 
 void KvSequence::give_back() {
   if (!pool_) return;
-  std::exchange(pool_, nullptr)->take_back(*this);
-  state_ = SequenceState{};
+  KvPool* pool = std::exchange(pool_, nullptr);
+  pool->reserved_ -= std::exchange(reserved_, 0);
+  pool->take_back(state_);
 }
 
+void KvSequence::truncate(int64_t n) {
+  if (pool_) pool_->truncate(state_, n);
+}
+
+// ---- KvPool: layout, pages, the prefix cache ----
+
 KvPool::KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes)
-    : config_(config), backend_(backend), budget_(budget_bytes) {}
+    : config_(config), backend_(backend), budget_(budget_bytes) {
+  int64_t gcd = 0;
+  for (int64_t b : layout(1).page_positions) {
+    gcd = std::gcd(gcd, b);
+    share_unit_ = std::lcm(share_unit_, b);
+  }
+  hash_unit_ = std::max<int64_t>(1, gcd);
+}
 
 KvPool::~KvPool() = default;
 
@@ -75,8 +110,13 @@ const KvPageLayout& KvPool::layout(int64_t max_seq_len) const {
   return layouts_.emplace_back(max_seq_len, kv_page_layout(config_, backend_.activation_dtype(), max_seq_len)).second;
 }
 
-size_t KvPool::sequence_bytes(int64_t max_seq_len) const {
-  return layout(max_seq_len).sequence_bytes();
+size_t KvPool::sequence_bytes(int64_t max_seq_len) const { return layout(max_seq_len).sequence_bytes(); }
+
+int64_t KvPool::pages_for_positions(int64_t max_seq_len, int64_t positions) const {
+  const KvPageLayout& l = layout(max_seq_len);
+  int64_t pages = 0;
+  for (size_t i = 0; i < l.slots.size(); ++i) pages += std::min(l.slots[i], ceil_div(positions, l.page_positions[i]));
+  return pages;
 }
 
 void KvPool::allocate_pages(size_t available, int64_t max_seq_len) {
@@ -84,9 +124,11 @@ void KvPool::allocate_pages(size_t available, int64_t max_seq_len) {
   const size_t page = page_bytes();
   budget_ = std::min(budget_, available);
   G4_REQUIRE(kResourceExhausted, budget_ >= sequence_bytes(max_seq_len),
-             "out of KV memory: " + std::to_string(available) + " bytes are free for KV caches after the weights and " +
-                 "the forward's workspaces, less than one sequence's " + std::to_string(sequence_bytes(max_seq_len)) +
-                 " bytes at max_seq_len " + std::to_string(max_seq_len) + " (lower --max_seq_len)");
+             "out of KV memory: the KV pool would have " + std::to_string(budget_) +
+                 " bytes (its budget, at most what the device has free after the weights and the forward's "
+                 "workspaces), less than one sequence's " +
+                 std::to_string(sequence_bytes(max_seq_len)) + " bytes at max_seq_len " + std::to_string(max_seq_len) +
+                 " (lower --max_seq_len)");
   if (page == 0) return;  // no layers
   pages_total_ = int64_t(budget_ / page);
   budget_ = size_t(pages_total_) * page;
@@ -98,8 +140,140 @@ void KvPool::allocate_pages(size_t available, int64_t max_seq_len) {
     Tensor k = arena_.reshaped(pages_total_ * l.page_stride[i], int64_t(lc.kv_heads) * lc.head_dim);
     layer_rows_.emplace_back(k, k.rows_view(l.page_positions[i], k.rows - l.page_positions[i]));
   }
+  pages_.assign(size_t(pages_total_), PageInfo{});
   free_pages_.resize(size_t(pages_total_));
   std::iota(free_pages_.rbegin(), free_pages_.rend(), 0);  // page 0 is taken first
+}
+
+Tensor KvPool::page_bytes_view(int32_t page) const { return arena_.rows_view(page, 1); }
+
+int32_t KvPool::take_page() {
+  if (free_pages_.empty() && !evictable_.empty()) uncache(evictable_.back());
+  G4_REQUIRE(kResourceExhausted, !free_pages_.empty(),
+             "out of KV memory: all " + std::to_string(pages_total_) + " pages of " + std::to_string(page_bytes()) +
+                 " bytes are held by live sequences");
+  const int32_t page = free_pages_.back();
+  free_pages_.pop_back();
+  return page;
+}
+
+void KvPool::hold(int32_t page) {
+  PageInfo& p = pages_[size_t(page)];
+  if (p.refs == 0 && p.cached) evictable_.erase(p.evictable);
+  if (++p.refs == 2) ++shared_pages_;
+}
+
+void KvPool::release(int32_t page) {
+  PageInfo& p = pages_[size_t(page)];
+  G4_ASSERT(p.refs > 0, "a KV page given back more often than it was taken");
+  if (p.refs-- == 2) --shared_pages_;
+  if (p.refs > 0) return;
+  if (p.cached) {
+    evictable_.push_front(page);
+    p.evictable = evictable_.begin();
+  } else {
+    free_pages_.push_back(page);
+  }
+}
+
+void KvPool::uncache(int32_t page) {
+  PageInfo& p = pages_[size_t(page)];
+  if (!p.cached) return;
+  cache_.erase(p.key);
+  p.cached = false;
+  if (p.refs > 0) return;
+  evictable_.erase(p.evictable);
+  free_pages_.push_back(page);
+}
+
+void KvPool::set_slot(SequencePages& pages, size_t slot, int64_t layer, int32_t page, int64_t logical) {
+  hold(page);
+  pages.page[slot] = page;
+  pages.logical[slot] = int32_t(logical);
+  ++pages.held;
+  ++pages.held_in_layer[size_t(layer)];
+  pages.changed = true;
+}
+
+void KvPool::clear_slot(SequencePages& pages, size_t slot, int64_t layer) {
+  release(pages.page[slot]);
+  pages.page[slot] = pages.logical[slot] = -1;
+  --pages.held;
+  --pages.held_in_layer[size_t(layer)];
+  pages.changed = true;
+}
+
+void KvPool::upload_table(SequencePages& pages) {
+  if (!pages.changed) return;
+  backend_.upload(pages.page.data(), pages.table.rows_view(0, int64_t(pages.page.size())));
+  pages.changed = false;
+}
+
+std::vector<PrefixHash> KvPool::prefix_hashes(std::span<const int32_t> tokens) const {
+  std::vector<PrefixHash> hashes;
+  PrefixHash h = kEmptyPrefix;
+  for (size_t at = 0; at + size_t(hash_unit_) <= tokens.size(); at += size_t(hash_unit_))
+    hashes.push_back(h = extended(h, tokens.subspan(at, size_t(hash_unit_))));
+  return hashes;
+}
+
+void KvPool::hash_tokens(SequenceState& s) const {
+  const size_t unit = size_t(hash_unit_);
+  for (size_t k = s.prefix_hashes.size(); (k + 1) * unit <= s.tokens.size(); ++k)
+    s.prefix_hashes.push_back(extended(k ? s.prefix_hashes[k - 1] : kEmptyPrefix,
+                                       std::span<const int32_t>(s.tokens).subspan(k * unit, unit)));
+}
+
+int32_t KvPool::cached_page(int64_t layer, int64_t j, int64_t page_positions, std::span<const PrefixHash> hashes) const {
+  const size_t at = size_t((j + 1) * page_positions / hash_unit_) - 1;
+  if (at >= hashes.size()) return -1;
+  const auto found = cache_.find(PageKey{layer, j, hashes[at]});
+  return found == cache_.end() ? -1 : found->second;
+}
+
+int64_t KvPool::first_read_page(int64_t layer, int64_t p, int64_t page_positions) const {
+  return config_.layers[size_t(layer)].sliding ? std::max<int64_t>(0, p - config_.sliding_window + 1) / page_positions
+                                               : 0;
+}
+
+// Registers the pages whose positions are all written and that no cache entry names yet (a page
+// whose key another page already has stays this sequence's alone).
+void KvPool::register_written(SequenceState& s) {
+  hash_tokens(s);
+  const KvPageLayout& l = layout(s.max_seq_len);
+  const int64_t n = int64_t(s.tokens.size());
+  SequencePages& pages = s.pages;
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t B = l.page_positions[i], S = l.slots[i], end = n / B;
+    for (int64_t j = std::max(pages.registered_below[i], pages.freed_below[i]); j < end; ++j) {
+      const size_t slot = size_t(l.table_offset[i] + j % S);
+      if (pages.logical[slot] != j) continue;
+      PageInfo& info = pages_[size_t(pages.page[slot])];
+      if (info.cached) continue;
+      const PageKey key{int64_t(i), j, s.prefix_hashes[size_t((j + 1) * B / hash_unit_) - 1]};
+      if (cache_.emplace(key, pages.page[slot]).second) info.cached = true, info.key = key;
+    }
+    pages.registered_below[i] = std::max(pages.registered_below[i], end);
+  }
+}
+
+bool KvPool::prefix_is_cached(int64_t max_seq_len, int64_t p, std::span<const PrefixHash> hashes) const {
+  const KvPageLayout& l = layout(max_seq_len);
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t B = l.page_positions[i];
+    for (int64_t j = p / B - 1; j >= first_read_page(int64_t(i), p, B); --j)  // the last page first: misses end early
+      if (cached_page(int64_t(i), j, B, hashes) < 0) return false;
+  }
+  return true;
+}
+
+int64_t KvPool::cached_prefix(int64_t max_seq_len, std::span<const int32_t> prompt) const {
+  if (prompt.size() < 2 || cache_.empty()) return 0;
+  const int64_t longest = (int64_t(prompt.size()) - 1) / share_unit_ * share_unit_;
+  const std::vector<PrefixHash> hashes = prefix_hashes(prompt.first(size_t(longest)));
+  for (int64_t p = longest; p > 0; p -= share_unit_)
+    if (prefix_is_cached(max_seq_len, p, hashes)) return p;
+  return 0;
 }
 
 SequenceState KvPool::blank(int64_t max_seq_len) {
@@ -117,6 +291,8 @@ SequenceState KvPool::blank(int64_t max_seq_len) {
   s.pages.page.assign(size_t(l.table_entries), -1);
   s.pages.logical.assign(size_t(l.table_entries), -1);
   s.pages.freed_below.assign(config_.layers.size(), 0);
+  s.pages.registered_below.assign(config_.layers.size(), 0);
+  s.pages.held_in_layer.assign(config_.layers.size(), 0);
   s.pages.changed = true;
   for (size_t i = 0; i < config_.layers.size(); ++i)
     s.caches.push_back(KvCache{layer_rows_[i].first, layer_rows_[i].second,
@@ -125,13 +301,220 @@ SequenceState KvPool::blank(int64_t max_seq_len) {
   return s;
 }
 
-KvSequence KvPool::live(SequenceState&& state) {
+SequenceState KvPool::with_cached_prefix(int64_t max_seq_len, std::span<const int32_t> prompt) {
+  SequenceState s = blank(max_seq_len);
+  const int64_t p = cached_prefix(max_seq_len, prompt);
+  if (p == 0) return s;
+  const KvPageLayout& l = layout(max_seq_len);
+  s.tokens.assign(prompt.begin(), prompt.begin() + p);
+  hash_tokens(s);
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t B = l.page_positions[i], first = first_read_page(int64_t(i), p, B);
+    for (int64_t j = first; j < p / B; ++j)
+      set_slot(s.pages, size_t(l.table_offset[i] + j % l.slots[i]), int64_t(i),
+               cached_page(int64_t(i), j, B, s.prefix_hashes), j);
+    s.pages.freed_below[i] = first;
+    s.pages.registered_below[i] = p / B;
+  }
+  return s;
+}
+
+KvSequence KvPool::live(SequenceState&& state, size_t reserved) {
+  G4_ASSERT(pages_total_ > 0 || page_bytes() == 0, "the KV pool's pages are not allocated");
   KvSequence s;
   s.pool_ = this;
-  s.bytes_ = sequence_bytes(state.max_seq_len);
   s.state_ = std::move(state);
-  in_use_ += s.bytes_;
+  s.reserved_ = reserved;
+  reserved_ += reserved;
   return s;
+}
+
+KvSequence KvPool::acquire(int64_t max_seq_len, std::span<const int32_t> prompt) {
+  G4_CHECK(max_seq_len >= 1, "KV caches need max_seq_len >= 1, got " + std::to_string(max_seq_len));
+  const size_t need = sequence_bytes(max_seq_len);
+  G4_REQUIRE(kResourceExhausted, need <= budget_,
+             "out of KV memory: " + std::to_string(need) + " bytes requested (a sequence of " +
+                 std::to_string(max_seq_len) + " positions), more than the whole budget of " + std::to_string(budget_) +
+                 " bytes");
+  G4_REQUIRE(kResourceExhausted, reserved_ + need <= budget_,
+             "out of KV memory: " + std::to_string(need) + " bytes requested, " + std::to_string(reserved_) + " of " +
+                 std::to_string(budget_) + " reserved by live sessions (end a session, or raise the KV budget)");
+  return live(with_cached_prefix(max_seq_len, prompt), need);
+}
+
+KvSequence KvPool::start(int64_t max_seq_len, std::span<const int32_t> prompt) {
+  G4_CHECK(max_seq_len >= 1, "KV caches need max_seq_len >= 1, got " + std::to_string(max_seq_len));
+  return live(with_cached_prefix(max_seq_len, prompt), 0);
+}
+
+// ---- KvPool: what sequences need, and preparing a forward ----
+
+namespace {
+
+// Logical pages of [from, end) not held, when only the page holding `from` can be held already.
+int64_t new_pages(const SequencePages& pages, int64_t offset, int64_t B, int64_t S, int64_t from, int64_t end) {
+  if (end <= from) return 0;
+  const int64_t first = from / B, count = ceil_div(end, B) - first;
+  return count - (pages.logical[size_t(offset + first % S)] == first ? 1 : 0);
+}
+
+}  // namespace
+
+int64_t KvPool::pages_to_start(int64_t max_seq_len, std::span<const int32_t> prompt, int64_t end) const {
+  const KvPageLayout& l = layout(max_seq_len);
+  const int64_t p = cached_prefix(max_seq_len, prompt);
+  const std::vector<PrefixHash> hashes = prefix_hashes(prompt.first(size_t(p)));
+  int64_t pages = 0;
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t B = l.page_positions[i], first = first_read_page(int64_t(i), p, B);
+    pages += std::min(l.slots[i], ceil_div(end, B) - first) - (p / B - first);
+    for (int64_t j = first; j < p / B; ++j)  // cached pages no live sequence holds leave the available ones
+      if (pages_[size_t(cached_page(int64_t(i), j, B, hashes))].refs == 0) ++pages;
+  }
+  return pages;
+}
+
+int64_t KvPool::pages_to_reach(const KvSequence& sequence, int64_t end) const {
+  const SequenceState& s = sequence.state_;
+  const KvPageLayout& l = layout(s.max_seq_len);
+  int64_t pages = 0;
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t n = new_pages(s.pages, l.table_offset[i], l.page_positions[i], l.slots[i], sequence.position(), end);
+    pages += config_.layers[i].sliding ? std::min(n, std::max<int64_t>(0, l.slots[i] - s.pages.held_in_layer[i])) : n;
+  }
+  return pages;
+}
+
+int64_t KvPool::pages_for_forward(const KvSequence& sequence, int64_t count) const {
+  const SequenceState& s = sequence.state_;
+  const KvPageLayout& l = layout(s.max_seq_len);
+  int64_t pages = 0;
+  for (size_t i = 0; i < config_.layers.size(); ++i)
+    pages += new_pages(s.pages, l.table_offset[i], l.page_positions[i], l.slots[i], sequence.position(),
+                       sequence.position() + count);
+  return pages;
+}
+
+void KvPool::release_unread(KvSequence& sequence) {
+  SequencePages& pages = sequence.state_.pages;
+  const KvPageLayout& l = layout(sequence.max_seq_len());
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    if (!config_.layers[i].sliding) continue;
+    const int64_t B = l.page_positions[i], S = l.slots[i];
+    // Pages wholly before the window of the next query are read no more.
+    const int64_t keep_from = std::max<int64_t>(0, sequence.position() - config_.sliding_window + 1) / B;
+    for (int64_t j = pages.freed_below[i]; j < keep_from; ++j) {
+      const size_t slot = size_t(l.table_offset[i] + j % S);
+      if (pages.logical[slot] == j) clear_slot(pages, slot, int64_t(i));
+    }
+    pages.freed_below[i] = std::max(pages.freed_below[i], keep_from);
+  }
+}
+
+void KvPool::prepare(KvSequence& sequence, int64_t count) {
+  G4_ASSERT(!sequence.empty() && count >= 1, "prepare: a live sequence and at least one position");
+  SequenceState& s = sequence.state_;
+  register_written(s);  // before release_unread: a page leaving the window stays cached
+  release_unread(sequence);
+  const KvPageLayout& l = layout(s.max_seq_len);
+  const int64_t from = sequence.position(), end = from + count;
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t B = l.page_positions[i], S = l.slots[i];
+    for (int64_t j = from / B; j <= (end - 1) / B; ++j) {
+      const size_t slot = size_t(l.table_offset[i] + j % S);
+      if (s.pages.logical[slot] == j) continue;
+      if (s.pages.page[slot] >= 0) clear_slot(s.pages, slot, int64_t(i));
+      set_slot(s.pages, slot, int64_t(i), take_page(), j);
+    }
+  }
+  upload_table(s.pages);
+}
+
+// ---- KvPool: truncation, preemption, giving back ----
+
+void KvPool::own_slot(SequencePages& pages, size_t slot) {
+  const int32_t page = pages.page[slot];
+  PageInfo& info = pages_[size_t(page)];
+  if (info.refs == 1) return uncache(page);  // its contents are about to change
+  // Shared: this sequence gets a copy (rare: a truncation into a page another sequence reads).
+  const int32_t copy = take_page();
+  std::vector<std::byte> bytes(page_bytes());
+  backend_.download(page_bytes_view(page), bytes.data());
+  backend_.upload(bytes.data(), page_bytes_view(copy));
+  release(page);
+  hold(copy);
+  pages.page[slot] = copy;
+  pages.changed = true;
+}
+
+void KvPool::truncate(SequenceState& s, int64_t n) {
+  if (n >= int64_t(s.tokens.size())) return;
+  s.tokens.resize(size_t(n));
+  s.prefix_hashes.resize(std::min(s.prefix_hashes.size(), size_t(n / hash_unit_)));
+  const KvPageLayout& l = layout(s.max_seq_len);
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const int64_t B = l.page_positions[i];
+    for (int64_t slot = l.table_offset[i]; slot < l.table_offset[i] + l.slots[i]; ++slot) {
+      const int64_t j = s.pages.logical[size_t(slot)];
+      if (j < 0 || (j + 1) * B <= n) continue;
+      if (j * B >= n) {
+        clear_slot(s.pages, size_t(slot), int64_t(i));
+      } else {
+        own_slot(s.pages, size_t(slot));
+      }
+    }
+    s.pages.registered_below[i] = std::min(s.pages.registered_below[i], n / B);
+  }
+}
+
+SwappedSequence KvPool::swap_out(KvSequence&& sequence) {
+  G4_ASSERT(!sequence.empty() && sequence.reserved_ == 0, "only a scheduled sequence is swapped out");
+  SwappedSequence out;
+  out.state = std::move(sequence.state_);
+  sequence.pool_ = nullptr;
+  register_written(out.state);  // its written pages stay cached for others while it waits
+  const size_t page = page_bytes();
+  out.bytes.resize(size_t(out.state.pages.held) * page);
+  SequencePages& pages = out.state.pages;
+  const KvPageLayout& l = layout(out.state.max_seq_len);
+  for (size_t i = 0; i < config_.layers.size(); ++i)
+    for (int64_t slot = l.table_offset[i]; slot < l.table_offset[i] + l.slots[i]; ++slot) {
+      if (pages.page[size_t(slot)] < 0) continue;
+      backend_.download(page_bytes_view(pages.page[size_t(slot)]), out.bytes.data() + out.slots.size() * page);
+      out.slots.push_back(int32_t(slot));
+      out.logical.push_back(pages.logical[size_t(slot)]);
+      clear_slot(pages, size_t(slot), int64_t(i));
+    }
+  return out;
+}
+
+KvSequence KvPool::swap_in(SwappedSequence&& swapped) {
+  SequenceState s = std::move(swapped.state);
+  const KvPageLayout& l = layout(s.max_seq_len);
+  const size_t page = page_bytes();
+  size_t layer = 0;
+  for (size_t k = 0; k < swapped.slots.size(); ++k) {
+    while (swapped.slots[k] >= l.table_offset[layer] + l.slots[layer]) ++layer;
+    const int32_t taken = take_page();
+    backend_.upload(swapped.bytes.data() + k * page, page_bytes_view(taken));
+    set_slot(s.pages, size_t(swapped.slots[k]), int64_t(layer), taken, swapped.logical[k]);
+  }
+  std::fill(s.pages.registered_below.begin(), s.pages.registered_below.end(), 0);  // fresh pages: none cached
+  return live(std::move(s), 0);
+}
+
+void KvPool::take_back(SequenceState& s) {
+  register_written(s);
+  const KvPageLayout& l = layout(s.max_seq_len);
+  for (size_t i = 0; i < config_.layers.size(); ++i)
+    for (int64_t slot = l.table_offset[i]; slot < l.table_offset[i] + l.slots[i]; ++slot)
+      if (s.pages.page[size_t(slot)] >= 0) clear_slot(s.pages, size_t(slot), int64_t(i));
+  if (!s.pages.table.empty()) free_tables_.push_back(std::move(s.pages.table));
+  s = SequenceState{};
+}
+
+void KvPool::drop_cached() {
+  for (size_t page = 0; page < pages_.size(); ++page) uncache(int32_t(page));
 }
 
 int64_t KvPool::usable_prefix(const SequenceState& state, std::span<const int32_t> prompt) const {
@@ -143,8 +526,8 @@ int64_t KvPool::usable_prefix(const SequenceState& state, std::span<const int32_
   const KvPageLayout& l = layout(state.max_seq_len);
   for (size_t i = 0; i < config_.layers.size(); ++i) {
     if (!config_.layers[i].sliding) continue;
-    const int64_t B = l.page_positions[i], S = l.slots[i], first = std::max<int64_t>(0, p - config_.sliding_window + 1);
-    for (int64_t j = first / B; j <= (p - 1) / B; ++j)
+    const int64_t B = l.page_positions[i], S = l.slots[i];
+    for (int64_t j = first_read_page(int64_t(i), p, B); j <= (p - 1) / B; ++j)
       if (state.pages.logical[size_t(l.table_offset[i] + j % S)] != j) return 0;
   }
   return p;
@@ -152,122 +535,6 @@ int64_t KvPool::usable_prefix(const SequenceState& state, std::span<const int32_
 
 int64_t KvPool::usable_prefix(const KvSequence& sequence, std::span<const int32_t> prompt) const {
   return sequence.empty() ? 0 : usable_prefix(sequence.state_, prompt);
-}
-
-std::list<SequenceState>::const_iterator KvPool::best_kept(int64_t max_seq_len, std::span<const int32_t> prompt,
-                                                           int64_t* prefix) const {
-  auto best = kept_list_.cend();
-  *prefix = 0;
-  for (auto it = kept_list_.cbegin(); it != kept_list_.cend(); ++it) {
-    if (it->max_seq_len != max_seq_len) continue;
-    const int64_t p = usable_prefix(*it, prompt);
-    if (p > *prefix) best = it, *prefix = p;
-  }
-  return best;
-}
-
-int64_t KvPool::best_kept_prefix(int64_t max_seq_len, std::span<const int32_t> prompt) const {
-  int64_t prefix = 0;
-  best_kept(max_seq_len, prompt, &prefix);
-  return prefix;
-}
-
-std::optional<KvSequence> KvPool::try_acquire(int64_t max_seq_len, std::span<const int32_t> prompt) {
-  G4_CHECK(max_seq_len >= 1, "KV caches need max_seq_len >= 1, got " + std::to_string(max_seq_len));
-  const size_t need = sequence_bytes(max_seq_len);
-  G4_CHECK(need <= budget_, "out of KV memory: " + std::to_string(need) + " bytes requested (a sequence of " +
-                                std::to_string(max_seq_len) + " positions), more than the whole budget of " +
-                                std::to_string(budget_) + " bytes");
-  G4_ASSERT(pages_total_ > 0 || page_bytes() == 0, "the KV pool's pages are not allocated");
-  if (in_use_ + need > budget_) return std::nullopt;
-  int64_t best_prefix = 0;
-  const auto found = best_kept(max_seq_len, prompt, &best_prefix);
-  if (found == kept_list_.end()) return live(blank(max_seq_len));
-  const auto best = std::next(kept_list_.begin(), std::distance(kept_list_.cbegin(), found));
-  SequenceState state = std::move(*best);
-  kept_list_.erase(best);
-  kept_pages_ -= state.pages.held;
-  state.tokens.resize(size_t(best_prefix));
-  return live(std::move(state));
-}
-
-KvSequence KvPool::acquire(int64_t max_seq_len, std::span<const int32_t> prompt) {
-  std::optional<KvSequence> s = try_acquire(max_seq_len, prompt);
-  if (!s)
-    throw Error(ErrorKind::kResourceExhausted, "out of KV memory: " + std::to_string(sequence_bytes(max_seq_len)) +
-                                                   " bytes requested, " + std::to_string(in_use_) + " of " +
-                                                   std::to_string(budget_) +
-                                                   " reserved by live sequences (end a session, or raise the KV budget)");
-  return std::move(*s);
-}
-
-int32_t KvPool::take_page() {
-  // Live sequences reserve their most pages, so the kept prefixes free enough.
-  while (free_pages_.empty()) {
-    G4_ASSERT(!kept_list_.empty(), "the KV pool has no page left for a live sequence");
-    kept_pages_ -= kept_list_.back().pages.held;
-    release(kept_list_.back());
-    kept_list_.pop_back();
-  }
-  const int32_t page = free_pages_.back();
-  free_pages_.pop_back();
-  return page;
-}
-
-void KvPool::free_slot(SequencePages& pages, size_t slot) {
-  free_pages_.push_back(pages.page[slot]);
-  pages.page[slot] = pages.logical[slot] = -1;
-  --pages.held;
-  pages.changed = true;
-}
-
-void KvPool::prepare(KvSequence& sequence, int64_t count) {
-  G4_ASSERT(!sequence.empty() && count >= 1, "prepare: a live sequence and at least one position");
-  SequencePages& pages = sequence.state_.pages;
-  const KvPageLayout& l = layout(sequence.max_seq_len());
-  const int64_t from = sequence.position(), end = from + count, window = config_.sliding_window;
-  for (size_t i = 0; i < config_.layers.size(); ++i) {
-    const int64_t B = l.page_positions[i], S = l.slots[i], offset = l.table_offset[i];
-    if (config_.layers[i].sliding) {
-      // Pages wholly before the window of the forward's first query are read no more.
-      const int64_t keep_from = std::max<int64_t>(0, from - window + 1) / B;
-      for (int64_t j = pages.freed_below[i]; j < keep_from; ++j)
-        if (pages.logical[size_t(offset + j % S)] == j) free_slot(pages, size_t(offset + j % S));
-      pages.freed_below[i] = std::max(pages.freed_below[i], keep_from);
-    }
-    for (int64_t j = from / B; j <= (end - 1) / B; ++j) {
-      const size_t slot = size_t(offset + j % S);
-      if (pages.logical[slot] == j) continue;
-      if (pages.page[slot] >= 0) free_slot(pages, slot);
-      pages.page[slot] = take_page();
-      pages.logical[slot] = int32_t(j);
-      ++pages.held;
-      pages.changed = true;
-    }
-  }
-  if (!pages.changed) return;
-  backend_.upload(pages.page.data(), pages.table.rows_view(0, int64_t(pages.page.size())));
-  pages.changed = false;
-}
-
-void KvPool::release(SequenceState& state) {
-  for (size_t slot = 0; slot < state.pages.page.size(); ++slot)
-    if (state.pages.page[slot] >= 0) free_pages_.push_back(state.pages.page[slot]);
-  if (!state.pages.table.empty()) free_tables_.push_back(std::move(state.pages.table));
-  state = SequenceState{};
-}
-
-void KvPool::drop_kept() {
-  for (SequenceState& kept : kept_list_) release(kept);
-  kept_list_.clear();
-  kept_pages_ = 0;
-}
-
-void KvPool::take_back(KvSequence& s) {
-  in_use_ -= s.bytes_;
-  if (s.state_.tokens.empty()) return release(s.state_);  // nothing worth keeping
-  kept_pages_ += s.state_.pages.held;
-  kept_list_.push_front(std::move(s.state_));
 }
 
 }  // namespace g4

@@ -78,12 +78,9 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
   params_ = backend.alloc_sampling_rows(outputs);
   adjustments_.offsets = backend.alloc(DType::I32, outputs + 1, 1);
   tokens_ = backend.alloc(DType::I64, outputs, 1);
-  // A decode batch holds at most as many sequences as the pool has room for.
-  const int64_t live =
-      std::max<int64_t>(1, int64_t(pool_.budget_bytes() / std::max<size_t>(1, pool_.sequence_bytes(max_seq_len_))));
   const ModelConfig& rc = model.rank_config();
   backend.reserve_forward(ForwardReservation{.rows = rows,
-                                             .decode_sequences = std::min(outputs, live),
+                                             .decode_sequences = outputs,
                                              .heads = int(rc.num_heads),
                                              .head_dim = rc.max_head_dim(),
                                              .intermediate = rc.intermediate_size});

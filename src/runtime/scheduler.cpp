@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 #include "sampling/sampler.h"
 #include "util/error.h"
@@ -36,9 +37,12 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
            "context full (" + std::to_string(limits_.max_seq_len) + " tokens): 0 used, " +
                std::to_string(request.prompt.size()) + " more requested");
   Generation generation(Sampler(request.sampling), GenerationLimits{request.max_new_tokens, request.stop_ids});
-  const size_t bytes = pool_.sequence_bytes(limits_.max_seq_len);
-  G4_REQUIRE(kResourceExhausted, bytes <= pool_.budget_bytes(),
-             "out of KV memory: " + std::to_string(bytes) + " bytes requested, more than the whole budget of " +
+  const int64_t positions = std::min(limits_.max_seq_len, int64_t(request.prompt.size()) + request.max_new_tokens);
+  const int64_t pages = pool_.pages_for_positions(limits_.max_seq_len, positions);
+  G4_REQUIRE(kResourceExhausted, pages <= pool_.pages_total(),
+             "out of KV memory: " + std::to_string(request.prompt.size()) + " prompt tokens and " +
+                 std::to_string(request.max_new_tokens) + " new ones need " +
+                 std::to_string(size_t(pages) * pool_.page_bytes()) + " bytes of KV pages, more than the whole pool of " +
                  std::to_string(pool_.budget_bytes()) + " bytes");
   G4_CHECK(request.top_logprobs >= -1 && request.top_logprobs <= kMaxTopLogprobs,
            "top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "] (or -1: none), got " +
@@ -51,7 +55,8 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
                "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
-                              request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr});
+                              request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
+                              std::nullopt});
   return next_id_++;
 }
 
@@ -61,28 +66,54 @@ bool StepPlanner::cancel(RequestId id) {
     waiting_.erase(it);
     return true;
   }
-  if (auto it = std::find_if(running_.begin(), running_.end(), is_id); it != running_.end()) {
-    it->kv.forget();  // nothing kept: the memory is freed with the sequence
-    running_.erase(it);
-    return true;
-  }
+  for (std::list<Sequence>* list : {&running_, &preempted_})
+    if (auto it = std::find_if(list->begin(), list->end(), is_id); it != list->end()) {
+      list->erase(it);  // its pages go back to the pool
+      return true;
+    }
   return false;
 }
 
-StepPlanner::Sequence& StepPlanner::running(RequestId id) {
+const StepPlanner::Sequence& StepPlanner::running(RequestId id) const {
   auto it = std::find_if(running_.begin(), running_.end(), [id](const Sequence& s) { return s.id == id; });
   G4_ASSERT(it != running_.end(), "request " + std::to_string(id) + " is not running");
   return *it;
 }
 
+StepPlanner::Sequence& StepPlanner::running(RequestId id) {
+  return const_cast<Sequence&>(std::as_const(*this).running(id));
+}
+
 KvSequence& StepPlanner::kv(RequestId id) { return running(id).kv; }
 
-void StepPlanner::start_front(KvSequence kv) {
-  running_.push_back(std::move(waiting_.front()));
-  waiting_.pop_front();
+void StepPlanner::release_unread_pages() {
+  for (Sequence& s : running_) pool_.release_unread(s.kv);
+}
+
+void StepPlanner::preempt_youngest() {
   Sequence& s = running_.back();
-  s.kv = std::move(kv);
-  s.position = s.kv.position();  // a kept prefix taken over is already there
+  s.swapped = pool_.swap_out(std::move(s.kv));
+  preempted_.splice(std::upper_bound(preempted_.begin(), preempted_.end(), s.id,
+                                     [](RequestId id, const Sequence& other) { return id < other.id; }),
+                    running_, std::prev(running_.end()));
+  ++preemptions_;
+}
+
+void StepPlanner::resume_front() {
+  Sequence& s = preempted_.front();
+  s.kv = pool_.swap_in(std::move(*s.swapped));
+  s.swapped.reset();
+  running_.splice(std::upper_bound(running_.begin(), running_.end(), s.id,
+                                   [](RequestId id, const Sequence& other) { return id < other.id; }),
+                  preempted_, preempted_.begin());
+}
+
+void StepPlanner::start_front() {
+  Sequence& s = waiting_.front();
+  s.kv = pool_.start(limits_.max_seq_len, s.prompt);
+  s.position = s.kv.position();  // a cached prefix is already there
+  running_.push_back(std::move(s));
+  waiting_.pop_front();
 }
 
 PlannedChunk StepPlanner::chunk(const Sequence& s, int64_t tokens) const {
@@ -107,30 +138,80 @@ PlannedChunk StepPlanner::chunk(const Sequence& s, int64_t tokens) const {
 
 // A sequence's prompt chunk is min(what is left of its prompt, prefill_tokens_per_step) — never cut
 // by other sequences, so its chunking depends only on its own prompt — and it runs this step if it
-// fits in what is left of the step's budget. Waiting requests start, in arrival order, when the KV
-// pool has room (taking over a kept prefix when one fits).
-StepPlan StepPlanner::plan() {
-  StepPlan plan;
+// fits in what is left of the step's budget.
+std::vector<PlannedChunk> StepPlanner::running_chunks(int64_t& budget, bool& prefills_fit) const {
   std::vector<PlannedChunk> chunks;
   for (const Sequence& s : running_)
     if (s.pending >= 0) chunks.push_back(chunk(s, 1));
-  int64_t budget = limits_.prefill_tokens_per_step;
-  auto take = [&](const Sequence& s) {
+  prefills_fit = true;
+  for (const Sequence& s : running_) {
+    if (s.pending >= 0) continue;
     const int64_t n = std::min(int64_t(s.prompt.size()) - s.position, limits_.prefill_tokens_per_step);
-    if (n > budget) return false;
+    if (n > budget) {
+      prefills_fit = false;
+      break;
+    }
     chunks.push_back(chunk(s, n));
     budget -= n;
-    return true;
-  };
-  bool room = true;
+  }
+  return chunks;
+}
+
+int64_t StepPlanner::pages_for(const std::vector<PlannedChunk>& chunks) const {
+  int64_t pages = 0;
+  for (const PlannedChunk& c : chunks)
+    pages += pool_.pages_for_forward(running(c.id).kv, int64_t(c.tokens.size()));
+  return pages;
+}
+
+int64_t StepPlanner::pages_committed() const {
+  int64_t pages = 0;
   for (const Sequence& s : running_)
-    if (s.pending < 0 && !(room = take(s))) break;
-  while (room && !waiting_.empty() && budget > 0) {
-    std::optional<KvSequence> kv = pool_.try_acquire(limits_.max_seq_len, waiting_.front().prompt);
-    if (!kv) break;  // the memory of running sequences comes back as they end
+    pages += pool_.pages_to_reach(s.kv, s.pending >= 0 ? s.position + 1 : int64_t(s.prompt.size()) + 1);
+  return pages;
+}
+
+int64_t StepPlanner::pages_to_start(const Sequence& s) const {
+  if (!s.swapped) return pool_.pages_to_start(limits_.max_seq_len, s.prompt, int64_t(s.prompt.size()) + 1);
+  // Its pages, and a page per layer for its next position at most.
+  return s.swapped->pages() + pool_.pages_for_positions(limits_.max_seq_len, 1);
+}
+
+StepPlan StepPlanner::plan() {
+  StepPlan plan;
+  release_unread_pages();
+  int64_t budget = limits_.prefill_tokens_per_step;
+  bool prefills_fit = true;
+  std::vector<PlannedChunk> chunks = running_chunks(budget, prefills_fit);
+  while (running_.size() > 1 && pages_for(chunks) > pool_.pages_available()) {
+    plan.preempted.push_back(running_.back().id);
+    preempt_youngest();
+    budget = limits_.prefill_tokens_per_step;
+    chunks = running_chunks(budget, prefills_fit);
+  }
+  int64_t room = pool_.pages_available() - pages_committed();
+  bool resumed = false;
+  while (plan.preempted.empty() && !preempted_.empty() && pages_to_start(preempted_.front()) <= room) {
+    room -= pages_to_start(preempted_.front());
+    plan.resumed.push_back(preempted_.front().id);
+    resume_front();
+    resumed = true;
+  }
+  if (resumed) {  // their chunks join the running ones' in arrival order
+    budget = limits_.prefill_tokens_per_step;
+    chunks = running_chunks(budget, prefills_fit);
+  }
+  while (prefills_fit && preempted_.empty() && !waiting_.empty() && budget > 0) {
+    const int64_t cost = pages_to_start(waiting_.front());
+    if (cost > room) break;  // pages come back as running sequences end
+    room -= cost;
     plan.admitted.push_back(waiting_.front().id);
-    start_front(std::move(*kv));
-    room = take(running_.back());
+    start_front();
+    const Sequence& s = running_.back();
+    const int64_t n = std::min(int64_t(s.prompt.size()) - s.position, limits_.prefill_tokens_per_step);
+    if (n > budget) break;
+    chunks.push_back(chunk(s, n));
+    budget -= n;
   }
   plan.forwards = pack(std::move(chunks));
   return plan;
@@ -154,13 +235,22 @@ std::vector<PlannedForward> StepPlanner::pack(std::vector<PlannedChunk> chunks) 
   return forwards;
 }
 
-void StepPlanner::admit(std::span<const RequestId> ids) {
-  for (RequestId id : ids) {
+void StepPlanner::follow(const StepPlan& plan) {
+  release_unread_pages();
+  for (RequestId id : plan.preempted) {
+    G4_ASSERT(!running_.empty() && running_.back().id == id,
+              "the plan preempts request " + std::to_string(id) + ", which is not the youngest running here");
+    preempt_youngest();
+  }
+  for (RequestId id : plan.resumed) {
+    G4_ASSERT(!preempted_.empty() && preempted_.front().id == id,
+              "the plan resumes request " + std::to_string(id) + ", which is not the next preempted here");
+    resume_front();
+  }
+  for (RequestId id : plan.admitted) {
     G4_ASSERT(!waiting_.empty() && waiting_.front().id == id,
               "the plan starts request " + std::to_string(id) + ", which is not the next waiting here");
-    std::optional<KvSequence> kv = pool_.try_acquire(limits_.max_seq_len, waiting_.front().prompt);
-    G4_ASSERT(kv.has_value(), "the plan starts request " + std::to_string(id) + ", for which this KV pool has no room");
-    start_front(std::move(*kv));
+    start_front();
   }
 }
 
@@ -199,8 +289,7 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
       ++row;
     }
   }
-  // Sequences that ended leave; their caches stay in the pool, keyed by their tokens (a failed
-  // one's are freed: it has no tokens).
+  // Sequences that ended leave; their written pages stay cached, keyed by their tokens.
   running_.remove_if([](const Sequence& s) { return s.ended; });
   return events;
 }
@@ -208,7 +297,6 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
 SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
   s.ended = true;
   s.pending = -1;
-  s.kv.forget();  // nothing kept: the memory is freed when the sequence leaves
   return SequenceEvent{s.id, DecodedToken{-1, StopReason::kFailed}, std::nullopt, error};
 }
 
@@ -325,11 +413,13 @@ std::vector<SequenceEvent> Scheduler::execute(const StepPlan& plan) {
     stats_.replayed_forwards += result.forwards[f].replayed ? 1 : 0;
     ++stats_.forwards;
   }
+  stats_.preempted = int64_t(plan.preempted.size());
+  stats_.resumed = int64_t(plan.resumed.size());
   return planner_.update(plan, result);
 }
 
 std::vector<SequenceEvent> Scheduler::follow(const StepPlan& plan) {
-  planner_.admit(plan.admitted);
+  planner_.follow(plan);
   return execute(plan);
 }
 

@@ -48,8 +48,8 @@ struct SchedulerRequest {
 };
 
 // One token drawn for one request; drawn.last() says the request ended with it (and left the
-// scheduler; its caches are kept for prefix reuse). A request that failed ends with no token
-// (StopReason::kFailed) and the reason in `error`; it keeps no caches.
+// scheduler; its written pages stay cached for prefix reuse). A request that failed ends with no
+// token (StopReason::kFailed) and the reason in `error`.
 struct SequenceEvent {
   RequestId id = 0;
   DecodedToken drawn;
@@ -76,6 +76,7 @@ struct SchedulerOptions {
 struct StepStats {
   int64_t decode_rows = 0, decode_forwards = 0, prefill_rows = 0, prefill_forwards = 0, forwards = 0;
   int64_t replayed_forwards = 0;  // forwards that replayed a recording (SchedulerOptions::cuda_graphs)
+  int64_t preempted = 0, resumed = 0;
 };
 
 // The numbers the scheduling policy works within.
@@ -88,28 +89,39 @@ struct SchedulerLimits {
 };
 
 // The scheduling policy and the state of its sequences: plans each step (StepPlan: which
-// sequences decode, which prompt chunks run, which waiting requests start) and applies what running
-// it gave (update). It runs no forward: policy tests drive it with tokens of their choosing.
+// sequences decode, which prompt chunks run, which waiting requests start, which running ones are
+// preempted) and applies what running it gave (update). It runs no forward: policy tests drive it
+// with tokens of their choosing.
+//
+// Memory (docs/DESIGN.md §7): sequences hold KV pages as they grow and reserve none. A waiting
+// request starts when the pool's available pages, less what running sequences will still take to
+// finish their prompts and write their next token, hold its prompt and first token (its cached
+// prefix costs nothing); when a step's forwards need more pages than are available, the youngest
+// running sequence is preempted (its pages copied to host memory and freed) and resumes, before
+// any new request starts, when its pages fit again.
 class StepPlanner {
  public:
   StepPlanner(KvPool& pool, const SchedulerLimits& limits);
 
   // Queues a request; throws g4::Error naming the problem (an empty prompt, a prompt longer than
-  // the context, bad sampling parameters, max_new_tokens < 1, a sequence larger than the whole KV
-  // budget (kResourceExhausted), or kBusy when max_waiting requests already wait).
+  // the context, bad sampling parameters, max_new_tokens < 1, a sequence whose prompt and new
+  // tokens need more KV pages than the whole pool (kResourceExhausted), or kBusy when max_waiting
+  // requests already wait).
   RequestId add(const SchedulerRequest& request);
-  // Ends a request now, waiting or running, and frees its KV memory at once. False if unknown.
+  // Ends a request now, waiting, running or preempted, and gives its KV memory back at once. False if
+  // unknown.
   bool cancel(RequestId id);
 
-  // The next step: decode rows of every running sequence that has a pending token, in arrival
-  // order, then prompt chunks within the step's prefill budget; waiting requests start, in arrival
-  // order, while the KV pool has room (taking over a kept prefix when one fits). Packed into
-  // forwards of at most forward_rows rows and forward_draws draws.
+  // The next step: preemptions while the running sequences' next chunks need more pages than are
+  // available; decode rows of every running sequence that has a pending token, in arrival order,
+  // then prompt chunks within the step's prefill budget; preempted sequences resume, then waiting
+  // requests start, in arrival order, while the pool has room (beginning with their cached
+  // prefixes). Packed into forwards of at most forward_rows rows and forward_draws draws.
   StepPlan plan();
-  // Starts `ids`, the admissions of another scheduler's plan (a split model's rank 0), as that
-  // scheduler started them; throws Error(kInternal) when they are not the next waiting requests or
-  // this pool cannot take them (the ranks diverged).
-  void admit(std::span<const RequestId> ids);
+  // Applies another scheduler's plan's membership changes (a split model's rank 0: preemptions,
+  // resumptions, admissions) as that scheduler applied them; throws Error(kInternal) when they do
+  // not name this scheduler's sequences in its order (the ranks diverged).
+  void follow(const StepPlan& plan);
   // Applies what running `plan` gave: each drawn token recorded (a sequence that ends leaves, its
   // caches kept for prefix reuse; NaN logits fail the sequence alone, its caches freed). The events
   // in row order.
@@ -117,9 +129,11 @@ class StepPlanner {
 
   // The caches of a running sequence (the executor's view).
   KvSequence& kv(RequestId id);
-  bool idle() const { return waiting_.empty() && running_.empty(); }
-  size_t waiting() const { return waiting_.size(); }
+  bool idle() const { return waiting_.empty() && running_.empty() && preempted_.empty(); }
+  size_t waiting() const { return waiting_.size() + preempted_.size(); }  // not running, preempted ones too
   size_t running() const { return running_.size(); }
+  size_t preempted() const { return preempted_.size(); }  // waiting to resume
+  int64_t preemptions() const { return preemptions_; }    // since the planner was made
 
  private:
   struct Sequence {
@@ -133,9 +147,25 @@ class StepPlanner {
     int32_t top_logprobs = -1;
     PenaltyState penalties;
     std::shared_ptr<grammar::GrammarMatcher> matcher;  // with SchedulerRequest::grammar
+    std::optional<SwappedSequence> swapped;  // while preempted
   };
   Sequence& running(RequestId id);
-  void start_front(KvSequence kv);
+  const Sequence& running(RequestId id) const;
+  // The sliding layers' pages before every running sequence's window go back first, so that the
+  // pages a plan counts are those its forwards take (rank 0 and its followers alike).
+  void release_unread_pages();
+  // The chunks of the running sequences: decode rows, then prompt chunks in order while the step's
+  // prefill budget lasts (`budget`: left of it). Sets `prefills_fit` when every prompt chunk fit.
+  std::vector<PlannedChunk> running_chunks(int64_t& budget, bool& prefills_fit) const;
+  // The pages the forwards of `chunks` take.
+  int64_t pages_for(const std::vector<PlannedChunk>& chunks) const;
+  // The pages the running sequences will still take to finish their prompts and write their next token.
+  int64_t pages_committed() const;
+  // The pages a waiting or preempted sequence takes to run again.
+  int64_t pages_to_start(const Sequence& s) const;
+  void preempt_youngest();
+  void resume_front();
+  void start_front();
   // The chunk of `s` that runs next (its pending token, or up to `budget` prompt tokens).
   PlannedChunk chunk(const Sequence& s, int64_t tokens) const;
   // Decode rows, then prompt chunks, packed in order into forwards.
@@ -147,7 +177,9 @@ class StepPlanner {
   SchedulerLimits limits_;
   RequestId next_id_ = 1;
   std::deque<Sequence> waiting_;
-  std::list<Sequence> running_;  // admitted (caches held), in arrival order; stable addresses
+  std::list<Sequence> running_;    // admitted (caches held), in arrival order; stable addresses
+  std::list<Sequence> preempted_;  // caches swapped out, in arrival order
+  int64_t preemptions_ = 0;
 };
 
 // Runs planned forwards on a model: uploads each forward's tokens, runs it and draws its tokens on
@@ -189,6 +221,8 @@ class Scheduler {
   bool idle() const { return planner_.idle(); }
   size_t waiting() const { return planner_.waiting(); }
   size_t running() const { return planner_.running(); }
+  size_t preempted() const { return planner_.preempted(); }
+  int64_t preemptions() const { return planner_.preemptions(); }
   const StepStats& last_step() const { return stats_; }
 
  private:

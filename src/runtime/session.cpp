@@ -52,7 +52,7 @@ void Session::end_generation() {
 
 void Session::reset() {
   end_generation();
-  kv_.forget();
+  kv_.truncate(0);
 }
 
 void Session::check_input(std::span<const int32_t> tokens, int64_t start) const {
@@ -64,8 +64,8 @@ int64_t Session::start(std::span<const int32_t> prompt) {
   end_generation();
   KvPool& pool = runner_.kv_pool();
   const int64_t own = pool.usable_prefix(kv_, prompt);
-  if (kv_.empty() || pool.best_kept_prefix(max_seq_len_, prompt) > own) {
-    // Ours go back first (kept with their tokens): the same bytes come back out, so the budget holds.
+  if (kv_.empty() || pool.cached_prefix(max_seq_len_, prompt) > own) {
+    // Ours go back first (their written pages cached): the same reservation comes back out.
     kv_.give_back();
     kv_ = pool.acquire(max_seq_len_, prompt);
   } else {

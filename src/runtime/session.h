@@ -3,7 +3,7 @@
 // written once — that eager decoding runs and DecodeGraph records.
 //
 //   auto session = engine.create_session();
-//   session->start(prompt);                          // prefills what no kept prefix holds
+//   session->start(prompt);                          // prefills what no cached prefix holds
 //   session->begin_generation(Sampler(params), {max_new_tokens, stop_ids});
 //   for (DecodedToken t; !(t = session->next()).last();) use(t.token);
 #pragma once
@@ -42,11 +42,11 @@ class Session {
   // and tests that run one sequence on a bare model).
   Session(const Gemma4& model, Backend& backend, SessionOptions options = {});
   // A session of a runner (Engine::create_session). Its caches come from the runner's pool when it
-  // first runs tokens (so that start() can take over a kept prefix of its prompt): start() and
+  // first runs tokens (so that start() can begin with the cached prefix of its prompt): start() and
   // prefill() throw "out of KV memory" when live sessions have spent the budget. The runner must
   // outlive the session.
   explicit Session(ModelRunner& runner, SessionOptions options = {});
-  ~Session();  // the caches go back to the pool, kept (with their tokens) for prefix reuse
+  ~Session();  // the caches go back to the pool, their written pages cached for prefix reuse
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -58,12 +58,13 @@ class Session {
   Backend& backend() const { return runner_.backend(); }
   ModelRunner& runner() const { return runner_; }
   const KvSequence& kv() const { return kv_; }
-  // Empties the session (position 0; it keeps its caches as blank storage) and ends any generation.
+  // Empties the session (position 0; its pages go back to the pool, its reservation stays) and ends
+  // any generation.
   void reset();
 
   // Makes the session hold exactly `prompt`, with its last token's logits: the longest usable
-  // prefix of it that this session or a kept sequence of the pool holds (KvPool::usable_prefix) is
-  // kept, the rest prefilled. Returns the number of tokens prefilled. Ends any generation.
+  // prefix of it that this session holds (KvPool::usable_prefix) or the pool's prefix cache has
+  // (KvPool::cached_prefix) is kept, the rest prefilled. Returns the number of tokens prefilled. Ends any generation.
   int64_t start(std::span<const int32_t> prompt);
   // Feeds tokens at the next positions in chunks of at most max_prefill_chunk; afterwards
   // last_logits() holds the last token's logits. Checks every id and the context before running.

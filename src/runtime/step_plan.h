@@ -40,10 +40,14 @@ struct PlannedForward {
   bool decodes_only() const;
 };
 
+// Membership changes happen before the forwards, in this order: preempted (their caches swapped out
+// to host memory), resumed (swapped back in), admitted.
 struct StepPlan {
-  std::vector<RequestId> admitted;         // started this step (KV memory taken), in arrival order
+  std::vector<RequestId> preempted;        // youngest first
+  std::vector<RequestId> resumed;          // oldest first
+  std::vector<RequestId> admitted;         // started this step, in arrival order
   std::vector<PlannedForward> forwards;    // run in order
-  bool empty() const { return admitted.empty() && forwards.empty(); }
+  bool empty() const { return preempted.empty() && resumed.empty() && admitted.empty() && forwards.empty(); }
 };
 
 // What running one planned forward gave.

@@ -267,11 +267,16 @@ void EngineWorker::update_gauges() {
   g.waiting = scheduler_->waiting();
   g.running = scheduler_->running();
   const KvPool& pool = engine_->kv_pool();
+  g.preempted = scheduler_->preempted();
+  g.preemptions = scheduler_->preemptions();
   g.kv_bytes_in_use = pool.bytes_in_use();
-  g.kv_bytes_kept = pool.bytes_kept();
+  g.kv_bytes_cached = pool.bytes_cached();
   g.kv_budget_bytes = pool.budget_bytes();
   g.kv_pages_total = pool.pages_total();
   g.kv_pages_free = pool.pages_free();
+  g.kv_pages_in_use = pool.pages_in_use();
+  g.kv_pages_cached = pool.pages_cached();
+  g.kv_pages_shared = pool.pages_shared();
   if (ranks_) ranks_->set_load(0, {g.running, g.kv_bytes_in_use});
   std::lock_guard lock(gauges_mutex_);
   gauges_ = g;

@@ -30,9 +30,10 @@ class Histogram {
 
 // What the engine thread reports (EngineWorker::stats()).
 struct EngineGauges {
-  size_t waiting = 0, running = 0;
-  size_t kv_bytes_in_use = 0, kv_bytes_kept = 0, kv_budget_bytes = 0;
-  int64_t kv_pages_total = 0, kv_pages_free = 0;
+  size_t waiting = 0, running = 0, preempted = 0;
+  int64_t preemptions = 0;  // since the server started
+  size_t kv_bytes_in_use = 0, kv_bytes_cached = 0, kv_budget_bytes = 0;
+  int64_t kv_pages_total = 0, kv_pages_free = 0, kv_pages_in_use = 0, kv_pages_cached = 0, kv_pages_shared = 0;
   // A split model (--tp N): each rank's running sequences and live KV bytes, rank 0 first (the
   // gauges above are rank 0's); empty unsplit.
   std::vector<RankLoad> ranks;
