@@ -145,6 +145,12 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
     // full decode step (gen 4: three of them).
     EXPECT_EQ(run["full_decode_steps"].get<int64_t>(), 3) << run.dump();
     EXPECT_GT(run["full_decode_tok_s"].get<double>(), 0);
+    // The KV pages: every sequence ran at once, each holding its pages, none preempted.
+    EXPECT_EQ(run["most_running"].get<int64_t>(), run["concurrency"].get<int64_t>());
+    EXPECT_EQ(run["preemptions"].get<int64_t>(), 0);
+    EXPECT_GE(run["kv_most_pages_in_use"].get<int64_t>(), run["concurrency"].get<int64_t>());
+    EXPECT_LE(run["kv_most_pages_in_use"].get<int64_t>(), run["kv_pages_total"].get<int64_t>());
+    EXPECT_GT(run["kv_page_bytes"].get<int64_t>(), 0);
   }
   EXPECT_EQ(j["sampler_rows"].get<int64_t>(), 3);
   const test::CommandResult bad = test::run_g4("bench --model_path '" + demo + "' --backend cpu --concurrency 0");

@@ -1015,6 +1015,13 @@ TEST_F(Serve, MetricsCountRequestsTokensAndShowEverySessionFreed) {
   EXPECT_GT(metric(text, "g4_kv_pages_total"), 0);
   EXPECT_GT(metric(text, "g4_kv_pages_free"), 0);
   EXPECT_LE(metric(text, "g4_kv_pages_free"), metric(text, "g4_kv_pages_total"));
+  // The finished request's written pages stay cached for prefix reuse; none is held or shared.
+  EXPECT_EQ(metric(text, "g4_kv_pages_in_use"), 0);
+  EXPECT_EQ(metric(text, "g4_kv_pages_shared"), 0);
+  EXPECT_EQ(metric(text, "g4_kv_pages_free") + metric(text, "g4_kv_pages_cached"), metric(text, "g4_kv_pages_total"));
+  EXPECT_EQ(metric(text, "g4_kv_bytes_cached") > 0, metric(text, "g4_kv_pages_cached") > 0);
+  EXPECT_EQ(metric(text, "g4_preempted_sequences"), 0);
+  EXPECT_EQ(metric(text, "g4_preemptions_total"), 0);
   EXPECT_GE(metric(text, "g4_time_to_first_token_seconds_count"), 1);
   EXPECT_GE(metric(text, "g4_decode_token_seconds_count"), 1);
   for (const char* type : {"# TYPE g4_requests_total counter", "# TYPE g4_time_to_first_token_seconds histogram",

@@ -58,7 +58,8 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   // Past a few full decode steps (the steady state), the next profile_steps are bracketed for a
   // profiler (Backend::set_profiling; ncu --profile-from-start off).
   constexpr int64_t kUnprofiledSteps = 4;
-  int64_t profiled_steps = 0;
+  int64_t profiled_steps = 0, most_running = 0, most_pages_in_use = 0, most_pages_shared = 0;
+  const KvPool& pool = runner.kv_pool();
   while (!scheduler.idle()) {
     const bool profiling = full_decode_steps >= kUnprofiledSteps && profiled_steps < b.profile_steps;
     if (profiling && profiled_steps == 0) backend.set_profiling(true);
@@ -67,6 +68,9 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
     if (profiling && ++profiled_steps == b.profile_steps) backend.set_profiling(false);
     const Clock::time_point now = Clock::now();
     ++steps;
+    most_running = std::max(most_running, int64_t(scheduler.running()));
+    most_pages_in_use = std::max(most_pages_in_use, pool.pages_in_use());
+    most_pages_shared = std::max(most_pages_shared, pool.pages_shared());
     replayed_steps += scheduler.last_step().replayed_forwards > 0 ? 1 : 0;
     const bool full_decode = int64_t(events.size()) == n && std::all_of(events.begin(), events.end(), [&](const SequenceEvent& e) {
                                return first.count(e.id) > 0;
@@ -102,14 +106,21 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
           {"ttft_p50_s", quantile(ttft, 0.5)},
           {"ttft_p99_s", quantile(ttft, 0.99)},
           {"full_decode_steps", full_decode_steps},
-          {"replayed_steps", replayed_steps}};
+          {"replayed_steps", replayed_steps},
+          {"most_running", most_running},
+          {"preemptions", scheduler.preemptions()},
+          {"kv_page_bytes", pool.page_bytes()},
+          {"kv_pages_total", pool.pages_total()},
+          {"kv_most_pages_in_use", most_pages_in_use},
+          {"kv_most_pages_shared", most_pages_shared}};
   if (b.profile_steps > 0) run["profiled_steps"] = profiled_steps;
   if (full_decode_steps > 0) {
     run["full_decode_step_ms"] = 1e3 * full_decode_s / double(full_decode_steps);
     run["full_decode_tok_s"] = double(n * full_decode_steps) / full_decode_s;
   } else {
     run["full_decode_missing"] = "no step decoded every one of the " + std::to_string(n) +
-                                 " sequences: the first ended before the last was admitted (raise --gen)";
+                                 " sequences: the first ended before the last was admitted (raise --gen), or "
+                                 "the KV pool holds fewer (most_running)";
   }
   return run;
 }

@@ -1,6 +1,6 @@
-// Text generation on a Session: the prompt (only what no kept prefix holds is prefilled), then one
-// token at a time with the seed schedule of docs/DESIGN.md §4 (token j is drawn with seed base + j)
-// and the stop tokens.
+// Text generation on a Session: the prompt (only what the session and the prefix cache do not hold
+// is prefilled), then one token at a time with the seed schedule of docs/DESIGN.md §4 (token j is
+// drawn with seed base + j) and the stop tokens.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -15,7 +15,7 @@ namespace g4 {
 
 struct GenerationRequest {
   // The whole sequence to continue: a conversation's next turn passes the history too, and the
-  // session prefills only what its caches (or the pool's kept prefixes) do not hold.
+  // session prefills only what its caches (or the pool's prefix cache) do not hold.
   std::vector<int32_t> prompt;
   Sampler sampler{SamplingParams{}};  // its base seed draws token 0
   int64_t max_new_tokens = 128;       // 0: nothing runs

@@ -123,8 +123,8 @@ class StepPlanner {
   // not name this scheduler's sequences in its order (the ranks diverged).
   void follow(const StepPlan& plan);
   // Applies what running `plan` gave: each drawn token recorded (a sequence that ends leaves, its
-  // caches kept for prefix reuse; NaN logits fail the sequence alone, its caches freed). The events
-  // in row order.
+  // written pages cached for prefix reuse; NaN logits fail the sequence alone). The events in row
+  // order.
   std::vector<SequenceEvent> update(const StepPlan& plan, const StepResult& result);
 
   // The caches of a running sequence (the executor's view).
