@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend_factory.h"
@@ -238,10 +239,11 @@ std::vector<SchedulerRequest> chats(const std::vector<std::vector<int32_t>>& pro
 }
 
 // Each request alone on a fresh engine.
-std::vector<std::vector<int32_t>> alone(const std::vector<SchedulerRequest>& rs) {
+std::vector<std::vector<int32_t>> alone(const std::vector<SchedulerRequest>& rs, const std::string& backend = "cpu",
+                                        int64_t max_seq_len = kMaxSeqLen) {
   std::vector<std::vector<int32_t>> out;
   for (const SchedulerRequest& r : rs) {
-    auto engine = test::demo_engine_for(1, kMaxSeqLen, "cpu", test::embedded_demo_path());
+    auto engine = test::demo_engine_for(1, max_seq_len, backend, test::embedded_demo_path());
     Scheduler scheduler(engine->runner());
     scheduler.add(r);
     std::vector<int32_t>& tokens = out.emplace_back();
@@ -289,16 +291,17 @@ TEST(KvPages, TwoChatsSharingASystemPromptHoldItOnce) {
 
 // More sequences than the pool holds at their full length: running ones outgrow the pool, the
 // youngest is preempted (its pages to host memory) and resumes later; every request gives the tokens
-// it gives alone, and the pool is empty at the end.
-TEST(KvPages, PreemptedSequencesGiveTheirTokensAlone) {
+// it gives alone (on CUDA too: a swapped page comes back with its bits, and the batch-invariant
+// scheduler's batches do not change a row), and the pool is empty at the end.
+void expect_preempted_sequences_give_their_tokens_alone(const std::string& backend) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(prompt_of(60 + 13 * i, 30 + 7 * i));
   const int64_t gen = 100, context = 256;
   const std::vector<SchedulerRequest> rs = chats(prompts, gen);
-  const std::vector<std::vector<int32_t>> want = alone(rs);
+  const std::vector<std::vector<int32_t>> want = alone(rs, backend, context);
 
   // A pool of two sequences' most pages: every request fits alone, six at full length do not.
-  auto engine = test::demo_engine_for(2, context, "cpu", test::embedded_demo_path());
+  auto engine = test::demo_engine_for(2, context, backend, test::embedded_demo_path());
   KvPool& pool = engine->kv_pool();
   ASSERT_LT(pool.pages_total(), 6 * pool.pages_for_positions(context, 30 + gen));
   Scheduler scheduler(engine->runner());
@@ -314,6 +317,13 @@ TEST(KvPages, PreemptedSequencesGiveTheirTokensAlone) {
   EXPECT_GE(most_running, 3) << "admission by the pages needed now runs more than the pool's full-length count";
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[ids[i]], want[i]) << "request " << i;
   EXPECT_EQ(pool.pages_in_use(), 0);
+}
+
+TEST(KvPages, PreemptedSequencesGiveTheirTokensAlone) { expect_preempted_sequences_give_their_tokens_alone("cpu"); }
+
+TEST(KvPages, PreemptedSequencesGiveTheirTokensAloneOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  expect_preempted_sequences_give_their_tokens_alone("cuda");
 }
 
 // 1 024 requests queued at once on a pool of a few sequences: all finish, and the pool is empty.
