@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -158,10 +159,20 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
 
 // A KV budget larger than the device (a billion sequences' caches) becomes what the device has
 // free once the weights and workspaces are allocated (docs/DESIGN.md §7): the engine loads, and
-// requests run to the end instead of failing when the pool outgrows the memory.
-TEST(Scheduler, AKvBudgetBeyondTheDeviceIsWhatTheDeviceHoldsOnCuda) {
-  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
-  auto engine = demo_engine(1'000'000'000, "cuda");
+// requests run to the end instead of failing when the pool outgrows the memory. On the CPU the
+// device is the host: its pages are mapped zeros that cost memory only once written.
+// This process's resident memory (/proc/self/status VmRSS).
+size_t resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  size_t kib = 0;
+  while (in >> key)
+    if (key == "VmRSS:" && in >> kib) return kib * 1024;
+  return 0;
+}
+
+void expect_kv_budget_beyond_the_device_is_what_it_holds(const std::string& backend) {
+  auto engine = demo_engine(1'000'000'000, backend);
   const size_t budget = engine->kv_pool().budget_bytes();
   EXPECT_LT(budget, size_t(1'000'000'000) * engine->kv_pool().sequence_bytes(kMaxSeqLen));
   EXPECT_EQ(budget, size_t(engine->kv_pool().pages_total()) * engine->kv_pool().page_bytes());
@@ -173,6 +184,14 @@ TEST(Scheduler, AKvBudgetBeyondTheDeviceIsWhatTheDeviceHoldsOnCuda) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const auto got = run(scheduler, rs, order, std::vector<int>(rs.size(), 0), &ids);
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(int64_t(got.tokens.at(ids[i]).size()), rs[i].max_new_tokens);
+  if (backend == "cpu") EXPECT_LT(resident_bytes(), budget / 2) << "the pages no sequence wrote cost no memory";
+}
+
+TEST(Scheduler, AKvBudgetBeyondTheHostIsWhatTheHostHolds) { expect_kv_budget_beyond_the_device_is_what_it_holds("cpu"); }
+
+TEST(Scheduler, AKvBudgetBeyondTheDeviceIsWhatTheDeviceHoldsOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  expect_kv_budget_beyond_the_device_is_what_it_holds("cuda");
 }
 
 // With cuda_graphs, a step that only decodes replays the recording for its batch size, recorded

@@ -151,8 +151,9 @@ class Backend {
   // Whether upload_weight takes weights stored as `t`; loaders ask before allocating anything.
   virtual bool runs_weight_dtype(DType t) const = 0;
   // Bytes of backend memory upload_weight(w) will allocate, and the memory free for allocations:
-  // loaders check that the weights fit before allocating any (on the CPU, weights are used in
-  // place from the mapped file and memory is not limited here).
+  // loaders check that the weights fit before allocating any, and the KV pool takes at most the
+  // free memory (on the CPU, weights are used in place from the mapped file, and the free memory
+  // is what the host can still give).
   virtual size_t weight_bytes_on_backend(const HostTensor& w) const = 0;
   virtual size_t free_memory_bytes() const = 0;
 

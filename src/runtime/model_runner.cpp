@@ -36,7 +36,7 @@ int64_t checked_batch_sequences(int64_t n) {
 // later (graph recordings, library workspaces, token masks): 1 GiB or 1/32 of it, the larger.
 size_t kv_memory_available(const Backend& backend) {
   const size_t free_bytes = backend.free_memory_bytes();
-  if (free_bytes == SIZE_MAX) return SIZE_MAX;  // host memory: the budget stands as given
+  if (free_bytes == SIZE_MAX) return SIZE_MAX;  // a host that does not say: the budget stands as given
   const size_t margin = std::max<size_t>(size_t(1) << 30, free_bytes / 32);
   return free_bytes > margin ? free_bytes - margin : 0;
 }

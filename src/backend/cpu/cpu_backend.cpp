@@ -14,6 +14,7 @@
 #include "sampling/sampling_params.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/host_memory.h"
 #include "util/uniform_hash.h"
 
 namespace g4 {
@@ -25,14 +26,14 @@ Tensor CpuBackend::alloc(DType dtype, int64_t rows, int64_t cols) {
   t.dtype = dtype;
   t.rows = rows;
   t.cols = cols;
-  const size_t bytes = std::max<size_t>(t.bytes(), 1);
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  G4_CHECK(p, "out of host memory allocating " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, bytes);
-  t.owner = memory_.track(p, bytes, std::free);
-  t.data = p;
+  const size_t bytes = t.bytes();
+  std::shared_ptr<void> block = allocate_zeroed(bytes);
+  t.data = block.get();
+  t.owner = memory_.track(t.data, bytes, [block = std::move(block)](void*) mutable { block.reset(); });
   return t;
 }
+
+size_t CpuBackend::free_memory_bytes() const { return host_memory_available().value_or(SIZE_MAX); }
 
 void CpuBackend::upload(const void* host, const Tensor& dst) { std::memcpy(dst.data, host, dst.bytes()); }
 void CpuBackend::download(const Tensor& src, void* host) { std::memcpy(host, src.data, src.bytes()); }

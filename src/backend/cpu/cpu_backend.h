@@ -33,7 +33,8 @@ class CpuBackend : public Backend {
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   bool runs_weight_dtype(DType) const override { return true; }  // every row codec decodes to F32
   size_t weight_bytes_on_backend(const HostTensor&) const override { return 0; }  // used in place
-  size_t free_memory_bytes() const override { return SIZE_MAX; }
+  // What the system can still give (MemAvailable), or SIZE_MAX where it does not say.
+  size_t free_memory_bytes() const override;
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override;
   void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) override;
   void adjust_logits(const Tensor& logits, const AdjustmentRows& rows) override;
