@@ -37,6 +37,12 @@ PrefixHash extended(PrefixHash h, std::span<const int32_t> tokens) {
 
 constexpr PrefixHash kEmptyPrefix{0x243f6a8885a308d3ull, 0x13198a2e03707344ull};
 
+// Appends to `hashes` (those of the first units of `tokens`) the hash of every further whole unit.
+void extend_hashes(std::vector<PrefixHash>& hashes, std::span<const int32_t> tokens, size_t unit) {
+  for (size_t k = hashes.size(); (k + 1) * unit <= tokens.size(); ++k)
+    hashes.push_back(extended(k ? hashes[k - 1] : kEmptyPrefix, tokens.subspan(k * unit, unit)));
+}
+
 }  // namespace
 
 KvPageLayout kv_page_layout(const ModelConfig& c, DType dtype, int64_t max_seq_len) {
@@ -211,18 +217,11 @@ void KvPool::upload_table(SequencePages& pages) {
 
 std::vector<PrefixHash> KvPool::prefix_hashes(std::span<const int32_t> tokens) const {
   std::vector<PrefixHash> hashes;
-  PrefixHash h = kEmptyPrefix;
-  for (size_t at = 0; at + size_t(hash_unit_) <= tokens.size(); at += size_t(hash_unit_))
-    hashes.push_back(h = extended(h, tokens.subspan(at, size_t(hash_unit_))));
+  extend_hashes(hashes, tokens, size_t(hash_unit_));
   return hashes;
 }
 
-void KvPool::hash_tokens(SequenceState& s) const {
-  const size_t unit = size_t(hash_unit_);
-  for (size_t k = s.prefix_hashes.size(); (k + 1) * unit <= s.tokens.size(); ++k)
-    s.prefix_hashes.push_back(extended(k ? s.prefix_hashes[k - 1] : kEmptyPrefix,
-                                       std::span<const int32_t>(s.tokens).subspan(k * unit, unit)));
-}
+void KvPool::hash_tokens(SequenceState& s) const { extend_hashes(s.prefix_hashes, s.tokens, size_t(hash_unit_)); }
 
 int32_t KvPool::cached_page(int64_t layer, int64_t j, int64_t page_positions, std::span<const PrefixHash> hashes) const {
   const size_t at = size_t((j + 1) * page_positions / hash_unit_) - 1;
