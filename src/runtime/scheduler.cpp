@@ -9,6 +9,19 @@
 
 namespace g4 {
 
+namespace {
+
+// Orders a planner's sequence lists by request id (arrival order): for std::upper_bound.
+constexpr auto kBeforeById = [](RequestId id, const auto& other) { return id < other.id; };
+
+// The tokens of a sequence's next prompt chunk: the rest of its prompt, at most `most`.
+template <typename Sequence>
+int64_t next_prompt_chunk(const Sequence& s, int64_t most) {
+  return std::min(int64_t(s.prompt.size()) - s.position, most);
+}
+
+}  // namespace
+
 int64_t PlannedForward::rows() const {
   int64_t n = 0;
   for (const PlannedChunk& c : chunks) n += int64_t(c.tokens.size());
@@ -93,9 +106,8 @@ void StepPlanner::release_unread_pages() {
 void StepPlanner::preempt_youngest() {
   Sequence& s = running_.back();
   s.swapped = pool_.swap_out(std::move(s.kv));
-  preempted_.splice(std::upper_bound(preempted_.begin(), preempted_.end(), s.id,
-                                     [](RequestId id, const Sequence& other) { return id < other.id; }),
-                    running_, std::prev(running_.end()));
+  preempted_.splice(std::upper_bound(preempted_.begin(), preempted_.end(), s.id, kBeforeById), running_,
+                    std::prev(running_.end()));
   ++preemptions_;
 }
 
@@ -103,9 +115,8 @@ void StepPlanner::resume_front() {
   Sequence& s = preempted_.front();
   s.kv = pool_.swap_in(std::move(*s.swapped));
   s.swapped.reset();
-  running_.splice(std::upper_bound(running_.begin(), running_.end(), s.id,
-                                   [](RequestId id, const Sequence& other) { return id < other.id; }),
-                  preempted_, preempted_.begin());
+  running_.splice(std::upper_bound(running_.begin(), running_.end(), s.id, kBeforeById), preempted_,
+                  preempted_.begin());
 }
 
 void StepPlanner::start_front() {
@@ -146,7 +157,7 @@ std::vector<PlannedChunk> StepPlanner::running_chunks(int64_t& budget, bool& pre
   prefills_fit = true;
   for (const Sequence& s : running_) {
     if (s.pending >= 0) continue;
-    const int64_t n = std::min(int64_t(s.prompt.size()) - s.position, limits_.prefill_tokens_per_step);
+    const int64_t n = next_prompt_chunk(s, limits_.prefill_tokens_per_step);
     if (n > budget) {
       prefills_fit = false;
       break;
@@ -208,7 +219,7 @@ StepPlan StepPlanner::plan() {
     plan.admitted.push_back(waiting_.front().id);
     start_front();
     const Sequence& s = running_.back();
-    const int64_t n = std::min(int64_t(s.prompt.size()) - s.position, limits_.prefill_tokens_per_step);
+    const int64_t n = next_prompt_chunk(s, limits_.prefill_tokens_per_step);
     if (n > budget) break;
     chunks.push_back(chunk(s, n));
     budget -= n;
