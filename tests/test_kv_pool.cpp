@@ -126,7 +126,7 @@ TEST(KvPages, ASequencesPagesFollowItsLength) {
   auto engine = test::demo_engine_for(2, kMaxSeqLen, "cpu", test::embedded_demo_path());
   const ModelConfig& c = engine->config();
   KvPool& pool = engine->kv_pool();
-  const KvPageLayout layout = kv_page_layout(c, engine->runner().backend().activation_dtype(), kMaxSeqLen);
+  const KvPageLayout layout = kv_page_layout(c, pool.layer_dtypes(), kMaxSeqLen);
   auto expected_pages = [&](int64_t length, int64_t last_forward_at) {
     int64_t pages = 0;
     for (size_t i = 0; i < c.layers.size(); ++i) {
@@ -277,7 +277,7 @@ TEST(KvPages, TwoChatsSharingASystemPromptHoldItOnce) {
   step();
   // The system prompt's whole shared units are held once: every layer's pages of 2 * unit positions.
   int64_t shared = 0;
-  const KvPageLayout layout = kv_page_layout(engine->config(), engine->runner().backend().activation_dtype(), kMaxSeqLen);
+  const KvPageLayout layout = kv_page_layout(engine->config(), engine->kv_pool().layer_dtypes(), kMaxSeqLen);
   for (int64_t b_positions : layout.page_positions) shared += 2 * unit / b_positions;
   EXPECT_EQ(pool.pages_shared(), shared);
   EXPECT_LT(pool.pages_in_use(), 2 * pool.pages_for_positions(kMaxSeqLen, int64_t(b.size()) + 1))

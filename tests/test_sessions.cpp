@@ -194,7 +194,7 @@ TEST(Sessions, PartialPrefixIsReusedOnlyWhileThePagesHoldTheWindow) {
       const SequenceChunk chunk{&kv, std::span(cached).subspan(size_t(at), size_t(std::min<int64_t>(128, 200 - at))), 1};
       runner.forward(std::span(&chunk, 1), runner.workspace_logits(1));
     }
-    const KvPageLayout layout = kv_page_layout(engine->config(), runner.backend().activation_dtype(), kMaxSeqLen);
+    const KvPageLayout layout = kv_page_layout(engine->config(), runner.kv_pool().layer_dtypes(), kMaxSeqLen);
     int64_t first_held = 0;
     for (size_t i = 0; i < layout.page_positions.size(); ++i)
       if (engine->config().layers[i].sliding)

@@ -29,7 +29,8 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   RunnerOptions ro;
   ro.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, b.prompt_len + b.gen + 8));
   ro.max_batch_sequences = n;
-  ro.kv_budget_bytes = size_t(n) * kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), ro.max_seq_len);
+  ro.kv_budget_sequences = n;
+  ro.kv_types = b.kv_types;
   ModelRunner runner(model, backend, ro);
   Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n), .batch_invariant = b.batch_invariant,
                                                .cuda_graphs = b.cuda_graphs});
@@ -110,6 +111,8 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
           {"most_running", most_running},
           {"preemptions", scheduler.preemptions()},
           {"kv_page_bytes", pool.page_bytes()},
+          {"kv_bytes_per_token_full", pool.bytes_per_token().full},
+          {"kv_bytes_per_token_sliding", pool.bytes_per_token().sliding},
           {"kv_pages_total", pool.pages_total()},
           {"kv_most_pages_in_use", most_pages_in_use},
           {"kv_most_pages_shared", most_pages_shared}};

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "grammar/matcher.h"
 #include "model/gemma4.h"
+#include "runtime/kv_types.h"
 
 namespace g4::cli {
 
@@ -19,6 +20,7 @@ struct ConcurrencyBench {
   uint64_t seed = 1;
   bool batch_invariant = true;       // SchedulerOptions::batch_invariant
   bool cuda_graphs = false;          // SchedulerOptions::cuda_graphs
+  KvTypes kv_types;                  // the caches' row types
   int64_t profile_steps = 0;         // > 0: each run's full decode steps 5.. 4 + this, bracketed for a profiler
   // Non-null: every sequence is constrained by this grammar (docs/DESIGN.md §4) and ends on its stop
   // tokens; else each generates exactly `gen` tokens.

@@ -18,6 +18,14 @@ ModelImage demo_model() {
   return {{g4_demo_gguf_begin, size_t(g4_demo_gguf_end - g4_demo_gguf_begin)}, "the embedded demo model"};
 }
 
+void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& f) {
+  cmd.add_option("--kv_type,--kv-type", f.full,
+                 "KV cache of the full-attention layers: bf16, q8_0 or tq4 (TurboQuant 4-bit, ~3.9x smaller)")
+      ->capture_default_str();
+  cmd.add_option("--kv_sliding_type,--kv-sliding-type", f.sliding, "KV cache of the sliding-window layers: bf16 or q8_0")
+      ->capture_default_str();
+}
+
 void use_model_or_demo(EngineOptions& options, const std::string& model_path) {
   options.model_path = model_path;
   if (model_path.empty()) options.model_image = demo_model();

@@ -1,5 +1,6 @@
 // Small helpers shared by the g4 sub-commands.
 #pragma once
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -8,6 +9,7 @@
 #include "format/gguf.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
+#include "runtime/kv_types.h"
 #include "tokenizer/tokenizer.h"
 
 namespace g4::cli {
@@ -34,6 +36,13 @@ WeightTypes weight_types(const GgufFile& file);
 // The tokenizer of a tokenizer.json (when tokenizer_path is given), else of the model at
 // model_path (the embedded demo model when that is empty too); throws when the model has none.
 Tokenizer open_tokenizer_of(const std::string& tokenizer_path, const std::string& model_path);
+
+// --kv_type and --kv_sliding_type (runtime/kv_types.h), on every command that runs the model.
+struct KvTypeFlags {
+  std::string full = "bf16", sliding = "bf16";
+  KvTypes types() const { return {parse_kv_type(full, false), parse_kv_type(sliding, true)}; }
+};
+void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& flags);
 
 // Parses "1,2,3" into ids; throws g4::Error naming the bad element.
 std::vector<int32_t> parse_id_list(const std::string& text);

@@ -13,6 +13,7 @@
 
 #include "backend/backend_factory.h"
 #include "bench_concurrency.h"
+#include "cli_util.h"
 #include "commands.h"
 #include "grammar/json_schema.h"
 #include "model/loader.h"
@@ -46,6 +47,7 @@ struct BenchOptions {
   int tp = 1;                         // > 1: the model split over tp ranks (bench_tensor_parallel)
   std::string tp_all_reduce = "peer";  // how CUDA ranks sum: "peer" (peer memory when reachable) or "nccl"
   std::string json_schema;             // the continuous-batching bench's sequences constrained by this schema file
+  KvTypeFlags kv;                      // the KV caches' types
 };
 
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
@@ -262,7 +264,7 @@ std::shared_ptr<const grammar::CompiledGrammar> bench_grammar(const BenchOptions
 nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
   nlohmann::json r = bench_concurrency(model, be,
                                        {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph,
-                                        o.profile_steps, bench_grammar(o, model.config())});
+                                        o.kv.types(), o.profile_steps, bench_grammar(o, model.config())});
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
   r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
   r["load_s"] = load_s;
@@ -299,6 +301,7 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
     const ModelConfig& c = model->config();
     SessionOptions so;
     so.max_seq_len = bench_max_seq_len(c, o);
+    so.kv_types = o.kv.types();
     Session s(*model, be, so);
     const std::vector<int32_t> prompt = random_prompt(c, o.seed, o.prompt_len);
     const double prefill_s = prefill_runs(s, be, prompt)[1];  // the median of 3
@@ -369,6 +372,7 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
   for (int64_t n : o.suite_contexts) longest = std::max(longest, cut(n));
   SessionOptions so;
   so.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, longest + o.gen + 8));
+  so.kv_types = o.kv.types();
   Session s(model, be, so);
   nlohmann::json prefill = nlohmann::json::object(), decode = nlohmann::json::object();
   for (int64_t n : o.suite_prompts) {
@@ -424,6 +428,7 @@ void run_bench(const BenchOptions& o) {
 
   SessionOptions so;
   so.max_seq_len = bench_max_seq_len(c, o);
+  so.kv_types = o.kv.types();
   Session s(*model, be, so);
   const std::vector<int32_t> prompt = random_prompt(c, o.seed, o.prompt_len);
   const std::vector<double> prefill_s = prefill_runs(s, be, prompt);
@@ -532,6 +537,7 @@ void add_bench_command(CLI::App& app) {
                   "profiler started with collection off (ncu --profile-from-start off)")
       ->check(CLI::Range(0, 1000000));
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_kv_type_flags(*cmd, opts->kv);
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "
                   "prefill, decode (eager, and graph replay on CUDA) and the collectives' share of a step");

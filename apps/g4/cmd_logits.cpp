@@ -20,6 +20,7 @@ namespace {
 struct LogitsOptions {
   std::string model_path, tokens, out, backend = "cpu";
   int64_t prefill_chunk = 0, max_seq_len = 0;
+  KvTypeFlags kv;
 };
 
 void run_logits(const LogitsOptions& o) {
@@ -28,10 +29,11 @@ void run_logits(const LogitsOptions& o) {
                                    std::to_string(o.max_seq_len));
   G4_CHECK(o.prefill_chunk >= 0, "--prefill_chunk must be >= 0 (0 = as large as allowed), got " +
                                      std::to_string(o.prefill_chunk));
+  SessionOptions so;
+  so.kv_types = o.kv.types();
   auto backend = make_backend(o.backend);
   auto model = load_model(o.model_path, *backend);
   const ModelConfig& c = model->config();
-  SessionOptions so;
   // Room for the tokens in one prefill (hence + 1), but never less than the model can run with
   // (a sliding layer's ring holds a whole window); a longer list than the model's context
   // length is then reported by the session as a full context.
@@ -62,6 +64,7 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--prefill_chunk,--prefill-chunk", opts->prefill_chunk, "Tokens per prefill chunk (default: max)");
   cmd->add_option("--max_seq_len,--max-seq-len", opts->max_seq_len, "Context size (default: the token count + 1, at least the model's sliding window)");
   cmd->add_option("--backend", opts->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_kv_type_flags(*cmd, opts->kv);
   cmd->callback([opts] { run_logits(*opts); });
 }
 

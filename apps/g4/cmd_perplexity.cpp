@@ -22,6 +22,7 @@ namespace {
 struct PerplexityFlags {
   std::string model_path, base_path, tokenizer_path, text_file, backend = "cpu";
   PerplexityOptions measure;
+  KvTypeFlags kv;  // the measured model's caches; the --kl_base model's are bf16
 };
 
 void run_perplexity(const PerplexityFlags& f) {
@@ -30,13 +31,16 @@ void run_perplexity(const PerplexityFlags& f) {
   std::vector<int32_t> tokens = {f.measure.bos_id};
   for (const int32_t id : tokenizer.encode(read_input(f.text_file), false)) tokens.push_back(id);
 
+  const KvTypes kv_types = f.kv.types();
   auto backend = make_backend(f.backend);
   auto model = load_model(f.model_path, *backend);
   SessionOptions so;
   so.max_seq_len = std::max(f.measure.n_ctx, min_max_seq_len(model->config()));
   G4_CHECK(f.measure.bos_id >= 0 && f.measure.bos_id < model->config().vocab_size,
            "--bos_id " + std::to_string(f.measure.bos_id) + " is outside the model's vocabulary");
-  Session session(*model, *backend, so);
+  SessionOptions measured = so;
+  measured.kv_types = kv_types;
+  Session session(*model, *backend, measured);
   std::unique_ptr<Gemma4> base_model;
   std::unique_ptr<Session> base;
   if (!f.base_path.empty()) {
@@ -64,13 +68,16 @@ void add_perplexity_command(CLI::App& app) {
       "perplexity", "Perplexity of a text, and KL divergence from a base model (as llama.cpp's llama-perplexity)");
   cmd->add_option("-m,--model_path,--model-path", f->model_path, "Model file (.gguf) or checkpoint directory")->required();
   cmd->add_option("-f,--text_file,--text-file", f->text_file, "The text to score (- = standard input)")->required();
-  cmd->add_option("--kl_base,--kl-base", f->base_path, "Base model (e.g. the bf16 file) for the KL divergence");
+  cmd->add_option("--kl_base,--kl-base", f->base_path,
+                  "Base model (e.g. the bf16 file, or the same file: quantized against bf16 KV caches) for the KL "
+                  "divergence; it runs with bf16 KV caches");
   cmd->add_option("--tokenizer_path,--tokenizer-path", f->tokenizer_path, "Hugging Face tokenizer.json (default: the model's)");
   cmd->add_option("-c,--ctx_size,--ctx-size", f->measure.n_ctx, "Tokens per chunk; the second half of each is scored")
       ->capture_default_str();
   cmd->add_option("--chunks", f->measure.max_chunks, "Score at most this many chunks (0 = all)")->capture_default_str();
   cmd->add_option("--bos_id,--bos-id", f->measure.bos_id, "Beginning-of-sequence id of each chunk")->capture_default_str();
   cmd->add_option("--backend", f->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_kv_type_flags(*cmd, f->kv);
   cmd->callback([f] { run_perplexity(*f); });
 }
 

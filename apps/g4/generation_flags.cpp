@@ -79,6 +79,7 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
                  "Tensor parallel: split the model over N ranks (--backend cuda: GPUs 0..N-1 with NCCL; cpu: "
                  "N groups of the worker threads)")
       ->capture_default_str();
+  add_kv_type_flags(cmd, f.kv);
 }
 
 LogitPenalties flag_penalties(const GenerationFlags& f) {
@@ -112,6 +113,7 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(!f.cuda_graph || f.backend == "cuda", "--cuda_graph needs --backend cuda (CUDA graphs replay GPU work)");
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
   G4_CHECK(f.tp >= 1, "--tp must be at least 1, got " + std::to_string(f.tp));
+  f.kv.types();
 }
 
 void draw_seed_for_ranks(GenerationFlags& f) {
@@ -127,6 +129,7 @@ EngineOptions engine_options(const GenerationFlags& f) {
   eo.max_seq_len = f.max_seq_len;
   eo.threads = f.threads;
   eo.tp = f.tp;
+  eo.kv_types = f.kv.types();
   return eo;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "runtime/engine.h"
 #include "sampling/logit_penalties.h"
 #include "sampling/sampler.h"
@@ -27,6 +28,7 @@ struct GenerationFlags {
   int threads = 0;
   int tp = 1;  // ranks of a split model (docs/DESIGN.md, "Tensor parallel")
   bool cuda_graph = false;
+  KvTypeFlags kv;
   // The base seed --seed -1 drew before the ranks of a split model started (each rank must use the
   // same one); unset: effective_sampling draws it.
   std::optional<uint64_t> drawn_seed;

@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include "quant/tq4.h"
+
 namespace g4 {
 
 namespace {
@@ -10,6 +12,19 @@ static_assert(sizeof(SamplingParams) % 4 == 0, "SamplingParams is stored as whol
 SamplingRows SamplingRows::first(int64_t n) const {
   G4_ASSERT(n >= 0 && n <= rows, "sampling rows: " + std::to_string(n) + " of " + std::to_string(rows));
   return SamplingRows{storage.rows_view(0, n), n};
+}
+
+int64_t kv_cache_cols(DType dtype, int kv_heads, int head_dim) {
+  const int64_t values = int64_t(kv_heads) * head_dim;
+  if (dtype == DType::TQ4) {
+    tq4::check_dim(head_dim);
+    const int64_t bytes = int64_t(kv_heads) * tq4::vector_bytes(head_dim);
+    return (bytes + 15) / 16 * 16;
+  }
+  if (dtype == DType::Q8_0)
+    G4_CHECK(head_dim % kQ8BlockSize == 0, "Q8_0 KV caches need a head dim that is a multiple of 32, not " +
+                                               std::to_string(head_dim));
+  return values;
 }
 
 KvCache one_page_kv_cache(Backend& backend, Tensor k, Tensor v) {

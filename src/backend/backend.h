@@ -71,6 +71,8 @@ struct ForwardReservation {
 // ring of pages, a full layer's has a slot for every page of the context. The table (I32 [slots,
 // 1], in backend memory) names a page only where the sequence holds one: the host keeps it so
 // that every position an attention reads or stores has its page.
+// k.dtype is the cache's row type (kv_cache_cols): the activation dtype, or a quantized one (Q8_0,
+// TQ4) whose rows attention stores and reads in that form.
 struct KvCache {
   Tensor k, v;
   Tensor table;
@@ -78,6 +80,15 @@ struct KvCache {
   // Positions the table reaches before it wraps (the ring a sliding layer reads back from).
   int64_t capacity() const { return table.rows * page_positions; }
 };
+
+// A KV row holds a layer's kv_heads head vectors of one position (K or V), as kv_cache_cols
+// elements of its type: unquantized, kv_heads * head_dim values in the activation dtype; Q8_0, the
+// same values in GGUF's blocks of 32; TQ4 (elements are bytes), each head's head_dim / 2 code bytes
+// (quant/tq4.h), head after head, then each head's bf16 norm, padded to a multiple of 16 bytes so
+// that every row of a page starts 16-byte aligned. Throws Error(kInvalidArgument) for a head_dim
+// the type cannot hold (Q8_0: a multiple of 32; TQ4: a power of two).
+int64_t kv_cache_cols(DType dtype, int kv_heads, int head_dim);
+inline bool is_quantized_kv(DType dtype) { return dtype == DType::Q8_0 || dtype == DType::TQ4; }
 
 // A cache of k.rows positions in one page of its own (position p in row p % k.rows): a ring for a
 // sliding layer, flat for a full one. For kernels' tests and benchmarks.
@@ -87,6 +98,10 @@ KvCache one_page_kv_cache(Backend& backend, DType dtype, int64_t capacity, int64
 
 // The queries are the chunk's tokens [q_first, T): a chunk may skip those whose output nobody
 // reads (the last layer of a prompt), while every token's K/V is still attended and stored.
+// Over a quantized cache (is_quantized_kv), the chunk's K/V rows are stored first and every key and
+// value is read as the cache holds it, the chunk's own too: a token attends to the same values
+// however its context was chunked (the ring of a sliding layer must then hold window + T - 1
+// positions, as the KV pool's rings do).
 struct AttentionArgs {
   Tensor q;          // [T - q_first, heads*head_dim], normed and rotated
   Tensor k_new, v_new;  // [T, kv_heads*head_dim] of this chunk, normed (and K rotated)
@@ -150,6 +165,9 @@ class Backend {
   virtual Tensor upload_weight(const HostTensor& w) = 0;
   // Whether upload_weight takes weights stored as `t`; loaders ask before allocating anything.
   virtual bool runs_weight_dtype(DType t) const = 0;
+  // Whether attention reads and stores KV caches of row type `t` (KvCache); the KV pool asks before
+  // allocating its pages. The activation dtype always.
+  virtual bool runs_kv_dtype(DType t) const { return t == activation_dtype(); }
   // Bytes of backend memory upload_weight(w) will allocate, and the memory free for allocations:
   // loaders check that the weights fit before allocating any, and the KV pool takes at most the
   // free memory (on the CPU, weights are used in place from the mapped file, and the free memory

@@ -69,7 +69,8 @@ const char* dtype_string(DType t) {
     case DType::Q5_1:
     case DType::Q4_K:
     case DType::Q5_K:
-    case DType::Q6_K: break;  // GGUF block formats have no safetensors dtype
+    case DType::Q6_K:
+    case DType::TQ4: break;  // block formats have no safetensors dtype
   }
   throw Error(ErrorKind::kUnsupported, "safetensors cannot store " + dtype_name(t));
 }

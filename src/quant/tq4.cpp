@@ -62,12 +62,13 @@ const std::vector<double>& signs() {
 }
 
 // Sylvester's Walsh–Hadamard transform, unnormalised, in place (the oracle's butterfly order).
-void hadamard(std::span<double> v) {
+template <typename T>
+void hadamard(std::span<T> v) {
   const size_t d = v.size();
   for (size_t h = 1; h < d; h *= 2)
     for (size_t i = 0; i < d; i += 2 * h)
       for (size_t j = i; j < i + h; ++j) {
-        const double a = v[j], b = v[j + h];
+        const T a = v[j], b = v[j + h];
         v[j] = a + b;
         v[j + h] = a - b;
       }
@@ -105,7 +106,7 @@ uint16_t encode(std::span<const float> x, std::span<uint8_t> codes) {
   const double norm = std::sqrt(total);
   std::vector<double> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = sign(int64_t(i)) * double(x[i]);
-  hadamard(y);
+  hadamard(std::span<double>(y));
   const auto& bounds = boundaries();
   for (size_t i = 0; i < y.size(); ++i) {
     const double z = norm > 0 ? y[i] / norm : 0.0;
@@ -125,9 +126,30 @@ void decode(uint16_t norm_bits, std::span<const uint8_t> codes, std::span<float>
     G4_CHECK(codes[i] < kLevels, "TQ4 decode: code " + std::to_string(codes[i]) + " is not 4-bit");
     w[i] = codebook()[codes[i]];
   }
-  hadamard(w);
+  hadamard(std::span<double>(w));
   const double scale = double(bf16_to_f32(norm_bits)) / double(d);
   for (size_t i = 0; i < w.size(); ++i) out[i] = float(scale * (sign(int64_t(i)) * w[i]));
+}
+
+void rotate(std::span<float> v) {
+  check_dim(int64_t(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] *= float(sign(int64_t(i)));
+  hadamard(v);
+}
+
+void rotate_back(std::span<float> v) {
+  check_dim(int64_t(v.size()));
+  hadamard(v);
+  for (size_t i = 0; i < v.size(); ++i) v[i] *= float(sign(int64_t(i)));
+}
+
+const std::array<float, kLevels>& codebook_f32() {
+  static const std::array<float, kLevels> levels = [] {
+    std::array<float, kLevels> out;
+    for (int k = 0; k < kLevels; ++k) out[size_t(k)] = float(codebook()[size_t(k)]);
+    return out;
+  }();
+  return levels;
 }
 
 void pack_codes(std::span<const uint8_t> codes, std::span<uint8_t> packed) {

@@ -34,6 +34,15 @@ uint16_t encode(std::span<const float> x, std::span<uint8_t> codes);
 // Decodes d codes and a bf16 norm into d floats.
 void decode(uint16_t norm_bits, std::span<const uint8_t> codes, std::span<float> out);
 
+// Attention in the rotated space, in float (the KV caches' reference and the CUDA kernels' form):
+// rotate(v) makes v H·S·v, rotate_back(v) makes v S·H·v, in place (the same butterfly as encode),
+// so that rotate_back(rotate(v)) = d·v; codebook_f32() is codebook() rounded to float. With a query
+// rotated once, q·x̂ = norm / d · Σ rotate(q)_i · codebook_f32()[code_i]; a weighted sum of values
+// is Σ w·norm / d · codebook_f32()[code] accumulated per coordinate, then rotate_back once.
+void rotate(std::span<float> v);
+void rotate_back(std::span<float> v);
+const std::array<float, kLevels>& codebook_f32();
+
 // Packs codes two to a byte (code 2i in the low nibble of byte i), and back.
 void pack_codes(std::span<const uint8_t> codes, std::span<uint8_t> packed);
 void unpack_codes(std::span<const uint8_t> packed, std::span<uint8_t> codes);

@@ -54,6 +54,7 @@ Engine::Engine(const EngineOptions& options)
   ro.max_batch_sequences = options.max_batch_sequences;
   ro.kv_budget_bytes = options.kv_budget_bytes;
   ro.kv_budget_sequences = options.kv_budget_sequences;
+  ro.kv_types = options.kv_types;
   runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
   if (comm_) comm_->barrier();  // every rank loaded: a failed peer shows here, before any work
 }

@@ -30,6 +30,7 @@ struct EngineOptions {
   // When kv_budget_bytes is 0: the budget is this many sequences of max_seq_len (a server's
   // --max_sessions), counted in this rank's KV heads, so each rank of a split model sizes its own.
   int64_t kv_budget_sequences = 1;
+  KvTypes kv_types;  // the KV caches' row types (--kv_type, --kv_sliding_type)
   int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)
   // Tensor parallel (docs/DESIGN.md, "Tensor parallel"): the model split over `tp` ranks, one
   // thread and one device each (CUDA: GPU r; CPU: threads / tp workers each). An engine of a split

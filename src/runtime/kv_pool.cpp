@@ -16,7 +16,11 @@ constexpr int64_t kWidestPagePositions = 32;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-size_t layer_row_bytes(const LayerConfig& l, DType dtype) { return row_bytes(dtype, int64_t(l.kv_heads) * l.head_dim); }
+int64_t layer_cols(const LayerConfig& l, DType dtype) { return kv_cache_cols(dtype, l.kv_heads, l.head_dim); }
+size_t layer_row_bytes(const LayerConfig& l, DType dtype) { return row_bytes(dtype, layer_cols(l, dtype)); }
+
+// Every page and every row in it starts 16-byte aligned (the CUDA kernels' vector loads).
+constexpr size_t kPageAlignment = 16;
 
 uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
@@ -45,18 +49,20 @@ void extend_hashes(std::vector<PrefixHash>& hashes, std::span<const int32_t> tok
 
 }  // namespace
 
-KvPageLayout kv_page_layout(const ModelConfig& c, DType dtype, int64_t max_seq_len) {
+KvPageLayout kv_page_layout(const ModelConfig& c, std::span<const DType> layer_dtypes, int64_t max_seq_len) {
+  G4_ASSERT(layer_dtypes.size() == c.layers.size(), "kv_page_layout: one KV type per layer");
   const int64_t max_chunk = c.max_prefill_chunk(max_seq_len);
   KvPageLayout layout;
-  size_t widest = 0, unit = 1;
-  for (const LayerConfig& l : c.layers) {
-    widest = std::max(widest, layer_row_bytes(l, dtype));
-    unit = std::lcm(unit, layer_row_bytes(l, dtype));
+  size_t widest = 0, unit = kPageAlignment;
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    widest = std::max(widest, layer_row_bytes(c.layers[i], layer_dtypes[i]));
+    unit = std::lcm(unit, layer_row_bytes(c.layers[i], layer_dtypes[i]));
   }
   // Whole rows of every layer, K and V of at least kWidestPagePositions positions of the widest.
   layout.page_bytes = size_t(ceil_div(int64_t(2 * kWidestPagePositions * widest), int64_t(unit))) * unit;
-  for (const LayerConfig& l : c.layers) {
-    const int64_t stride = int64_t(layout.page_bytes / layer_row_bytes(l, dtype)), positions = stride / 2;
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    const LayerConfig& l = c.layers[i];
+    const int64_t stride = int64_t(layout.page_bytes / layer_row_bytes(l, layer_dtypes[i])), positions = stride / 2;
     // A sliding layer's ring holds the pages a forward touches: the window before its first
     // position and the positions it stores (docs/DESIGN.md §7).
     const int64_t flat = ceil_div(max_seq_len, positions);
@@ -70,8 +76,8 @@ KvPageLayout kv_page_layout(const ModelConfig& c, DType dtype, int64_t max_seq_l
   return layout;
 }
 
-size_t kv_sequence_bytes(const ModelConfig& config, DType dtype, int64_t max_seq_len) {
-  return kv_page_layout(config, dtype, max_seq_len).sequence_bytes();
+size_t kv_sequence_bytes(const ModelConfig& config, std::span<const DType> layer_dtypes, int64_t max_seq_len) {
+  return kv_page_layout(config, layer_dtypes, max_seq_len).sequence_bytes();
 }
 
 // ---- KvSequence ----
@@ -98,8 +104,14 @@ void KvSequence::truncate(int64_t n) {
 
 // ---- KvPool: layout, pages, the prefix cache ----
 
-KvPool::KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes)
-    : config_(config), backend_(backend), budget_(budget_bytes) {
+KvPool::KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes, KvTypes types)
+    : config_(config),
+      backend_(backend),
+      layer_dtypes_(layer_kv_dtypes(config, types, backend.activation_dtype())),
+      budget_(budget_bytes) {
+  for (DType t : layer_dtypes_)
+    G4_REQUIRE(kUnsupported, backend.runs_kv_dtype(t),
+               "the " + backend.name() + " backend has no attention over " + dtype_name(t) + " KV caches");
   int64_t gcd = 0;
   for (int64_t b : layout(1).page_positions) {
     gcd = std::gcd(gcd, b);
@@ -113,7 +125,7 @@ KvPool::~KvPool() = default;
 const KvPageLayout& KvPool::layout(int64_t max_seq_len) const {
   for (const auto& [n, layout] : layouts_)
     if (n == max_seq_len) return layout;
-  return layouts_.emplace_back(max_seq_len, kv_page_layout(config_, backend_.activation_dtype(), max_seq_len)).second;
+  return layouts_.emplace_back(max_seq_len, kv_page_layout(config_, layer_dtypes_, max_seq_len)).second;
 }
 
 size_t KvPool::sequence_bytes(int64_t max_seq_len) const { return layout(max_seq_len).sequence_bytes(); }
@@ -138,12 +150,12 @@ void KvPool::allocate_pages(size_t available, int64_t max_seq_len) {
   if (page == 0) return;  // no layers
   pages_total_ = int64_t(budget_ / page);
   budget_ = size_t(pages_total_) * page;
-  const DType dtype = backend_.activation_dtype();
-  arena_ = backend_.alloc(dtype, pages_total_, int64_t(page / row_bytes(dtype, 1)));
+  arena_ = backend_.alloc(DType::I32, pages_total_, int64_t(page / 4));  // pages of whole, aligned words
   const KvPageLayout& l = layout(max_seq_len);
   for (size_t i = 0; i < config_.layers.size(); ++i) {
-    const LayerConfig& lc = config_.layers[i];
-    Tensor k = arena_.reshaped(pages_total_ * l.page_stride[i], int64_t(lc.kv_heads) * lc.head_dim);
+    Tensor k = arena_;
+    k.dtype = layer_dtypes_[i];
+    k = k.reshaped(pages_total_ * l.page_stride[i], layer_cols(config_.layers[i], layer_dtypes_[i]));
     layer_rows_.emplace_back(k, k.rows_view(l.page_positions[i], k.rows - l.page_positions[i]));
   }
   pages_.assign(size_t(pages_total_), PageInfo{});

@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "runtime/kv_types.h"
 
 namespace g4 {
 
@@ -41,11 +42,12 @@ struct KvPageLayout {
   // The most a sequence holds: a page for every slot.
   size_t sequence_bytes() const { return size_t(table_entries) * page_bytes; }
 };
-// A forward stores at most config.max_prefill_chunk(max_seq_len) positions of a sequence.
-KvPageLayout kv_page_layout(const ModelConfig& config, DType dtype, int64_t max_seq_len);
+// Layer l's rows are of type layer_dtypes[l] (layer_kv_dtypes). A forward stores at most
+// config.max_prefill_chunk(max_seq_len) positions of a sequence.
+KvPageLayout kv_page_layout(const ModelConfig& config, std::span<const DType> layer_dtypes, int64_t max_seq_len);
 
 // Bytes of the most pages one sequence of max_seq_len positions holds.
-size_t kv_sequence_bytes(const ModelConfig& config, DType dtype, int64_t max_seq_len);
+size_t kv_sequence_bytes(const ModelConfig& config, std::span<const DType> layer_dtypes, int64_t max_seq_len);
 
 // A 128-bit hash of a token prefix (two independent 64-bit lanes): the identity of a cached page's
 // contents. Two different prefixes share one with odds of about n² / 2¹²⁹ for n cached pages.
@@ -126,8 +128,10 @@ struct SwappedSequence {
 
 class KvPool {
  public:
-  // budget_bytes bounds the pages (live and cached). No page exists before allocate_pages.
-  KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes);
+  // budget_bytes bounds the pages (live and cached), whose rows are of `types`. No page exists
+  // before allocate_pages. Throws Error(kUnsupported) for a type the backend's attention does not
+  // read, Error(kInvalidArgument) for one a layer's head dim cannot take.
+  KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes, KvTypes types = {});
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
   ~KvPool();
@@ -137,6 +141,9 @@ class KvPool {
   // The most pages a sequence of a max_seq_len context holds while it reaches `positions`.
   int64_t pages_for_positions(int64_t max_seq_len, int64_t positions) const;
   size_t page_bytes() const { return layout(1).page_bytes; }
+  // Each layer's row type (KvCache::k.dtype), and what a position costs by layer kind.
+  const std::vector<DType>& layer_dtypes() const { return layer_dtypes_; }
+  KvBytesPerToken bytes_per_token() const { return kv_bytes_per_token(config_, layer_dtypes_); }
   size_t budget_bytes() const { return budget_; }
   // Lowers the budget to at most `available` bytes (what the device can still hold), whole pages,
   // and allocates the pages. Throws Error(kResourceExhausted) naming the bytes when that is less
@@ -255,6 +262,7 @@ class KvPool {
 
   const ModelConfig& config_;
   Backend& backend_;
+  std::vector<DType> layer_dtypes_;
   size_t budget_ = 0, reserved_ = 0;
   int64_t pages_total_ = 0, shared_pages_ = 0;
   int64_t hash_unit_ = 1, share_unit_ = 1;  // gcd and lcm of the layers' page positions

@@ -65,9 +65,13 @@ ModelRunner::ModelRunner(const Gemma4& model, Backend& backend, RunnerOptions o)
       max_seq_len_(chosen_max_seq_len(model.config(), o.max_seq_len)),
       // Caches and activations hold this rank's heads and MLP columns (all of them on one device).
       pool_(model.rank_config(), backend,
-            o.kv_budget_bytes > 0 ? o.kv_budget_bytes
-                                  : size_t(std::max<int64_t>(1, o.kv_budget_sequences)) *
-                                        kv_sequence_bytes(model.rank_config(), backend.activation_dtype(), max_seq_len_)),
+            o.kv_budget_bytes > 0
+                ? o.kv_budget_bytes
+                : size_t(std::max<int64_t>(1, o.kv_budget_sequences)) *
+                      kv_sequence_bytes(model.rank_config(),
+                                        layer_kv_dtypes(model.rank_config(), o.kv_types, backend.activation_dtype()),
+                                        max_seq_len_),
+            o.kv_types),
       buffers_(model.rank_config(), backend, chosen_chunk(model.config(), max_seq_len_, o.max_prefill_chunk),
                checked_batch_sequences(o.max_batch_sequences)) {
   const ModelConfig& c = config();

@@ -25,6 +25,7 @@ struct RunnerOptions {
   // what the device has free once the weights and the forward's workspaces are allocated.
   size_t kv_budget_bytes = 0;
   int64_t kv_budget_sequences = 1;
+  KvTypes kv_types;  // the caches' row types by layer kind
 };
 
 // The smallest context a sequence of this model accepts (2, or the sliding window if larger).

@@ -21,7 +21,9 @@ int64_t session_chunk(const ModelRunner& runner, int64_t max_seq_len, int64_t re
 
 Session::Session(const Gemma4& model, Backend& backend, SessionOptions options)
     : Session(std::make_unique<ModelRunner>(model, backend,
-                                            RunnerOptions{options.max_seq_len, options.max_prefill_chunk, 1, 0}),
+                                            RunnerOptions{.max_seq_len = options.max_seq_len,
+                                                          .max_prefill_chunk = options.max_prefill_chunk,
+                                                          .kv_types = options.kv_types}),
               nullptr, options) {}
 
 Session::Session(ModelRunner& runner, SessionOptions options) : Session(nullptr, &runner, options) {}

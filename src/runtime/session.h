@@ -26,6 +26,7 @@ class DecodeGraph;
 struct SessionOptions {
   int64_t max_seq_len = 0;        // 0 = the runner's
   int64_t max_prefill_chunk = 0;  // 0 = min(the runner's, ModelConfig::max_prefill_chunk(max_seq_len))
+  KvTypes kv_types;  // the caches of a session alone on a model (a runner's sessions take the runner's)
 };
 
 // The backend tensors of one decode step: the token fed and its position (I32 [1, 1]), the

@@ -19,6 +19,7 @@ std::string dtype_name(DType t) {
     case DType::Q4_K: return "Q4_K";
     case DType::Q5_K: return "Q5_K";
     case DType::Q6_K: return "Q6_K";
+    case DType::TQ4: return "TQ4";
   }
   return "?";
 }
@@ -53,6 +54,7 @@ size_t block_bytes(DType t) {
     case DType::Q4_K: return 2 + 2 + 12 + 128;           // d, dmin, scales[12], qs[128]
     case DType::Q5_K: return 2 + 2 + 12 + 32 + 128;      // d, dmin, scales[12], qh[32], qs[128]
     case DType::Q6_K: return 128 + 64 + 16 + 2;          // ql[128], qh[64], scales[16], d
+    case DType::TQ4: return 1;                            // elements are bytes
   }
   return 0;
 }

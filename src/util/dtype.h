@@ -8,7 +8,10 @@ namespace g4 {
 
 // Q* are GGUF's block formats (llama.cpp's ggml types): a row is a sequence of blocks, each block a
 // fixed number of weights stored in a fixed number of bytes (src/quant/block_formats.h has layouts).
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
+// TQ4 is not a file type: the rows of a TurboQuant 4-bit KV cache (quant/tq4.h), whose layout
+// depends on the head dimension, so a TQ4 tensor's elements are its bytes (backend/backend.h,
+// kv_cache_cols, says how a row holds its head vectors).
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, TQ4 };
 
 // Q8_0: blocks of 32 weights, each block = f16 scale + 32 int8 values.
 inline constexpr int64_t kQ8BlockSize = 32;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/quantized_kv.h"
 #include "format/tensor_source.h"
 #include "quant/quantize.h"
 #include "quant/random_blocks.h"
@@ -185,13 +186,6 @@ void CpuBackend::head_norms(const HeadNorms& a) {
   rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
 }
 
-// The cache row of position p (KvCache): the page its table names, then the row in the page.
-static int64_t page_row(const KvCache& c, int64_t p) {
-  const int32_t page = c.table.as<int32_t>()[(p / c.page_positions) % c.table.rows];
-  G4_ASSERT(page >= 0, "attention: position " + std::to_string(p) + " has no KV page");
-  return page * c.page_stride + p % c.page_positions;
-}
-
 // Attention of the (query row, head) jobs [b, e) over the cache and the chunk's fresh K/V.
 G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
   const int64_t hd = a.head_dim;
@@ -199,7 +193,7 @@ G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_
   const int group = a.heads / a.kv_heads;
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
   auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
-    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + page_row(*a.cache, kp) * kv_cols;
+    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + cpu::cache_row(*a.cache, kp) * kv_cols;
   };
   std::vector<float> scores;
   std::vector<float> acc(static_cast<size_t>(hd));
@@ -230,15 +224,27 @@ G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_
 void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity();
   const int64_t pos0 = a.positions.as<int32_t>()[0];
-  G4_CHECK(a.window == 0 || cap >= a.window, "attention: ring cache smaller than the sliding window");
+  const bool quantized = is_quantized_kv(a.cache->k.dtype);
+  G4_CHECK(a.window == 0 || cap >= a.window + (quantized ? T - 1 : 0),
+           "attention: ring cache smaller than the sliding window" + std::string(quantized ? " and the chunk" : ""));
   G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
   G4_CHECK(a.q_first >= 0 && a.q_first <= T && a.q.rows == T - a.q_first && a.out.rows == a.q.rows,
            "attention: q and out must hold the chunk's tokens [q_first, T)");
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
+  if (quantized) {  // store the chunk first: every key is read as the cache holds it
+    const DType type = a.cache->k.dtype;
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t row = size_t(cpu::cache_row(*a.cache, pos0 + t)) * a.cache->k.row_size();
+      cpu::encode_kv_row(type, a.k_new.as<float>() + t * kv_cols, a.kv_heads, a.head_dim, a.cache->k.as<uint8_t>() + row);
+      cpu::encode_kv_row(type, a.v_new.as<float>() + t * kv_cols, a.kv_heads, a.head_dim, a.cache->v.as<uint8_t>() + row);
+    }
+    pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::quantized_attention_jobs(a, b, e); });
+    return;
+  }
   pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { attention_jobs(a, b, e); });
   // Store this chunk's K/V only after every query has read the older entries.
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t row = page_row(*a.cache, pos0 + t);
+    const int64_t row = cpu::cache_row(*a.cache, pos0 + t);
     std::memcpy(a.cache->k.as<float>() + row * kv_cols, a.k_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
     std::memcpy(a.cache->v.as<float>() + row * kv_cols, a.v_new.as<float>() + t * kv_cols, size_t(kv_cols) * 4);
   }

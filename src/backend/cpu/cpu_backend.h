@@ -32,6 +32,7 @@ class CpuBackend : public Backend {
                      const Tensor& next_weight, const Tensor& next_out) override;
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   bool runs_weight_dtype(DType) const override { return true; }  // every row codec decodes to F32
+  bool runs_kv_dtype(DType t) const override { return t == DType::F32 || is_quantized_kv(t); }
   size_t weight_bytes_on_backend(const HostTensor&) const override { return 0; }  // used in place
   // What the system can still give (MemAvailable), or SIZE_MAX where it does not say.
   size_t free_memory_bytes() const override;
