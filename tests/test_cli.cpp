@@ -170,6 +170,44 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
   EXPECT_NE(bad_profile.output.find("--profile_steps"), std::string::npos) << bad_profile.output;
 }
 
+// --kv_type and --kv_sliding_type on the commands that run the model: the caches they ask for (the
+// report's bytes a token), and a clear error before anything loads for a type that does not exist.
+TEST(Cli, KvTypesOnEveryCommand) {
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  const std::string quantized = " --kv_type tq4 --kv_sliding_type q8_0";
+  // The demo: two full layers of one 128-dim head (a TQ4 row: 64 code bytes and a norm, padded to
+  // 80), six sliding layers of two 64-dim heads (a Q8_0 row: four blocks of 34 bytes); K and V.
+  const test::CommandResult run = test::run_g4("run --prompt 'Tell me a fortune.' -n 4" + quantized);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("KV caches: full layers tq4, 320 bytes a token; sliding layers q8_0, 1632 bytes a token"),
+            std::string::npos)
+      << run.output;
+  const test::CommandResult bench = test::run_g4("bench --model_path '" + demo +
+                                                 "' --backend cpu --concurrency 2 --prompt_len 8 --gen 3" + quantized +
+                                                 " 2>/dev/null");
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  const nlohmann::json runs = nlohmann::json::parse(bench.output)["runs"];
+  EXPECT_EQ(runs[0]["kv_bytes_per_token_full"].get<int64_t>(), 320) << runs.dump();
+  EXPECT_EQ(runs[0]["kv_bytes_per_token_sliding"].get<int64_t>(), 1632) << runs.dump();
+  const std::string out = test::temp_dir("kv-types-cli") + "/logits.bin";
+  const test::CommandResult logits =
+      test::run_g4("logits --model_path '" + demo + "' --tokens 2,818,5067,2201 --out " + out + quantized);
+  EXPECT_EQ(logits.exit_code, 0) << logits.output;
+  const std::vector<std::string> commands = {"run --prompt x", "chat", "serve",
+                                             "logits --model_path '" + demo + "' --tokens 2 --out " + out,
+                                             "bench --model_path '" + demo + "' --backend cpu --concurrency 1",
+                                             "perplexity -m '" + demo + "' -f /dev/null"};
+  for (const std::string& command : commands) {
+    const test::CommandResult bad = test::run_g4(command + " --kv_type q4_0");
+    EXPECT_NE(bad.exit_code, 0) << command;
+    EXPECT_NE(bad.output.find("--kv_type must be bf16, q8_0 or tq4, not 'q4_0'"), std::string::npos)
+        << command << ": " << bad.output;
+  }
+  const test::CommandResult sliding = test::run_g4("run --prompt x --kv_sliding_type tq4");
+  EXPECT_NE(sliding.exit_code, 0);
+  EXPECT_NE(sliding.output.find("tq4 is for the full-attention layers"), std::string::npos) << sliding.output;
+}
+
 // g4 bench --suite: prompt processing and decode at each length, cut to the model's context
 // (the demo's 2 048 positions), from one load.
 TEST(Cli, BenchSuiteReportsEveryLength) {

@@ -1022,6 +1022,10 @@ TEST_F(Serve, MetricsCountRequestsTokensAndShowEverySessionFreed) {
   EXPECT_EQ(metric(text, "g4_kv_bytes_cached") > 0, metric(text, "g4_kv_pages_cached") > 0);
   EXPECT_EQ(metric(text, "g4_preempted_sequences"), 0);
   EXPECT_EQ(metric(text, "g4_preemptions_total"), 0);
+  // The demo on the CPU, float32 caches: two full layers of one 128-dim K=V head, six sliding
+  // layers of two 64-dim heads; K and V.
+  EXPECT_EQ(metric(text, "g4_kv_bytes_per_token{layers=\"full\"}"), 2 * 2 * 128 * 4);
+  EXPECT_EQ(metric(text, "g4_kv_bytes_per_token{layers=\"sliding\"}"), 6 * 2 * 2 * 64 * 4);
   EXPECT_GE(metric(text, "g4_time_to_first_token_seconds_count"), 1);
   EXPECT_GE(metric(text, "g4_decode_token_seconds_count"), 1);
   for (const char* type : {"# TYPE g4_requests_total counter", "# TYPE g4_time_to_first_token_seconds histogram",

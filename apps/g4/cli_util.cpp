@@ -26,6 +26,16 @@ void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& f) {
       ->capture_default_str();
 }
 
+std::string describe_kv_caches(const KvPool& pool) {
+  const KvBytesPerToken bytes = pool.bytes_per_token();
+  std::string out = "KV caches: full layers " + kv_type_name(pool.types().full) + ", " + std::to_string(bytes.full) +
+                    " bytes a token";
+  if (bytes.sliding > 0)
+    out += "; sliding layers " + kv_type_name(pool.types().sliding) + ", " + std::to_string(bytes.sliding) +
+           " bytes a token (of the window)";
+  return out + "; pages of " + std::to_string(pool.page_bytes()) + " bytes";
+}
+
 void use_model_or_demo(EngineOptions& options, const std::string& model_path) {
   options.model_path = model_path;
   if (model_path.empty()) options.model_image = demo_model();

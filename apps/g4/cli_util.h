@@ -43,6 +43,9 @@ struct KvTypeFlags {
   KvTypes types() const { return {parse_kv_type(full, false), parse_kv_type(sliding, true)}; }
 };
 void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& flags);
+// "KV caches: full layers tq4, 20800 bytes a token; sliding layers bf16, 819200 bytes a token (of
+// the window); pages of 532480 bytes" (g4 run's report).
+std::string describe_kv_caches(const KvPool& pool);
 
 // Parses "1,2,3" into ids; throws g4::Error naming the bad element.
 std::vector<int32_t> parse_id_list(const std::string& text);

@@ -347,6 +347,14 @@ void bench_tensor_parallel(const BenchOptions& o) {
   run_rank_threads(*group, [&](int rank) { bench_rank(o, *group, rank); });
 }
 
+// The caches' types and what a position costs in them.
+nlohmann::json kv_json(const KvPool& pool) {
+  return {{"kv_type", kv_type_name(pool.types().full)},
+          {"kv_sliding_type", kv_type_name(pool.types().sliding)},
+          {"kv_bytes_per_token_full", pool.bytes_per_token().full},
+          {"kv_bytes_per_token_sliding", pool.bytes_per_token().sliding}};
+}
+
 // Bytes of the weights by storage type, as {"Q4_0": bytes, ...}.
 nlohmann::json weight_bytes_json(const ModelWeights& weights) {
   nlohmann::json j = nlohmann::json::object();
@@ -389,7 +397,8 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
     if (first_step_ms == 0) first_step_ms = r.step_ms;
   }
   const double achieved = weight_bytes_per_step(model) / (first_step_ms * 1e-3);
-  return {{"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
+  nlohmann::json r = kv_json(s.runner().kv_pool());
+  r.update(nlohmann::json{{"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
           {"backend", be.name()},
           {"weights", o.synthetic.empty() ? "the file's" : o.weights},
           {"weight_bytes_by_type", weight_bytes_json(model.weights())},
@@ -398,12 +407,14 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
           {"decode_greedy_tok_s", decode},
           {"achieved_tb_s", achieved / 1e12},
           {"copy_tb_s", copy_bytes_per_s / 1e12},
-          {"achieved_pct_of_copy", copy_bytes_per_s > 0 ? 100.0 * achieved / copy_bytes_per_s : 0.0}};
+          {"achieved_pct_of_copy", copy_bytes_per_s > 0 ? 100.0 * achieved / copy_bytes_per_s : 0.0}});
+  return r;
 }
 
 void run_bench(const BenchOptions& o) {
   G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
+  o.kv.types();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
   auto backend = make_backend(o.backend);
   Backend& be = *backend;
@@ -494,6 +505,7 @@ void run_bench(const BenchOptions& o) {
       {"sample_topk_topp_us", sample_s * 1e6},
       {"sampling_pct_of_step", 100.0 * sample_s / (graph_sampled.step_ms * 1e-3)},
   };
+  r.update(kv_json(s.runner().kv_pool()));
   std::printf("%s\n", r.dump(1).c_str());
 }
 

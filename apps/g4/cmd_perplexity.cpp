@@ -26,12 +26,12 @@ struct PerplexityFlags {
 };
 
 void run_perplexity(const PerplexityFlags& f) {
+  const KvTypes kv_types = f.kv.types();
   const Tokenizer tokenizer = open_tokenizer_of(f.tokenizer_path, f.model_path);
   // As llama-perplexity tokenizes the file: BOS, then the text (special-token text is plain text).
   std::vector<int32_t> tokens = {f.measure.bos_id};
   for (const int32_t id : tokenizer.encode(read_input(f.text_file), false)) tokens.push_back(id);
 
-  const KvTypes kv_types = f.kv.types();
   auto backend = make_backend(f.backend);
   auto model = load_model(f.model_path, *backend);
   SessionOptions so;

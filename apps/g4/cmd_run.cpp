@@ -66,6 +66,7 @@ void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r,
     std::fprintf(stderr, "weights: %s\n", weight_types(GgufFile(model_path)).summary().c_str());
   std::fprintf(stderr, "weight bytes by type on the %s backend: %s\n", backend.name().c_str(),
                describe_weight_bytes(weight_bytes_by_type(engine.model().weights())).c_str());
+  std::fprintf(stderr, "%s\n", describe_kv_caches(engine.kv_pool()).c_str());
   if (engine.tp_size() > 1)
     std::fprintf(stderr, "tensor parallel: %d ranks (the memory and weight figures are rank 0's)\n", engine.tp_size());
 }

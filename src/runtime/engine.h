@@ -70,6 +70,7 @@ class Engine {
   Communicator* communicator() const { return comm_.get(); }
   ModelRunner& runner() { return *runner_; }
   KvPool& kv_pool() { return runner_->kv_pool(); }
+  const KvPool& kv_pool() const { return runner_->kv_pool(); }
 
   // A new, empty sequence; its caches come from the KV pool when it first runs tokens (see
   // Session). Sessions must not outlive the engine.

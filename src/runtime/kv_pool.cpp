@@ -107,6 +107,7 @@ void KvSequence::truncate(int64_t n) {
 KvPool::KvPool(const ModelConfig& config, Backend& backend, size_t budget_bytes, KvTypes types)
     : config_(config),
       backend_(backend),
+      types_(types),
       layer_dtypes_(layer_kv_dtypes(config, types, backend.activation_dtype())),
       budget_(budget_bytes) {
   for (DType t : layer_dtypes_)

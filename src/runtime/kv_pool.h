@@ -141,7 +141,9 @@ class KvPool {
   // The most pages a sequence of a max_seq_len context holds while it reaches `positions`.
   int64_t pages_for_positions(int64_t max_seq_len, int64_t positions) const;
   size_t page_bytes() const { return layout(1).page_bytes; }
-  // Each layer's row type (KvCache::k.dtype), and what a position costs by layer kind.
+  // The types asked for, each layer's row type (KvCache::k.dtype), and what a position costs by
+  // layer kind.
+  KvTypes types() const { return types_; }
   const std::vector<DType>& layer_dtypes() const { return layer_dtypes_; }
   KvBytesPerToken bytes_per_token() const { return kv_bytes_per_token(config_, layer_dtypes_); }
   size_t budget_bytes() const { return budget_; }
@@ -262,6 +264,7 @@ class KvPool {
 
   const ModelConfig& config_;
   Backend& backend_;
+  KvTypes types_;
   std::vector<DType> layer_dtypes_;
   size_t budget_ = 0, reserved_ = 0;
   int64_t pages_total_ = 0, shared_pages_ = 0;

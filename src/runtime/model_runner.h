@@ -59,6 +59,7 @@ class ModelRunner {
   // garbage.
   void download_result(const Tensor& t, void* out) const;
   KvPool& kv_pool() { return pool_; }
+  const KvPool& kv_pool() const { return pool_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   int64_t max_prefill_chunk() const { return buffers_.max_tokens; }
   int64_t max_batch_sequences() const { return buffers_.max_outputs; }

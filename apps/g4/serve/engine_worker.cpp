@@ -277,6 +277,7 @@ void EngineWorker::update_gauges() {
   g.kv_pages_in_use = pool.pages_in_use();
   g.kv_pages_cached = pool.pages_cached();
   g.kv_pages_shared = pool.pages_shared();
+  g.kv_bytes_per_token = pool.bytes_per_token();
   if (ranks_) ranks_->set_load(0, {g.running, g.kv_bytes_in_use});
   std::lock_guard lock(gauges_mutex_);
   gauges_ = g;

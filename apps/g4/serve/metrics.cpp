@@ -104,6 +104,10 @@ std::string Metrics::render(const EngineGauges& engine) const {
   out += sample("g4_kv_bytes_cached", double(engine.kv_bytes_cached));
   out += header("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.");
   out += sample("g4_kv_bytes_budget", double(engine.kv_budget_bytes));
+  out += header("g4_kv_bytes_per_token", "gauge",
+                "KV-cache bytes one position takes, K and V, in the full-attention or the sliding layers.");
+  out += "g4_kv_bytes_per_token{layers=\"full\"} " + std::to_string(engine.kv_bytes_per_token.full) + "\n";
+  out += "g4_kv_bytes_per_token{layers=\"sliding\"} " + std::to_string(engine.kv_bytes_per_token.sliding) + "\n";
   out += header("g4_kv_pages_total", "gauge", "The KV pool's pages.");
   out += sample("g4_kv_pages_total", double(engine.kv_pages_total));
   out += header("g4_kv_pages_in_use", "gauge", "KV pages live sequences hold.");

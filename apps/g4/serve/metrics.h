@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/kv_types.h"
 #include "runtime/rank_inputs.h"
 
 namespace g4::serve {
@@ -34,6 +35,7 @@ struct EngineGauges {
   int64_t preemptions = 0;  // since the server started
   size_t kv_bytes_in_use = 0, kv_bytes_cached = 0, kv_budget_bytes = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0, kv_pages_in_use = 0, kv_pages_cached = 0, kv_pages_shared = 0;
+  KvBytesPerToken kv_bytes_per_token;  // by layer kind, fixed by --kv_type and --kv_sliding_type
   // A split model (--tp N): each rank's running sequences and live KV bytes, rank 0 first (the
   // gauges above are rank 0's); empty unsplit.
   std::vector<RankLoad> ranks;
