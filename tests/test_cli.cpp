@@ -189,6 +189,11 @@ TEST(Cli, KvTypesOnEveryCommand) {
   const nlohmann::json runs = nlohmann::json::parse(bench.output)["runs"];
   EXPECT_EQ(runs[0]["kv_bytes_per_token_full"].get<int64_t>(), 320) << runs.dump();
   EXPECT_EQ(runs[0]["kv_bytes_per_token_sliding"].get<int64_t>(), 1632) << runs.dump();
+  const test::CommandResult inspect = test::run_g4("inspect '" + demo + "' 2>/dev/null");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  const nlohmann::json kv = nlohmann::json::parse(inspect.output)["kv_bytes_per_token"];
+  EXPECT_EQ(kv["tq4/q8_0"]["full"].get<int64_t>(), 320) << kv.dump();
+  EXPECT_EQ(kv["bf16/bf16"]["sliding"].get<int64_t>(), 6 * 2 * 2 * 64 * 2) << kv.dump();
   const std::string out = test::temp_dir("kv-types-cli") + "/logits.bin";
   const test::CommandResult logits =
       test::run_g4("logits --model_path '" + demo + "' --tokens 2,818,5067,2201 --out " + out + quantized);

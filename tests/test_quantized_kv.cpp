@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -271,6 +272,75 @@ TEST(QuantizedKv, TheDemoPredictsAsWithBf16Caches) {
     std::printf("%s: mean KL %.3g, same top token %d of %zu\n", name.c_str(), kl, same_top, tokens.size());
     EXPECT_LT(kl, types.full == KvType::kTq4 ? 0.01 : 0.002) << name;
     EXPECT_GE(same_top, int(tokens.size()) * (types.full == KvType::kTq4 ? 92 : 97) / 100) << name;
+  }
+}
+
+// Next-token distributions of two runs over the same positions ([positions][vocab] logits each).
+struct Divergence {
+  double mean_kl = 0, relative_l2 = 0;
+  int clear = 0, same_top = 0;  // positions whose base top-2 margin exceeds kClearMargin; the top agrees
+};
+Divergence divergence(const std::vector<float>& base, const std::vector<float>& got, int64_t vocab) {
+  Divergence d;
+  const size_t positions = base.size() / size_t(vocab);
+  double num = 0, den = 0;
+  for (size_t t = 0; t < positions; ++t) {
+    const float* p = base.data() + t * size_t(vocab);
+    const float* q = got.data() + t * size_t(vocab);
+    std::vector<float> sorted(p, p + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    const float mp = sorted[0], mq = *std::max_element(q, q + vocab);
+    double zp = 0, zq = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      zp += std::exp(double(p[i] - mp)), zq += std::exp(double(q[i] - mq));
+      num += double(p[i] - q[i]) * double(p[i] - q[i]), den += double(p[i]) * double(p[i]);
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double lp = double(p[i] - mp) - std::log(zp), lq = double(q[i] - mq) - std::log(zq);
+      d.mean_kl += std::exp(lp) * (lp - lq);
+    }
+    if (sorted[0] - sorted[1] > test::kClearMargin) {
+      ++d.clear;
+      d.same_top += std::max_element(p, p + vocab) - p == std::max_element(q, q + vocab) - q;
+    }
+  }
+  d.mean_kl /= double(positions);
+  d.relative_l2 = std::sqrt(num / den);
+  return d;
+}
+
+// transformers' 4 096-position fixture with the 31B's head sizes (random weights): each KV type's
+// logits at every position against the same run with bf16 caches. Random weights make peaked
+// attention over unit-RMS keys of 512 dims, which amplifies a key's error far more than the trained
+// demo's (TheDemoPredictsAsWithBf16Caches); the bounds are the measured figures with headroom
+// (docs/DESIGN.md, "Quantized KV"), where a wrong code, scale or page gives unrelated logits.
+TEST(QuantizedKv, FourThousandPositionsAgainstBf16Caches) {
+  struct Bound {
+    KvTypes types;
+    double relative_l2, mean_kl, same_top;
+  };
+  const Bound bounds[] = {{{KvType::kQ8_0, KvType::kQ8_0}, 0.3, 0.04, 0.99}, {{KvType::kTq4}, 0.6, 0.15, 0.97}};
+  {
+    const std::string fixture = "long-31b-heads";
+    const test::Reference ref = test::load_reference(fixture);
+    ASSERT_GE(ref.positions, 4000);
+    auto be = make_backend("cpu");
+    auto model = load_model(ref.dir, *be);
+    auto logits = [&](KvTypes types) {
+      Session s(*model, *be, SessionOptions{.max_seq_len = ref.positions + 1, .kv_types = types});
+      return s.logits_all(ref.tokens);
+    };
+    const std::vector<float> base = logits({});
+    for (const Bound& b : bounds) {
+      const Divergence d = divergence(base, logits(b.types), ref.vocab);
+      const std::string name = fixture + " " + kv_type_name(b.types.full) + "/" + kv_type_name(b.types.sliding);
+      std::printf("%s: relative L2 %.3g, mean KL %.3g, same top token at %d of %d clear positions\n", name.c_str(),
+                  d.relative_l2, d.mean_kl, d.same_top, d.clear);
+      EXPECT_LT(d.relative_l2, b.relative_l2) << name;
+      EXPECT_LT(d.mean_kl, b.mean_kl) << name;
+      EXPECT_GE(d.clear, 500) << name;
+      EXPECT_GE(d.same_top, int(b.same_top * d.clear)) << name;
+    }
   }
 }
 

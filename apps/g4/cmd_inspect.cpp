@@ -7,6 +7,9 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "format/gguf.h"
+#include "model/gguf_model.h"
+#include "runtime/kv_types.h"
+#include "util/error.h"
 
 namespace g4::cli {
 
@@ -38,6 +41,27 @@ json to_json(const GgufValue& value, bool full) {
       value.storage());
 }
 
+bool is_gemma4(const GgufFile& file) {
+  const GgufValue* arch = file.metadata().find("general.architecture");
+  return arch && arch->type() == GgufType::STRING && arch->to_string("general.architecture") == "gemma4";
+}
+
+// What a position costs in the caches of each --kv_type (with --kv_sliding_type q8_0 where the
+// full layers are quantized), by layer kind, K and V together, bf16 being the GPU's 2 bytes.
+json kv_bytes_json(const ModelConfig& config) {
+  json out = json::object();
+  for (const KvTypes types : {KvTypes{}, KvTypes{KvType::kQ8_0, KvType::kQ8_0}, KvTypes{KvType::kTq4, KvType::kQ8_0}}) {
+    const std::string name = kv_type_name(types.full) + "/" + kv_type_name(types.sliding);
+    try {
+      const KvBytesPerToken b = kv_bytes_per_token(config, layer_kv_dtypes(config, types, DType::BF16));
+      out[name] = {{"full", b.full}, {"sliding", b.sliding}};
+    } catch (const Error& e) {  // a head dim the type cannot hold
+      out[name] = e.what();
+    }
+  }
+  return out;
+}
+
 void run_inspect(const std::string& path, bool full) {
   const GgufFile file(path);
   json metadata = json::object();
@@ -50,9 +74,12 @@ void run_inspect(const std::string& path, bool full) {
   json types = json::object();
   for (const auto& [type, use] : w.by_type)
     types[type] = {{"tensors", use.tensors}, {"weights", use.weights}, {"bytes", use.bytes}};
-  const json out = {{"file", path}, {"version", file.version()}, {"alignment", file.alignment()},
-                    {"data_offset", file.data_offset()}, {"bits_per_weight", w.bits_per_weight},
-                    {"types", types}, {"metadata", metadata}, {"tensors", tensors}};
+  json out = {{"file", path}, {"version", file.version()}, {"alignment", file.alignment()},
+              {"data_offset", file.data_offset()}, {"bits_per_weight", w.bits_per_weight},
+              {"types", types}};
+  if (is_gemma4(file)) out["kv_bytes_per_token"] = kv_bytes_json(gemma4_config(file));
+  out["metadata"] = metadata;
+  out["tensors"] = tensors;
   std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
 }
 
