@@ -275,6 +275,20 @@ TEST(QuantizedKv, TheDemoPredictsAsWithBf16Caches) {
   }
 }
 
+// A context no longer than the ring holds (the demo's 128-position window, 256 positions in all) in
+// one chunk of twice the window: stored before read, the chunk cannot overwrite what its queries
+// read, since the ring never wraps.
+TEST(QuantizedKv, AChunkPastTheWindowFitsARingThatNeverWraps) {
+  auto be = make_backend("cpu");
+  auto model = load_model(test::embedded_demo_path(), *be);
+  std::vector<int32_t> tokens(256, 300);
+  tokens[0] = 2;
+  for (KvTypes types : {KvTypes{}, KvTypes{KvType::kTq4, KvType::kQ8_0}}) {
+    Session s(*model, *be, SessionOptions{.max_seq_len = 256, .kv_types = types});
+    EXPECT_EQ(s.logits_all(tokens).size(), tokens.size() * size_t(model->config().vocab_size));
+  }
+}
+
 // Next-token distributions of two runs over the same positions ([positions][vocab] logits each).
 struct Divergence {
   double mean_kl = 0, relative_l2 = 0;

@@ -225,7 +225,9 @@ void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity();
   const int64_t pos0 = a.positions.as<int32_t>()[0];
   const bool quantized = is_quantized_kv(a.cache->k.dtype);
-  G4_CHECK(a.window == 0 || cap >= a.window + (quantized ? T - 1 : 0),
+  // Over a quantized cache the chunk is stored before it is read: no stored position may take the
+  // slot of one a query still reads (one a window and a chunk back), unless the ring never wraps.
+  G4_CHECK(a.window == 0 || cap >= (quantized ? std::min<int64_t>(a.window + T - 1, pos0 + T) : a.window),
            "attention: ring cache smaller than the sliding window" + std::string(quantized ? " and the chunk" : ""));
   G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
   G4_CHECK(a.q_first >= 0 && a.q_first <= T && a.q.rows == T - a.q_first && a.out.rows == a.q.rows,
