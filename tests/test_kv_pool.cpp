@@ -27,11 +27,6 @@ namespace {
 
 constexpr int64_t kMaxSeqLen = 1024;  // a context well past the sliding ring
 
-std::vector<int32_t> prompt_of(int32_t first, int n) {
-  std::vector<int32_t> ids = {2};
-  for (int i = 1; i < n; ++i) ids.push_back(int32_t((first + 37 * i) % 4000 + 10));
-  return ids;
-}
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -139,7 +134,7 @@ TEST(KvPages, ASequencesPagesFollowItsLength) {
   KvSequence kv = pool.acquire(kMaxSeqLen);
   EXPECT_EQ(kv.pages_held(), 0);
   ModelRunner& runner = engine->runner();
-  const std::vector<int32_t> tokens = prompt_of(3, 230);
+  const std::vector<int32_t> tokens = test::demo_prompt(3, 230);
   int64_t at = 0;
   for (int64_t n : {10, 90, 1, 1, 128}) {
     const SequenceChunk chunk{&kv, std::span(tokens).subspan(size_t(at), size_t(n)), 1};
@@ -161,7 +156,7 @@ TEST(KvPages, ASequencesPagesFollowItsLength) {
 // Greedy and seeded tokens of a request alone in a fresh engine, and in an engine whose pages
 // other sessions scattered first (held, kept, released): the same.
 TEST(KvPages, TokensDoNotDependOnWherePagesLie) {
-  const std::vector<int32_t> prompt = prompt_of(11, 150);
+  const std::vector<int32_t> prompt = test::demo_prompt(11, 150);
   auto generate_in = [&](Engine& engine, uint64_t seed) {
     GenerationRequest r;
     r.prompt = prompt;
@@ -176,11 +171,11 @@ TEST(KvPages, TokensDoNotDependOnWherePagesLie) {
     const std::vector<int32_t> alone = generate_in(*fresh, seed);
     auto busy = test::demo_engine_for(4, kMaxSeqLen, "cpu", test::embedded_demo_path());
     auto a = busy->create_session(), b = busy->create_session();
-    a->start(prompt_of(5, 70));
-    b->start(prompt_of(6, 200));
+    a->start(test::demo_prompt(5, 70));
+    b->start(test::demo_prompt(6, 200));
     a.reset();  // kept: its pages stay between b's
     auto c = busy->create_session();
-    c->start(prompt_of(7, 33));
+    c->start(test::demo_prompt(7, 33));
     EXPECT_EQ(generate_in(*busy, seed), alone) << "seed " << seed;
   }
 }
@@ -193,7 +188,7 @@ TEST(KvPages, CachedPagesGiveWayLeastRecentlyReleasedFirst) {
   // Finished sequences of 200 tokens, no two with a common prefix, until the next would not fit in
   // the free pages.
   auto unrelated = [](int32_t first) {
-    std::vector<int32_t> p = prompt_of(first, 200);
+    std::vector<int32_t> p = test::demo_prompt(first, 200);
     p[0] = 100 + first;
     return p;
   };
@@ -259,7 +254,7 @@ TEST(KvPages, TwoChatsSharingASystemPromptHoldItOnce) {
   auto engine = test::demo_engine_for(2, kMaxSeqLen, "cpu", test::embedded_demo_path());
   KvPool& pool = engine->kv_pool();
   const int64_t unit = pool.share_unit();
-  const std::vector<int32_t> system = prompt_of(41, int(2 * unit + 9));
+  const std::vector<int32_t> system = test::demo_prompt(41, int(2 * unit + 9));
   std::vector<int32_t> a = system, b = system;
   for (int32_t t : {300, 301, 302}) a.push_back(t);
   for (int32_t t : {400, 401}) b.push_back(t);
@@ -295,7 +290,7 @@ TEST(KvPages, TwoChatsSharingASystemPromptHoldItOnce) {
 // scheduler's batches do not change a row), and the pool is empty at the end.
 void expect_preempted_sequences_give_their_tokens_alone(const std::string& backend) {
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 6; ++i) prompts.push_back(prompt_of(60 + 13 * i, 30 + 7 * i));
+  for (int i = 0; i < 6; ++i) prompts.push_back(test::demo_prompt(60 + 13 * i, 30 + 7 * i));
   const int64_t gen = 100, context = 256;
   const std::vector<SchedulerRequest> rs = chats(prompts, gen);
   const std::vector<std::vector<int32_t>> want = alone(rs, backend, context);
@@ -333,7 +328,7 @@ TEST(KvPages, AThousandQueuedRequestsAllFinish) {
   KvPool& pool = engine->kv_pool();
   Scheduler scheduler(engine->runner(), SchedulerOptions{.max_waiting = size_t(n)});
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < n; ++i) prompts.push_back(prompt_of(i, 3 + i % 40));
+  for (int i = 0; i < n; ++i) prompts.push_back(test::demo_prompt(i, 3 + i % 40));
   std::map<RequestId, int64_t> tokens;
   for (const SchedulerRequest& r : chats(prompts, 3)) scheduler.add(r);
   int64_t steps = 0;

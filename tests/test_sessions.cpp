@@ -33,11 +33,6 @@ SamplingParams sampled(uint64_t seed) {
   return SamplingParams{.temperature = 1.0f, .top_p = 0.95f, .top_k = 40, .seed = seed};
 }
 
-std::vector<int32_t> prompt_of(int32_t first, int n) {
-  std::vector<int32_t> ids = {2};
-  for (int i = 1; i < n; ++i) ids.push_back(int32_t((first + 37 * i) % 4000 + 10));
-  return ids;
-}
 
 GenerationRequest request(std::vector<int32_t> prompt, uint64_t seed, int64_t n) {
   GenerationRequest r;
@@ -55,7 +50,7 @@ std::vector<int32_t> alone(Engine& engine, const GenerationRequest& r) {
 
 // Sessions A and B decoded token by token in turn give exactly what each gives alone.
 void expect_no_bleed(Engine& engine) {
-  const GenerationRequest a = request(prompt_of(1, 12), 5, 24), b = request(prompt_of(2, 20), 9, 24);
+  const GenerationRequest a = request(test::demo_prompt(1, 12), 5, 24), b = request(test::demo_prompt(2, 20), 9, 24);
   const std::vector<int32_t> want_a = alone(engine, a), want_b = alone(engine, b);
   ASSERT_NE(want_a, want_b);
   auto sa = engine.create_session(), sb = engine.create_session();
@@ -90,11 +85,11 @@ TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
   const int64_t layers = int64_t(engine->config().layers.size());
   auto s1 = engine->create_session(), s2 = engine->create_session(), s3 = engine->create_session();
   EXPECT_EQ(pool.bytes_reserved(), 0u) << "a session takes its caches when it first runs tokens";
-  s1->start(prompt_of(3, 10));
-  s2->start(prompt_of(4, 10));
+  s1->start(test::demo_prompt(3, 10));
+  s2->start(test::demo_prompt(4, 10));
   EXPECT_EQ(pool.bytes_reserved(), 2 * one);
   EXPECT_EQ(pool.pages_in_use(), 2 * layers) << "10 tokens: a page a layer each";
-  const std::string error = test::error_of([&] { s3->start(prompt_of(5, 10)); });
+  const std::string error = test::error_of([&] { s3->start(test::demo_prompt(5, 10)); });
   EXPECT_NE(error.find("out of KV memory: " + std::to_string(one) + " bytes requested, " + std::to_string(2 * one) +
                        " of " + std::to_string(2 * one) + " reserved"),
             std::string::npos)
@@ -105,7 +100,7 @@ TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
   EXPECT_EQ(pool.bytes_reserved(), one);
   EXPECT_EQ(pool.pages_in_use(), layers);
   EXPECT_EQ(pool.pages_cached(), 0);
-  s3->start(prompt_of(5, 10));
+  s3->start(test::demo_prompt(5, 10));
   EXPECT_EQ(pool.bytes_reserved(), 2 * one);
   // reset() gives the pages back and keeps the reservation; destroying gives that back too.
   s3->reset();
@@ -117,18 +112,18 @@ TEST(Sessions, KvBudgetIsEnforcedAndMemoryComesBack) {
   // A sequence larger than the whole budget is refused by name.
   auto small_engine = demo_engine(1);
   auto large = small_engine->create_session(SessionOptions{.max_seq_len = 1024});
-  EXPECT_NE(test::error_of([&] { large->start(prompt_of(5, 10)); }).find("more than the whole budget"),
+  EXPECT_NE(test::error_of([&] { large->start(test::demo_prompt(5, 10)); }).find("more than the whole budget"),
             std::string::npos);
 }
 
 TEST(Sessions, NextTurnPrefillsOnlyTheNewTokensAndMatchesAFreshSession) {
   auto engine = demo_engine(1);
-  const std::vector<int32_t> first = prompt_of(4, 16);
+  const std::vector<int32_t> first = test::demo_prompt(4, 16);
   auto session = engine->create_session();
   const GenerationResult one = generate(*session, request(first, 21, 10));
   std::vector<int32_t> whole = first;
   whole.insert(whole.end(), one.tokens.begin(), one.tokens.end());
-  const std::vector<int32_t> turn = prompt_of(5, 9);
+  const std::vector<int32_t> turn = test::demo_prompt(5, 9);
   whole.insert(whole.end(), turn.begin(), turn.end());
   const GenerationResult second = generate(*session, request(whole, 31, 12));
   EXPECT_EQ(second.prefilled, int64_t(turn.size()) + 1) << "the new turn and the reply's last token";
@@ -144,7 +139,7 @@ TEST(Sessions, NextTurnPrefillsOnlyTheNewTokensAndMatchesAFreshSession) {
 TEST(Sessions, ANewSessionBeginsWithTheCachedPrefix) {
   auto engine = demo_engine(1);
   const int64_t unit = engine->kv_pool().share_unit();
-  const std::vector<int32_t> first = prompt_of(4, int(2 * unit + 5));
+  const std::vector<int32_t> first = test::demo_prompt(4, int(2 * unit + 5));
   std::vector<int32_t> whole = first;
   {
     auto session = engine->create_session();
@@ -162,7 +157,7 @@ TEST(Sessions, ANewSessionBeginsWithTheCachedPrefix) {
 
 TEST(Sessions, DroppedPrefixesAreNotReused) {
   auto engine = demo_engine(1);
-  const std::vector<int32_t> first = prompt_of(4, int(2 * engine->kv_pool().share_unit() + 5));
+  const std::vector<int32_t> first = test::demo_prompt(4, int(2 * engine->kv_pool().share_unit() + 5));
   generate(*engine->create_session(), request(first, 21, 10));
   std::vector<int32_t> longer = first;
   longer.push_back(7);
@@ -178,7 +173,7 @@ TEST(Sessions, PartialPrefixIsReusedOnlyWhileThePagesHoldTheWindow) {
   KvPool& pool = engine->kv_pool();
   const int64_t window = engine->config().sliding_window;
   ASSERT_EQ(window, 64);
-  const std::vector<int32_t> cached = prompt_of(6, 200);
+  const std::vector<int32_t> cached = test::demo_prompt(6, 200);
   // Diverging at p: the prompt's last token always runs.
   auto diverging_at = [&](int64_t p) {
     std::vector<int32_t> prompt(cached.begin(), cached.begin() + p);
@@ -225,7 +220,7 @@ TEST(Sessions, GenerationEndsForTheDocumentedReasons) {
   auto engine = demo_engine(2);
   auto session = engine->create_session();
   // Max tokens: the third token is the last.
-  session->start(prompt_of(7, 10));
+  session->start(test::demo_prompt(7, 10));
   session->begin_generation(Sampler(sampled(1)), {3, {}});
   EXPECT_EQ(session->next().stop, StopReason::kNone);
   EXPECT_EQ(session->next().stop, StopReason::kNone);
@@ -233,15 +228,15 @@ TEST(Sessions, GenerationEndsForTheDocumentedReasons) {
   EXPECT_EQ(third.stop, StopReason::kMaxTokens);
   EXPECT_NE(test::error_of([&] { session->next(); }).find("the generation has ended"), std::string::npos);
   // A stop id: the greedy first token, made a stop id, ends the generation at once.
-  session->start(prompt_of(7, 10));
+  session->start(test::demo_prompt(7, 10));
   session->begin_generation(Sampler(SamplingParams{.temperature = 0.0f}), {5, {}});
   const int32_t greedy = session->next().token;
-  session->start(prompt_of(7, 10));
+  session->start(test::demo_prompt(7, 10));
   session->begin_generation(Sampler(SamplingParams{.temperature = 0.0f}), {5, {greedy}});
   EXPECT_EQ(session->next().stop, StopReason::kStopToken);
   // Context full: 60 prompt tokens in a context of 64 leave room to feed four drawn tokens.
   auto small = engine->create_session(SessionOptions{.max_seq_len = 64});
-  small->start(prompt_of(8, 60));
+  small->start(test::demo_prompt(8, 60));
   small->begin_generation(Sampler(sampled(2)), {100, {}});
   int drawn = 1;
   while (small->next().stop == StopReason::kNone) ++drawn;
@@ -252,7 +247,7 @@ TEST(Sessions, GenerationEndsForTheDocumentedReasons) {
 TEST(Sessions, CancelStopsBeforeTheNextToken) {
   auto engine = demo_engine(1);
   auto session = engine->create_session();
-  session->start(prompt_of(9, 10));
+  session->start(test::demo_prompt(9, 10));
   session->begin_generation(Sampler(sampled(3)), {50, {}});
   session->next();
   session->next();
@@ -263,7 +258,7 @@ TEST(Sessions, CancelStopsBeforeTheNextToken) {
   EXPECT_EQ(cancelled.token, -1);
   EXPECT_EQ(session->position(), position) << "nothing ran after the cancel";
   // A new generation is not cancelled.
-  session->start(prompt_of(9, 10));
+  session->start(test::demo_prompt(9, 10));
   session->begin_generation(Sampler(sampled(3)), {2, {}});
   EXPECT_EQ(session->next().stop, StopReason::kNone);
 }
@@ -275,7 +270,7 @@ TEST(Sessions, CancelStopsBeforeTheNextToken) {
 TEST(Sessions, NanLogitsFailTheCallWithTheSameMessage) {
   constexpr int32_t kPoisoned = 4095;
   auto engine = test::demo_engine_for(2, kMaxSeqLen, "cpu", test::nan_embedding_demo_path(kPoisoned));
-  std::vector<int32_t> prompt = prompt_of(3, 10);
+  std::vector<int32_t> prompt = test::demo_prompt(3, 10);
   ASSERT_EQ(std::count(prompt.begin(), prompt.end(), kPoisoned), 0);
   EXPECT_EQ(alone(*engine, request(prompt, 1, 4)).size(), 4u) << "a prompt without the token runs";
   prompt.insert(prompt.begin() + 4, kPoisoned);
@@ -297,13 +292,13 @@ TEST(Sessions, BadInputIsAClearError) {
   EXPECT_NE(test::error_of([&] { session->start(std::vector<int32_t>{2, 4096}); })
                 .find("token id 4096 at index 1 is out of range [0, 4096)"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { session->start(prompt_of(1, 300)); }).find("context full (256 tokens)"),
+  EXPECT_NE(test::error_of([&] { session->start(test::demo_prompt(1, 300)); }).find("context full (256 tokens)"),
             std::string::npos);
   EXPECT_NE(test::error_of([&] { Sampler(SamplingParams{.top_p = 0.0f}); }).find("top_p must be in (0, 1]"),
             std::string::npos);
   EXPECT_NE(test::error_of([&] { session->begin_generation(Sampler(sampled(1)), {1, {}}); }).find("prefill a prompt first"),
             std::string::npos);
-  session->start(prompt_of(1, 5));
+  session->start(test::demo_prompt(1, 5));
   EXPECT_NE(test::error_of([&] { session->begin_generation(Sampler(sampled(1)), {0, {}}); })
                 .find("max_new_tokens must be >= 1, got 0"),
             std::string::npos);

@@ -235,9 +235,10 @@ class KvPool {
   KvSequence live(SequenceState&& state, size_t reserved);
   // Makes a sequence whose first `prefix` tokens of `prompt` are the cached pages.
   SequenceState with_cached_prefix(int64_t max_seq_len, std::span<const int32_t> prompt);
-  // Extends state.prefix_hashes over the whole hash units of its tokens; the hash of prompt's first
-  // n tokens (n a multiple of hash_unit_) into `out`.
+  // Extends state.prefix_hashes over the whole hash units of its tokens.
   void hash_tokens(SequenceState& state) const;
+  // The hash of every prefix of `tokens` that ends on a hash unit: hash k covers the first
+  // (k + 1) · hash_unit_ tokens.
   std::vector<PrefixHash> prefix_hashes(std::span<const int32_t> tokens) const;
   // The cached page of layer l's logical page j under `hashes`, -1 if none.
   int32_t cached_page(int64_t layer, int64_t j, int64_t page_positions, std::span<const PrefixHash> hashes) const;

@@ -88,4 +88,10 @@ std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, 
   return std::make_unique<Engine>(o);
 }
 
+std::vector<int32_t> demo_prompt(int32_t first, int n) {
+  std::vector<int32_t> ids = {2};
+  for (int i = 1; i < n; ++i) ids.push_back(int32_t((first + 37 * i) % 4000 + 10));
+  return ids;
+}
+
 }  // namespace g4::test

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/engine.h"
 
@@ -31,5 +32,9 @@ std::string nan_embedding_demo_path(int32_t token);
 // positions: the engine of the session and scheduler tests.
 std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, const std::string& backend = "cpu",
                                         const std::string& model_path = fortune_demo_path());
+
+// A prompt of n ids: BOS, then ids spread over the fortune demo's vocabulary from `first` on
+// (different `first`, different prompts).
+std::vector<int32_t> demo_prompt(int32_t first, int n);
 
 }  // namespace g4::test
