@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/backend_factory.h"
-#include "backend/cpu/quantized_kv.h"
+#include "backend/cpu/attention.h"
 #include "model/loader.h"
 #include "quant/quantize.h"
 #include "quant/tq4.h"

@@ -7,7 +7,8 @@
 #include <limits>
 #include <vector>
 
-#include "backend/cpu/quantized_kv.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/hot_loop.h"
 #include "format/tensor_source.h"
 #include "quant/quantize.h"
 #include "quant/random_blocks.h"
@@ -95,30 +96,6 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, cons
   });
 }
 
-// The hot loops below are built twice on x86-64, for x86-64-v3 (AVX2, FMA) and for the baseline,
-// and the dynamic loader picks one for the CPU it runs on (GCC/clang target_clones, an ifunc):
-// the portable binary keeps the speed of an AVX2 build. A build that already targets AVX2
-// (G4_NATIVE_ARCH) and other architectures compile them once.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX2__)
-#define G4_HOT_LOOP __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define G4_HOT_LOOP
-#endif
-
-// Inlined into each G4_HOT_LOOP clone, so it is compiled for that clone's target.
-static inline float dot(const float* a, const float* b, int64_t n) {
-  // Eight independent partial sums keep the loop vectorised; double sums keep the CPU, the oracle the
-  // GPU paths are held to, near transformers' float32 at long context (docs/DESIGN.md, "Oracles":
-  // 2.19e-5 against its 1.97e-5 on the 4 096-position oracle, 2.45e-5 with float sums; ~15 % slower).
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += double(a[i + j]) * b[i + j];
-  double s = 0;
-  for (; i < n; ++i) s += double(a[i]) * b[i];
-  for (double v : acc) s += v;
-  return float(s);
-}
 
 // widen_row for the hot loops: BF16 rows (the usual weight type) are widened inline, so each
 // G4_HOT_LOOP clone vectorises the conversion for its own target; other types use decode_row.
@@ -139,7 +116,7 @@ G4_HOT_LOOP static void matmul_rows(const Tensor& x, const Tensor& w, const Tens
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t n = b; n < e; ++n) {
     widen_weight_row(w, n, row.data());
-    for (int64_t t = 0; t < T; ++t) y.as<float>()[t * N + n] = dot(x.as<float>() + t * K, row.data(), K);
+    for (int64_t t = 0; t < T; ++t) y.as<float>()[t * N + n] = cpu::dot(x.as<float>() + t * K, row.data(), K);
   }
 }
 
@@ -186,41 +163,6 @@ void CpuBackend::head_norms(const HeadNorms& a) {
   rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
 }
 
-// Attention of the (query row, head) jobs [b, e) over the cache and the chunk's fresh K/V.
-G4_HOT_LOOP static void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
-  const int64_t hd = a.head_dim;
-  const int64_t pos0 = a.positions.as<int32_t>()[0];
-  const int group = a.heads / a.kv_heads;
-  const int64_t kv_cols = int64_t(a.kv_heads) * hd;
-  auto key_row = [&](int64_t kp, const Tensor& fresh, const Tensor& cached) -> const float* {
-    return kp >= pos0 ? fresh.as<float>() + (kp - pos0) * kv_cols : cached.as<float>() + cpu::cache_row(*a.cache, kp) * kv_cols;
-  };
-  std::vector<float> scores;
-  std::vector<float> acc(static_cast<size_t>(hd));
-  for (int64_t job = b; job < e; ++job) {
-    const int64_t row = job / a.heads, h = job % a.heads, kvh = h / group;
-    const int64_t p = pos0 + a.q_first + row;
-    const int64_t first = a.window ? std::max<int64_t>(0, p - a.window + 1) : 0;
-    const float* q = a.q.as<float>() + row * a.q.cols + h * hd;
-    scores.assign(size_t(p - first + 1), 0.0f);
-    float mx = -INFINITY;
-    for (int64_t kp = first; kp <= p; ++kp) {
-      float s = a.scale * dot(q, key_row(kp, a.k_new, a.cache->k) + kvh * hd, hd);
-      scores[size_t(kp - first)] = s;
-      mx = std::max(mx, s);
-    }
-    double sum = 0;
-    for (float& s : scores) sum += (s = std::exp(s - mx));
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t kp = first; kp <= p; ++kp) {
-      const float w = float(scores[size_t(kp - first)] / sum);
-      const float* v = key_row(kp, a.v_new, a.cache->v) + kvh * hd;
-      for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += w * v[i];
-    }
-    std::memcpy(a.out.as<float>() + row * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
-  }
-}
-
 void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity();
   const int64_t pos0 = a.positions.as<int32_t>()[0];
@@ -240,10 +182,10 @@ void CpuBackend::attention(const AttentionArgs& a) {
       cpu::encode_kv_row(type, a.k_new.as<float>() + t * kv_cols, a.kv_heads, a.head_dim, a.cache->k.as<uint8_t>() + row);
       cpu::encode_kv_row(type, a.v_new.as<float>() + t * kv_cols, a.kv_heads, a.head_dim, a.cache->v.as<uint8_t>() + row);
     }
-    pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::quantized_attention_jobs(a, b, e); });
+    pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::attention_jobs(a, b, e); });
     return;
   }
-  pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { attention_jobs(a, b, e); });
+  pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::attention_jobs(a, b, e); });
   // Store this chunk's K/V only after every query has read the older entries.
   for (int64_t t = 0; t < T; ++t) {
     const int64_t row = cpu::cache_row(*a.cache, pos0 + t);
@@ -262,8 +204,8 @@ G4_HOT_LOOP static void gated_gelu_rows(const Tensor& x, const Tensor& w_gate, c
     widen_weight_row(w_gate, n, gate_row.data());
     widen_weight_row(w_up, n, up_row.data());
     for (int64_t t = 0; t < T; ++t) {
-      const float g = dot(x.as<float>() + t * K, gate_row.data(), K);
-      const float u = dot(x.as<float>() + t * K, up_row.data(), K);
+      const float g = cpu::dot(x.as<float>() + t * K, gate_row.data(), K);
+      const float u = cpu::dot(x.as<float>() + t * K, up_row.data(), K);
       out.as<float>()[t * N + n] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
     }
   }

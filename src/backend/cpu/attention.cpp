@@ -1,4 +1,4 @@
-#include "backend/cpu/quantized_kv.h"
+#include "backend/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <limits>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "backend/cpu/hot_loop.h"
 #include "quant/quantize.h"
 #include "quant/tq4.h"
 #include "util/error.h"
@@ -18,11 +18,30 @@ namespace g4::cpu {
 
 namespace {
 
-// One head's part of a cache row, and how attention reads it.
+// How attention reads one head's part of a K or V row of each type: `at` finds it in a row, `scale`
+// is what its dot product and its value are multiplied by (TQ4's norm / d), `dot` and `add` take a
+// query prepared by `prepare_query`, and `finish_output` turns the weighted sum into the output.
+struct F32Head {
+  static const uint8_t* at(const uint8_t* row, int64_t kvh, int64_t hd, int64_t /*kv_heads*/) {
+    return row + kvh * hd * 4;
+  }
+  static float scale(const uint8_t*, int64_t, int64_t, int64_t) { return 1.0f; }
+  static void prepare_query(std::span<float> /*q*/) {}
+  static double dot(const float* q, const uint8_t* head, int64_t hd) {
+    return cpu::dot(q, reinterpret_cast<const float*>(head), hd);
+  }
+  static void add(float w, const uint8_t* head, int64_t hd, float* acc) {
+    const float* v = reinterpret_cast<const float*>(head);
+    for (int64_t i = 0; i < hd; ++i) acc[i] += w * v[i];
+  }
+  static void finish_output(std::span<float> /*acc*/) {}
+};
+
 struct Q8Head {
   static const uint8_t* at(const uint8_t* row, int64_t kvh, int64_t hd, int64_t /*kv_heads*/) {
     return row + kvh * (hd / kQ8BlockSize) * kQ8BlockBytes;
   }
+  static float scale(const uint8_t*, int64_t, int64_t, int64_t) { return 1.0f; }
   static void prepare_query(std::span<float> /*q*/) {}
   static double dot(const float* q, const uint8_t* head, int64_t hd) {
     double s = 0;
@@ -49,7 +68,7 @@ struct Tq4Head {
   static const uint8_t* at(const uint8_t* row, int64_t kvh, int64_t hd, int64_t /*kv_heads*/) {
     return row + kvh * (hd / 2);
   }
-  static float norm_over_d(const uint8_t* codes, int64_t kvh, int64_t hd, int64_t kv_heads) {
+  static float scale(const uint8_t* codes, int64_t kvh, int64_t hd, int64_t kv_heads) {
     const uint8_t* norm = codes - kvh * (hd / 2) + kv_heads * (hd / 2) + 2 * kvh;
     return bf16_to_f32(uint16_t(norm[0] | norm[1] << 8)) / float(hd);
   }
@@ -71,21 +90,12 @@ struct Tq4Head {
   static void finish_output(std::span<float> acc) { tq4::rotate_back(acc); }
 };
 
-template <typename Head>
-void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
+// The jobs [b, e) with rows of one type; row_of(rows, fresh, kp) is the K or V row of position kp.
+template <typename Head, typename RowOf>
+[[gnu::always_inline]] inline void jobs_of(const AttentionArgs& a, int64_t b, int64_t e, RowOf row_of) {
   const int64_t hd = a.head_dim, kv_heads = a.kv_heads;
   const int64_t pos0 = a.positions.as<int32_t>()[0];
   const int group = a.heads / a.kv_heads;
-  const KvCache& cache = *a.cache;
-  const size_t row_bytes = cache.k.row_size();
-  auto head = [&](const Tensor& rows, int64_t kp, int64_t kvh) {
-    return Head::at(rows.as<uint8_t>() + size_t(cache_row(cache, kp)) * row_bytes, kvh, hd, kv_heads);
-  };
-  // A TQ4 head's norm / d scales its dot product and its value; Q8_0 scales per block inside.
-  auto head_scale = [&](const uint8_t* h, int64_t kvh) {
-    if constexpr (std::is_same_v<Head, Tq4Head>) return Tq4Head::norm_over_d(h, kvh, hd, kv_heads);
-    return 1.0f;
-  };
   std::vector<float> q(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd)), scores;
   for (int64_t job = b; job < e; ++job) {
     const int64_t row = job / a.heads, h = job % a.heads, kvh = h / group;
@@ -96,8 +106,8 @@ void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
     scores.assign(size_t(p - first + 1), 0.0f);
     float mx = -INFINITY;
     for (int64_t kp = first; kp <= p; ++kp) {
-      const uint8_t* k = head(cache.k, kp, kvh);
-      const float s = a.scale * float(double(head_scale(k, kvh)) * Head::dot(q.data(), k, hd));
+      const uint8_t* k = Head::at(row_of(a.cache->k, a.k_new, kp), kvh, hd, kv_heads);
+      const float s = a.scale * float(double(Head::scale(k, kvh, hd, kv_heads)) * Head::dot(q.data(), k, hd));
       scores[size_t(kp - first)] = s;
       mx = std::max(mx, s);
     }
@@ -105,13 +115,32 @@ void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
     for (float& s : scores) sum += (s = std::exp(s - mx));
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t kp = first; kp <= p; ++kp) {
-      const uint8_t* v = head(cache.v, kp, kvh);
-      Head::add(float(scores[size_t(kp - first)] / sum) * head_scale(v, kvh), v, hd, acc.data());
+      const uint8_t* v = Head::at(row_of(a.cache->v, a.v_new, kp), kvh, hd, kv_heads);
+      Head::add(float(scores[size_t(kp - first)] / sum) * Head::scale(v, kvh, hd, kv_heads), v, hd, acc.data());
     }
     Head::finish_output(acc);
     std::memcpy(a.out.as<float>() + row * a.out.cols + h * hd, acc.data(), size_t(hd) * 4);
   }
 }
+
+// Unquantized: positions before the chunk from the cache, the chunk's own from its K/V rows.
+G4_HOT_LOOP void f32_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
+  const int64_t pos0 = a.positions.as<int32_t>()[0];
+  jobs_of<F32Head>(a, b, e, [&](const Tensor& cached, const Tensor& fresh, int64_t kp) {
+    const Tensor& rows = kp >= pos0 ? fresh : cached;
+    return rows.as<uint8_t>() + size_t(kp >= pos0 ? kp - pos0 : cache_row(*a.cache, kp)) * rows.row_size();
+  });
+}
+
+// Quantized: every position from the cache, which already holds the chunk.
+template <typename Head>
+[[gnu::always_inline]] inline void cached_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
+  jobs_of<Head>(a, b, e, [&](const Tensor& cached, const Tensor& /*fresh*/, int64_t kp) {
+    return cached.as<uint8_t>() + size_t(cache_row(*a.cache, kp)) * cached.row_size();
+  });
+}
+G4_HOT_LOOP void q8_0_jobs(const AttentionArgs& a, int64_t b, int64_t e) { cached_jobs<Q8Head>(a, b, e); }
+G4_HOT_LOOP void tq4_jobs(const AttentionArgs& a, int64_t b, int64_t e) { cached_jobs<Tq4Head>(a, b, e); }
 
 void encode_q8_0_row(const float* x, int64_t n, uint8_t* row) {
   for (int64_t b = 0; b < n / kQ8BlockSize; ++b, x += kQ8BlockSize, row += kQ8BlockBytes) {
@@ -151,10 +180,13 @@ void encode_kv_row(DType dtype, const float* x, int kv_heads, int head_dim, uint
   encode_tq4_row(x, kv_heads, head_dim, row);
 }
 
-void quantized_attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
-  if (a.cache->k.dtype == DType::Q8_0) return attention_jobs<Q8Head>(a, b, e);
-  G4_ASSERT(a.cache->k.dtype == DType::TQ4, "quantized attention over " + dtype_name(a.cache->k.dtype));
-  attention_jobs<Tq4Head>(a, b, e);
+void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e) {
+  switch (a.cache->k.dtype) {
+    case DType::F32: return f32_jobs(a, b, e);
+    case DType::Q8_0: return q8_0_jobs(a, b, e);
+    case DType::TQ4: return tq4_jobs(a, b, e);
+    default: throw Error(ErrorKind::kInternal, "cpu attention over " + dtype_name(a.cache->k.dtype) + " KV rows");
+  }
 }
 
 }  // namespace g4::cpu
