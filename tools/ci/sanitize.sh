@@ -35,12 +35,13 @@ fi
 
 # Every CPU test runs but the 4 096-position oracle with the 31B head sizes: float32 attention over
 # 4 096 positions takes 4 minutes per mode under the sanitizers on 2 cores (42 s for all three
-# modes in the plain build). Its sibling with the published layout runs the same ring-cache and
-# long-prompt paths here in ~12 s a mode. Nor the perplexity comparison with llama-perplexity
+# modes in the plain build), nor the same fixture with each quantized KV type (three such forwards;
+# the quantized attention's short-context tests run here). Its sibling with the published layout
+# runs the same ring-cache and long-prompt paths here in ~12 s a mode. Nor the perplexity comparison with llama-perplexity
 # (105 forwards of 256 tokens: 19 s plain, many minutes here); measure_perplexity itself runs
 # here in test_perplexity. Nor the server's load test (500 requests: 21 s plain, 4 minutes here, and
 # its bound on the server's memory growth does not hold under ASan, whose quarantine keeps freed
 # memory: +320 MiB after the run); the server's conformance and fuzz tests run here. CUDA tests
 # skip in this CPU-only build.
 exec ctest --test-dir "$build" --output-on-failure -j"$jobs" \
-  -E "LongContext.*long_31b_heads|LlamaCppFiles.PerplexityAndKl|OpenAiClient.LoadOf32StreamingClients"
+  -E "LongContext.*long_31b_heads|QuantizedKv.FourThousandPositions|LlamaCppFiles.PerplexityAndKl|OpenAiClient.LoadOf32StreamingClients"
