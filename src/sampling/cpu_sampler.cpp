@@ -93,11 +93,11 @@ RowMax find_max(const float* logits, int64_t vocab) {
 
 }  // namespace
 
-int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& params) {
+uint64_t kept_tokens(const float* logits, int64_t vocab, const SamplingParams& params, std::vector<KeptToken>& kept) {
   G4_CHECK(vocab >= 1 && vocab <= kMaxVocab, "sampler: vocab size " + std::to_string(vocab) + " out of range");
+  kept.clear();
   const RowMax max = find_max(logits, vocab);
-  if (max.has_nan) return kNanLogitsToken;
-  if (is_greedy(params)) return max.id;
+  G4_ASSERT(!max.has_nan && !is_greedy(params), "kept_tokens: a sampled row without NaN");
 
   // The tokens that can still be drawn (the top-k set, weight > 0) in id order, with their weights.
   const float z_max = key_logit(max.key);
@@ -127,18 +127,33 @@ int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& par
   for (const LiveToken& t : live) top_k_weight += t.weight;
 
   const uint64_t cut = params.top_p < 1.0f ? top_p_cut(live, top_p_target(params.top_p, top_k_weight)) : kKeepAllRanks;
-
   const uint64_t weight_floor = min_p_floor(params.min_p);
-  auto kept_weight = [&](const LiveToken& t) { return t.rank >= cut && t.weight >= weight_floor ? t.weight : 0; };
-  uint64_t kept_total = 0;
-  for (const LiveToken& t : live) kept_total += kept_weight(t);
-  const uint64_t target = draw_target(params.seed, kept_total);
-  uint64_t cumulative = 0;
-  for (const LiveToken& t : live) {
-    cumulative += kept_weight(t);
-    if (cumulative >= target) return rank_id(t.rank);
-  }
-  throw Error(ErrorKind::kInternal, "sampler: draw target exceeds the kept weight");  // unreachable: target <= kept_total
+  uint64_t total = 0;
+  for (const LiveToken& t : live)
+    if (t.rank >= cut && t.weight >= weight_floor) {
+      kept.push_back({int32_t(rank_id(t.rank)), t.weight});
+      total += t.weight;
+    }
+  return total;
 }
+
+int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& params) {
+  G4_CHECK(vocab >= 1 && vocab <= kMaxVocab, "sampler: vocab size " + std::to_string(vocab) + " out of range");
+  const RowMax max = find_max(logits, vocab);
+  if (max.has_nan) return kNanLogitsToken;
+  if (is_greedy(params)) return max.id;
+  thread_local std::vector<KeptToken> kept;
+  const uint64_t target = draw_target(params.seed, kept_tokens(logits, vocab, params, kept));
+  uint64_t cumulative = 0;
+  for (const KeptToken& t : kept) {
+    cumulative += t.weight;
+    if (cumulative >= target) return t.id;
+  }
+  throw Error(ErrorKind::kInternal, "sampler: draw target exceeds the kept weight");  // unreachable: target <= total
+}
+
+bool has_nan(const float* logits, int64_t vocab) { return find_max(logits, vocab).has_nan; }
+
+int64_t argmax(const float* logits, int64_t vocab) { return find_max(logits, vocab).id; }
 
 }  // namespace g4

@@ -56,4 +56,17 @@ G4_HOST_DEVICE uint64_t philox_draw_bits(uint64_t seed) {
   return (uint64_t(out.v[1]) << 32) | out.v[0];
 }
 
+// The speculative rule's uniforms for the token of `seed` (sampling/speculative.h), from the same
+// generator so that a seed gives the same text on every backend: a drafted token's acceptance test
+// takes the other 64 bits of its draw's block (v[3] << 32 | v[2], counter {0, 0, 0, 0}); a rejected
+// draft's correction takes counter {1, 0, 0, 0}'s first 64, as a draw does.
+G4_HOST_DEVICE uint64_t philox_accept_bits(uint64_t seed) {
+  const Philox4x32 out = philox4x32_10(Philox4x32{{0, 0, 0, 0}}, uint32_t(seed), uint32_t(seed >> 32));
+  return (uint64_t(out.v[3]) << 32) | out.v[2];
+}
+G4_HOST_DEVICE uint64_t philox_correction_bits(uint64_t seed) {
+  const Philox4x32 out = philox4x32_10(Philox4x32{{1, 0, 0, 0}}, uint32_t(seed), uint32_t(seed >> 32));
+  return (uint64_t(out.v[1]) << 32) | out.v[0];
+}
+
 }  // namespace g4
