@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_workspace.h"
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/q4_0_records.h"
+#include "backend/cuda/quantized_kv_kernels.h"
 #include "backend/memory_meter.h"
 #include "format/tensor_source.h"
 #include "backend/cuda/cuda_sampler.h"
@@ -151,6 +152,7 @@ class CudaBackend final : public Backend {
     G4_CUBLAS(cublasSetStream(cublas_, stream_));
     workspace_.reserve_cublas(kCublasWorkspaceBytes);
     G4_CUBLAS(cublasSetWorkspace(cublas_, workspace_.cublas.data, kCublasWorkspaceBytes));
+    upload_tq4_tables();
   }
   // Unchecked: a destructor must not throw, and teardown has nothing to recover.
   ~CudaBackend() override {
@@ -266,6 +268,7 @@ class CudaBackend final : public Backend {
   bool runs_weight_dtype(DType t) const override {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || is_block_quantized(t);
   }
+  bool runs_kv_dtype(DType t) const override { return t == activation_dtype() || is_quantized_kv(t); }
 
   size_t weight_bytes_on_backend(const HostTensor& w) const override {
     return row_bytes(storage_dtype(w), weight_cols(w)) * size_t(weight_rows(w));
@@ -437,6 +440,7 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionArgs& args) override {
+    if (is_quantized_kv(args.cache->k.dtype)) return quantized_attention(args);
     const AttentionLaunch a = attention_launch(args);
     if (a.T > 1) return launch_prefill_attention(a, stream_);
     launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
@@ -445,9 +449,10 @@ class CudaBackend final : public Backend {
 
   // One decode token (with fusion on): the head norms are folded into the attention launch, which
   // reads the raw projections (V from v_in: K itself on K=V layers) and, with `quantize_out`,
-  // quantizes its output row alongside; returns those planes (null: none written).
+  // quantizes its output row alongside; returns those planes (null: none written). Over a
+  // quantized cache the head norms run first: the store encodes the normed rows.
   const uint4* normed_attention_with(const HeadNorms& norms, const AttentionArgs& args, bool quantize_out) {
-    if (!fusion_ || !folds_norms(norms, args)) {
+    if (!fusion_ || !folds_norms(norms, args) || is_quantized_kv(args.cache->k.dtype)) {
       Backend::normed_attention(norms, args);
       return nullptr;
     }
@@ -464,6 +469,7 @@ class CudaBackend final : public Backend {
   // that of normed_attention alone.
   void normed_attention_batch(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) override {
     if (!fusion_ || !decode_rows_in_order(norms, args)) return Backend::normed_attention_batch(norms, args);
+    if (is_quantized_kv(args[0].cache->k.dtype)) return quantized_decode_batch(norms, args);
     for (size_t at = 0; at < args.size(); at += kMaxDecodeSequences) {
       const AttentionLaunch a = folded_launch(norms[at], args[at]);
       DecodeCaches caches;
@@ -476,6 +482,39 @@ class CudaBackend final : public Backend {
       reserve_decode_attention(a.heads, a.head_dim, caches.sequences);
       launch_decode_attention(a, caches, ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
                               splits_bound(args.subspan(at, size_t(caches.sequences))));
+    }
+  }
+
+  // Attention over a quantized cache (one sequence): the chunk's K/V rows stored, then read back
+  // with every other key and value.
+  void quantized_attention(const AttentionArgs& args) {
+    const QuantizedKvLaunch q = quantized_launch(args);
+    launch_store_quantized_kv(q, stream_);
+    if (q.a.T > 1) return launch_quantized_prefill_attention(q, stream_);
+    launch_quantized_decode_attention(q, ptr<float>(workspace_.attention_partials), kDecodeSplits, stream_,
+                                      splits_bound(std::span(&args, 1)));
+  }
+
+  // A decode batch over quantized caches (decode_rows_in_order): every sequence's head norms in one
+  // launch (their rows are one tensor's), then one store and one attention launch pair per
+  // kMaxDecodeSequences sequences; each sequence's arithmetic is that of attention alone.
+  void quantized_decode_batch(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) {
+    HeadNorms all = norms[0];
+    for (Tensor* t : {&all.q, &all.k, &all.v_in, &all.v, &all.positions}) t->rows *= int64_t(args.size());
+    head_norms(all);
+    for (size_t at = 0; at < args.size(); at += kMaxDecodeSequences) {
+      QuantizedKvLaunch q = quantized_launch(args[at]);
+      q.caches.sequences = int(std::min(args.size() - at, size_t(kMaxDecodeSequences)));
+      for (int z = 1; z < q.caches.sequences; ++z) {
+        const KvCache& cache = *args[at + size_t(z)].cache;
+        q.caches.k[z] = ptr<uint8_t>(cache.k);
+        q.caches.v[z] = ptr<uint8_t>(cache.v);
+        q.caches.table[z] = ptr<int32_t>(cache.table);
+      }
+      reserve_decode_attention(q.a.heads, q.a.head_dim, q.caches.sequences);
+      launch_store_quantized_kv(q, stream_);
+      launch_quantized_decode_attention(q, ptr<float>(workspace_.attention_partials), kDecodeSplits, stream_,
+                                        splits_bound(args.subspan(at, size_t(q.caches.sequences))));
     }
   }
 
@@ -893,12 +932,13 @@ class CudaBackend final : public Backend {
       const HeadNorms& n = norms[i];
       const int64_t r = int64_t(i);
       if (!folds_norms(n, a) || !row_of(a0.q, r, a.q) || !row_of(a0.k_new, r, a.k_new) ||
-          !row_of(n0.v_in, r, n.v_in) || !row_of(a0.out, r, a.out) || !row_of(a0.positions, r, a.positions))
+          !row_of(a0.v_new, r, a.v_new) || !row_of(n0.v_in, r, n.v_in) || !row_of(a0.out, r, a.out) ||
+          !row_of(a0.positions, r, a.positions))
         return false;
       if (a.heads != a0.heads || a.kv_heads != a0.kv_heads || a.head_dim != a0.head_dim || a.window != a0.window ||
           a.scale != a0.scale || a.cache->table.rows != a0.cache->table.rows ||
           a.cache->page_positions != a0.cache->page_positions || a.cache->page_stride != a0.cache->page_stride ||
-          a.cache->k.cols != a0.cache->k.cols ||
+          a.cache->k.cols != a0.cache->k.cols || a.cache->k.dtype != a0.cache->k.dtype ||
           n.q_weight.data != n0.q_weight.data || n.k_weight.data != n0.k_weight.data ||
           n.inv_freq.data != n0.inv_freq.data || n.eps != n0.eps)
         return false;
@@ -919,13 +959,16 @@ class CudaBackend final : public Backend {
     return a;
   }
 
-  // The splits a decode launch of these sequences needs (launch_decode_attention), when the host
-  // knows every position and no graph is being captured (a replay runs at later positions); else 0.
+  // The splits a decode launch of these sequences needs (launch_decode_attention, or
+  // launch_quantized_decode_attention over quantized caches), when the host knows every position
+  // and no graph is being captured (a replay runs at later positions); else 0.
   int splits_bound(std::span<const AttentionArgs> args) const {
     int bound = 0;
     for (const AttentionArgs& a : args) {
       if (a.last_position < 0 || capturing_) return 0;
-      bound = std::max(bound, decode_attention_splits(a.last_position, a.window, kDecodeSplits));
+      bound = std::max(bound, is_quantized_kv(a.cache->k.dtype)
+                                  ? quantized_decode_splits(a.last_position, a.window, kDecodeSplits)
+                                  : decode_attention_splits(a.last_position, a.window, kDecodeSplits));
     }
     return bound;
   }
@@ -964,13 +1007,34 @@ class CudaBackend final : public Backend {
     a.q_stride = args.q.cols;
     a.kv_stride = args.k_new.cols;
     a.out_stride = args.out.cols;
-    G4_CHECK(args.cache->k.cols == a.kv_stride && args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
+    G4_CHECK((is_quantized_kv(args.cache->k.dtype) || args.cache->k.cols == a.kv_stride) &&
+                 args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
              "cuda attention: K/V rows must hold kv_heads * head_dim values");
     G4_CHECK(a.q_first >= 0 && a.q_first <= a.T && args.q.rows == a.T - a.q_first && args.out.rows == args.q.rows,
              "cuda attention: q and out must hold the chunk's tokens [q_first, T)");
     G4_CHECK(a.T > 1 || a.q_first == 0, "cuda attention: a decode step has its one query");
     reserve_decode_attention(a.heads, a.head_dim, 1);
     return a;
+  }
+
+  // The launch of one sequence's attention over a quantized cache (attention_launch's arguments,
+  // the cache's rows in their type).
+  QuantizedKvLaunch quantized_launch(const AttentionArgs& args) {
+    const KvCache& cache = *args.cache;
+    for (const Tensor* t : {&args.q, &args.k_new, &args.v_new, &args.out})
+      expect_dtype(*t, DType::BF16, "attention input");
+    G4_CHECK(cache.v.dtype == cache.k.dtype && cache.v.cols == cache.k.cols &&
+                 cache.k.cols == kv_cache_cols(cache.k.dtype, args.kv_heads, args.head_dim),
+             "cuda attention: a " + dtype_name(cache.k.dtype) +
+                 " cache's K and V rows must hold kv_heads heads of head_dim values");
+    QuantizedKvLaunch q;
+    q.a = attention_launch(args);
+    q.dtype = cache.k.dtype;
+    q.row_bytes = int64_t(cache.k.row_size());
+    q.caches.k[0] = ptr<uint8_t>(cache.k);
+    q.caches.v[0] = ptr<uint8_t>(cache.v);
+    q.caches.table[0] = ptr<int32_t>(cache.table);
+    return q;
   }
 
   cudaStream_t stream_ = nullptr;

@@ -106,12 +106,15 @@ struct AttentionLaunch {
 // sequence, head_dim a multiple of 32), the output row is also quantized for the packed GEMV, as
 // launch_quantize_activations would (packed_kernels.h), saving that launch.
 inline constexpr int kMaxDecodeSequences = 64;  // a whole decode batch (1 KB of kernel parameters)
-struct DecodeCaches {
+// Each sequence's cache of a launch: its K and V rows (of element type Row) and its page table.
+template <typename Row>
+struct SequenceCaches {
   int sequences = 1;
-  bf16* k[kMaxDecodeSequences] = {};
-  bf16* v[kMaxDecodeSequences] = {};
+  Row* k[kMaxDecodeSequences] = {};
+  Row* v[kMaxDecodeSequences] = {};
   const int32_t* table[kMaxDecodeSequences] = {};
 };
+using DecodeCaches = SequenceCaches<bf16>;
 int64_t decode_partial_floats(const AttentionLaunch& a, int max_splits);
 // `splits_bound` > 0 (the most decode_attention_splits of the launch's sequences) launches only the
 // splits that can hold keys; 0 launches every split the cache could need (what a graph replayed at
