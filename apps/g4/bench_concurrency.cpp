@@ -111,11 +111,10 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
           {"most_running", most_running},
           {"preemptions", scheduler.preemptions()},
           {"kv_page_bytes", pool.page_bytes()},
-          {"kv_bytes_per_token_full", pool.bytes_per_token().full},
-          {"kv_bytes_per_token_sliding", pool.bytes_per_token().sliding},
           {"kv_pages_total", pool.pages_total()},
           {"kv_most_pages_in_use", most_pages_in_use},
           {"kv_most_pages_shared", most_pages_shared}};
+  run.update(kv_cache_json(pool));
   if (b.profile_steps > 0) run["profiled_steps"] = profiled_steps;
   if (full_decode_steps > 0) {
     run["full_decode_step_ms"] = 1e3 * full_decode_s / double(full_decode_steps);
@@ -145,6 +144,13 @@ double sampler_seconds(Backend& backend, int64_t rows, int64_t vocab) {
 }
 
 }  // namespace
+
+nlohmann::json kv_cache_json(const KvPool& pool) {
+  return {{"kv_type", kv_type_name(pool.types().full)},
+          {"kv_sliding_type", kv_type_name(pool.types().sliding)},
+          {"kv_bytes_per_token_full", pool.bytes_per_token().full},
+          {"kv_bytes_per_token_sliding", pool.bytes_per_token().sliding}};
+}
 
 nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const ConcurrencyBench& b) {
   G4_CHECK(!b.concurrency.empty(), "--concurrency: give sequence counts, e.g. 1,8,32,64");

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "grammar/matcher.h"
 #include "model/gemma4.h"
+#include "runtime/kv_pool.h"
 #include "runtime/kv_types.h"
 
 namespace g4::cli {
@@ -26,6 +27,9 @@ struct ConcurrencyBench {
   // tokens; else each generates exactly `gen` tokens.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
+
+// The caches' types and what a position costs in them (every bench report carries it).
+nlohmann::json kv_cache_json(const KvPool& pool);
 
 // One JSON object per sequence count; every sequence samples with top-k 64 / top-p 0.95 and its own seed.
 nlohmann::json bench_concurrency(const Gemma4& model, Backend& backend, const ConcurrencyBench& bench);

@@ -347,14 +347,6 @@ void bench_tensor_parallel(const BenchOptions& o) {
   run_rank_threads(*group, [&](int rank) { bench_rank(o, *group, rank); });
 }
 
-// The caches' types and what a position costs in them.
-nlohmann::json kv_json(const KvPool& pool) {
-  return {{"kv_type", kv_type_name(pool.types().full)},
-          {"kv_sliding_type", kv_type_name(pool.types().sliding)},
-          {"kv_bytes_per_token_full", pool.bytes_per_token().full},
-          {"kv_bytes_per_token_sliding", pool.bytes_per_token().sliding}};
-}
-
 // Bytes of the weights by storage type, as {"Q4_0": bytes, ...}.
 nlohmann::json weight_bytes_json(const ModelWeights& weights) {
   nlohmann::json j = nlohmann::json::object();
@@ -397,7 +389,7 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
     if (first_step_ms == 0) first_step_ms = r.step_ms;
   }
   const double achieved = weight_bytes_per_step(model) / (first_step_ms * 1e-3);
-  nlohmann::json r = kv_json(s.runner().kv_pool());
+  nlohmann::json r = kv_cache_json(s.runner().kv_pool());
   r.update(nlohmann::json{{"model", o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic},
           {"backend", be.name()},
           {"weights", o.synthetic.empty() ? "the file's" : o.weights},
@@ -505,7 +497,7 @@ void run_bench(const BenchOptions& o) {
       {"sample_topk_topp_us", sample_s * 1e6},
       {"sampling_pct_of_step", 100.0 * sample_s / (graph_sampled.step_ms * 1e-3)},
   };
-  r.update(kv_json(s.runner().kv_pool()));
+  r.update(kv_cache_json(s.runner().kv_pool()));
   std::printf("%s\n", r.dump(1).c_str());
 }
 
