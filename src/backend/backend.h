@@ -114,6 +114,10 @@ struct AttentionArgs {
   int64_t q_first = 0;
   int64_t last_position = -1;  // positions[T - 1] when the host knows it (-1: not known), so that a
                                // backend can size a launch to the keys there are
+  // Queries of an MTP assistant (model/assistant.h) over its target's cache: k_new and v_new are
+  // empty and nothing is stored; query row t at positions[t] reads the cached keys p with
+  // p < positions[0] (and positions[t] - p < window), which must be at least one.
+  bool reads_cache_only = false;
 };
 
 // The attention block's per-head norms, in place on [tokens*heads, head_dim] views (row r of a
@@ -121,7 +125,8 @@ struct AttentionArgs {
 // q = rope(rms_norm(q)·q_weight) and k = rope(rms_norm(k)·k_weight), rotate-half RoPE with inv_freq
 // F32 [head_dim/2, 1] (zeros = identity, which is how proportional partial RoPE is expressed) at
 // positions[token]; v = rms_norm(v_in) without weight, where v_in is the projected V (in place:
-// v_in = v) or, on K=V layers, the projected K itself (read before k is normed).
+// v_in = v) or, on K=V layers, the projected K itself (read before k is normed). An MTP assistant's
+// queries come alone: k, v and v_in empty.
 struct HeadNorms {
   Tensor q, q_weight, k, k_weight, v_in, v;
   Tensor positions, inv_freq;
@@ -188,6 +193,9 @@ class Backend {
     G4_CHECK(ws.size() == ys.size(), "matmuls: one output per weight");
     for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], ys[i]);
   }
+  // out[r] = parts[0][r] | parts[1][r] | ...: rows side by side (same dtype and rows; out.cols the
+  // sum of theirs). An MTP assistant's input is the target's embedding beside its hidden state.
+  virtual void concat_cols(std::span<const Tensor> parts, const Tensor& out) = 0;
   // The attention block's q/k/v head norms and RoPE (see HeadNorms).
   virtual void head_norms(const HeadNorms& args) = 0;
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached

@@ -104,13 +104,20 @@ T optional(const json& j, const char* key, T fallback) {
   }
 }
 
-void reject_unsupported(const json& t) {
+void reject_unsupported(const json& t, ModelRole role) {
   G4_REQUIRE(kUnsupported, !optional<bool>(t, "enable_moe_block", false),
            "config.json: 'enable_moe_block' (mixture of experts) is not supported yet");
   G4_REQUIRE(kUnsupported, optional_int(t, "hidden_size_per_layer_input", 0, 0, INT64_MAX) == 0,
            "config.json: 'hidden_size_per_layer_input' > 0 (per-layer embeddings) is not supported yet");
-  G4_REQUIRE(kUnsupported, optional_int(t, "num_kv_shared_layers", 0, 0, INT64_MAX) == 0,
-           "config.json: 'num_kv_shared_layers' > 0 (shared KV layers) is not supported yet");
+  if (role == ModelRole::kTarget) {
+    G4_REQUIRE(kUnsupported, optional_int(t, "num_kv_shared_layers", 0, 0, INT64_MAX) == 0,
+               "config.json: 'num_kv_shared_layers' > 0 (shared KV layers) is not supported yet");
+  } else {
+    const int64_t layers = required_int(t, "num_hidden_layers", 1, kMaxLayers);
+    G4_REQUIRE(kUnsupported, optional_int(t, "num_kv_shared_layers", layers, 0, INT64_MAX) == layers,
+               "config.json: an assistant's layers must all read the target's KV caches ('num_kv_shared_layers' = "
+               "'num_hidden_layers')");
+  }
   G4_REQUIRE(kUnsupported, !optional<bool>(t, "use_double_wide_mlp", false),
            "config.json: 'use_double_wide_mlp' is not supported yet");
   G4_REQUIRE(kUnsupported, !optional<bool>(t, "attention_bias", false), "config.json: 'attention_bias' is not supported yet");
@@ -174,13 +181,14 @@ const json* per_layer_override(const json& t, int layer) {
 
 }  // namespace
 
-ModelConfig parse_hf_config(const json& root) {
+ModelConfig parse_hf_config(const json& root, ModelRole role) {
   G4_CHECK(root.is_object(), "config.json: not a JSON object");
   const json& t = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
   std::string model_type = optional<std::string>(t, "model_type", "gemma4_text");
-  G4_REQUIRE(kUnsupported, model_type == "gemma4_text" || model_type == "gemma4",
-           "config.json: model_type '" + model_type + "' is not a Gemma 4 text model");
-  reject_unsupported(t);
+  const bool known = role == ModelRole::kTarget ? model_type == "gemma4_text" || model_type == "gemma4"
+                                                : model_type.rfind("gemma4", 0) == 0;
+  G4_REQUIRE(kUnsupported, known, "config.json: model_type '" + model_type + "' is not a Gemma 4 text model");
+  reject_unsupported(t, role);
 
   ModelConfig c;
   // Bounds on everything read: the caps keep products such as vocab * hidden and
@@ -203,6 +211,9 @@ ModelConfig parse_hf_config(const json& root) {
     c.eos_ids.push_back(eos.is_null() ? 1 : int(integer_in(eos, "eos_token_id", 0, c.vocab_size - 1)));
   }
 
+  if (role == ModelRole::kAssistant)
+    c.backbone_hidden_size = required_int(t.contains("backbone_hidden_size") ? t : root, "backbone_hidden_size", 1,
+                                          kMaxHidden);
   const int n = int(required_int(t, "num_hidden_layers", 1, kMaxLayers));
   const int head_dim = int(required_int(t, "head_dim", 2, kMaxHeadDim));
   const int kv_heads = int(optional_int(t, "num_key_value_heads", c.num_heads, 1, kMaxHeads));
@@ -244,6 +255,7 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   check_int(c.vocab_size, 1, kMaxVocab, "vocab_size");
   check_int(c.hidden_size, 1, kMaxHidden, "hidden_size");
   check_int(c.intermediate_size, 1, kMaxIntermediate, "intermediate_size");
+  check_int(c.backbone_hidden_size, 0, kMaxHidden, "backbone hidden size");
   check_int(c.num_heads, 1, kMaxHeads, "number of attention heads");
   check_int(c.sliding_window, 1, kMaxPositions, "sliding_window");
   check_int(c.max_position_embeddings, 2, kMaxPositions, "max_position_embeddings");
@@ -271,9 +283,9 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   }
 }
 
-ModelConfig load_hf_config(const std::string& path) {
+ModelConfig load_hf_config(const std::string& path, ModelRole role) {
   G4_REQUIRE(kNotFound, std::filesystem::exists(path), "missing config: '" + path + "' does not exist");
-  return parse_hf_config(read_json_file(path));
+  return parse_hf_config(read_json_file(path), role);
 }
 
 ModelConfig gemma4_31b_config() {

@@ -37,6 +37,11 @@ struct ModelConfig {
   int bos_id = 2;
   std::vector<int> eos_ids{1};
   std::vector<LayerConfig> layers;
+  // An MTP assistant's (model/assistant.h): the hidden size of the target it drafts for, which its
+  // input and output projections map from and to; 0 for a model of its own. An assistant's layers
+  // project queries only, and read the caches of the target's layers (kv_heads, head_dim).
+  int64_t backbone_hidden_size = 0;
+  bool is_assistant() const { return backbone_hidden_size > 0; }
   int num_layers() const { return int(layers.size()); }
   int max_head_dim() const;
   int64_t max_q_cols() const;   // max over layers of heads*head_dim
@@ -66,9 +71,13 @@ inline constexpr int64_t kMaxPositions = int64_t(1) << 24;
 // partial_rotary_factor is in (0, 1].
 void validate_config(const ModelConfig& c, const std::string& source);
 
+// What a text config describes: a model of its own, or an MTP assistant (model/assistant.h), whose
+// layers have no KV projections and read the target's caches (num_kv_shared_layers = every layer).
+enum class ModelRole { kTarget, kAssistant };
+
 // Parses config.json text (either layout). Throws g4::Error naming the key on missing values or
-// unsupported features (MoE, per-layer embeddings, shared KV layers).
-ModelConfig parse_hf_config(const nlohmann::json& root);
-ModelConfig load_hf_config(const std::string& path);
+// unsupported features (MoE, per-layer embeddings, shared KV layers outside an assistant).
+ModelConfig parse_hf_config(const nlohmann::json& root, ModelRole role = ModelRole::kTarget);
+ModelConfig load_hf_config(const std::string& path, ModelRole role = ModelRole::kTarget);
 
 }  // namespace g4

@@ -36,6 +36,8 @@ const std::pair<const char*, const char*> kGlobalTensors[] = {
     {"embed_tokens.weight", "token_embd.weight"},
     {"norm.weight", "output_norm.weight"},
     {"lm_head.weight", "output.weight"},
+    {"pre_projection.weight", "nextn.pre_projection.weight"},  // an assistant's (model/assistant.h)
+    {"post_projection.weight", "nextn.post_projection.weight"},
 };
 
 // Factors at or above this never rotate within any reachable position (llama.cpp writes 1e30).
@@ -107,19 +109,27 @@ int64_t optional_int(const GgufMetadata& m, const std::string& k, int64_t fallba
   return m.find(k) ? m.get_int(k) : fallback;
 }
 
-void reject_unsupported(const GgufMetadata& m) {
-  const std::string arch = m.get_string(gguf_key::kArchitecture);
-  G4_REQUIRE(kUnsupported, arch == kGemma4Architecture,
-           "GGUF architecture '" + arch + "' is not supported (g4 runs '" + kGemma4Architecture + "')");
-  for (const char* feature : {"embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count"})
-    G4_REQUIRE(kUnsupported, optional_int(m, key(feature), 0) == 0,
-             "GGUF metadata '" + key(feature) + "' > 0 is not supported yet");
-  G4_REQUIRE(kUnsupported, m.get_int(key("rope.dimension_count")) == m.get_int(key("attention.key_length")) &&
-               m.get_int(key("rope.dimension_count_swa")) == m.get_int(key("attention.key_length_swa")),
+std::string key(const std::string& arch, const char* suffix) { return arch + "." + suffix; }
+
+// An assistant (ModelRole::kAssistant) has no KV of its own: its layers all read the target's.
+void reject_unsupported(const GgufMetadata& m, const std::string& arch, ModelRole role, int layers) {
+  for (const char* feature : {"embedding_length_per_layer_input", "expert_count"})
+    G4_REQUIRE(kUnsupported, optional_int(m, key(arch, feature), 0) == 0,
+               "GGUF metadata '" + key(arch, feature) + "' > 0 is not supported yet");
+  const int64_t shared = optional_int(m, key(arch, "attention.shared_kv_layers"), 0);
+  const std::string shared_key = key(arch, "attention.shared_kv_layers");
+  const std::string shared_rule = role == ModelRole::kTarget
+                                      ? "GGUF metadata '" + shared_key + "' > 0 is not supported yet"
+                                      : "GGUF metadata '" + shared_key +
+                                            "': an assistant's layers must all read the target's KV caches";
+  G4_REQUIRE(kUnsupported, shared == (role == ModelRole::kTarget ? 0 : layers), shared_rule);
+  G4_REQUIRE(kUnsupported, m.get_int(key(arch, "rope.dimension_count")) == m.get_int(key(arch, "attention.key_length")) &&
+               m.get_int(key(arch, "rope.dimension_count_swa")) == m.get_int(key(arch, "attention.key_length_swa")),
            "GGUF: RoPE over part of the head (rope.dimension_count below the key length) is not supported yet");
   for (const char* suffix : {"", "_swa"})
-    G4_CHECK(optional_int(m, key("attention.value_length") + suffix, m.get_int(key("attention.key_length") + suffix)) ==
-                 m.get_int(key("attention.key_length") + suffix),
+    G4_CHECK(optional_int(m, key(arch, "attention.value_length") + suffix,
+                          m.get_int(key(arch, "attention.key_length") + suffix)) ==
+                 m.get_int(key(arch, "attention.key_length") + suffix),
              "GGUF: value_length" + std::string(suffix) + " differs from key_length" + suffix + ", not supported");
 }
 
@@ -248,13 +258,19 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
   return m;
 }
 
-ModelConfig gemma4_config(const GgufFile& file) {
+ModelConfig gemma4_config(const GgufFile& file, ModelRole role) {
   const GgufMetadata& m = file.metadata();
-  reject_unsupported(m);
+  const std::string arch = role == ModelRole::kTarget ? kGemma4Architecture : kGemma4AssistantArchitecture;
+  auto key = [&](const char* suffix) { return g4::key(arch, suffix); };
+  const std::string found = m.get_string(gguf_key::kArchitecture);
+  G4_REQUIRE(kUnsupported, found == arch, "GGUF architecture '" + found + "' is not supported here (g4 runs '" +
+                                              arch + "')");
   ModelConfig c;
   const int n = to_int32(m.get_int(key("block_count")), key("block_count"));
   G4_CHECK(n > 0 && n <= 4096, "GGUF metadata '" + key("block_count") + "' must be in [1, 4096]");
+  reject_unsupported(m, arch, role, n);
   c.hidden_size = m.get_int(key("embedding_length"));
+  if (role == ModelRole::kAssistant) c.backbone_hidden_size = m.get_int(key("embedding_length_out"));
   c.intermediate_size = uniform_int(m, key("feed_forward_length"), n);
   c.num_heads = to_int32(uniform_int(m, key("attention.head_count"), n), key("attention.head_count"));
   c.max_position_embeddings = m.get_int(key("context_length"));
@@ -295,7 +311,7 @@ ModelConfig gemma4_config(const GgufFile& file) {
     c.layers.push_back(l);
   }
   check_sizes(c);
-  validate_config(c, "GGUF gemma4 metadata");
+  validate_config(c, "GGUF " + arch + " metadata");
   return c;
 }
 
@@ -323,21 +339,24 @@ std::string gguf_tensor_name(const std::string& canonical) {
 
 std::string canonical_tensor_name(const std::string& gguf_name) { return lookup(gguf_name, false).value_or(""); }
 
-GgufModel::GgufModel(const std::string& path) : GgufModel(GgufFile(path)) {}
+GgufModel::GgufModel(const std::string& path, ModelRole role) : GgufModel(GgufFile(path), role) {}
 
-GgufModel::GgufModel(GgufFile file) : file_(std::move(file)) {
-  config_ = gemma4_config(file_);
-  program_ = program_flags(file_.metadata(), config_);
-  if (file_.metadata().find(gguf_key::kTokenizerJson)) {
-    tokenizer_json_ = file_.metadata().get_string(gguf_key::kTokenizerJson);
-  } else {
-    // Files from llama.cpp's converter carry only the tokenizer.ggml.* keys.
-    try {
-      tokenizer_json_ = tokenizer_json_from_ggml(file_.metadata());
-    } catch (const Error& e) {
-      throw Error("GGUF file '" + file_.name() + "': " + e.what());
-    }
+// The embedded tokenizer.json, else the one the tokenizer.ggml.* keys describe (what llama.cpp's
+// converter writes).
+static std::optional<std::string> file_tokenizer_json(const GgufFile& file) {
+  if (file.metadata().find(gguf_key::kTokenizerJson)) return file.metadata().get_string(gguf_key::kTokenizerJson);
+  try {
+    return tokenizer_json_from_ggml(file.metadata());
+  } catch (const Error& e) {
+    throw Error("GGUF file '" + file.name() + "': " + e.what());
   }
+}
+
+GgufModel::GgufModel(GgufFile file, ModelRole role) : file_(std::move(file)) {
+  config_ = gemma4_config(file_, role);
+  program_ = program_flags(file_.metadata(), config_);
+  // An assistant runs with its target's tokenizer.
+  if (role == ModelRole::kTarget) tokenizer_json_ = file_tokenizer_json(file_);
   for (const GgufTensorInfo& info : file_.tensors()) {
     const std::string canonical = canonical_tensor_name(info.name);
     if (canonical.empty()) continue;

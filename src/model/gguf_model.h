@@ -34,6 +34,9 @@ inline constexpr const char* kTokenizerJson = "tokenizer.huggingface.json";
 }  // namespace gguf_key
 
 inline constexpr const char* kGemma4Architecture = "gemma4";
+// llama.cpp's layout of Gemma 4's MTP assistant (model/assistant.h): gemma4's keys under this
+// prefix, plus embedding_length_out (the target's hidden size) and nextn_predict_layers.
+inline constexpr const char* kGemma4AssistantArchitecture = "gemma4-assistant";
 inline constexpr const char* kRopeFreqsTensor = "rope_freqs.weight";
 
 // How an exported program runs (docs/DESIGN.md §3), stored under g4.* keys.
@@ -55,9 +58,10 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags);
 // The rope_freqs tensor's values (empty when the model has no full-attention layer).
 std::vector<float> rope_freq_factors(const ModelConfig& c);
 
-// Reads the config from a gemma4 GGUF file's metadata and tensor table (rope_freqs, attn_v,
-// output, token_embd). Throws naming the key for missing or unsupported metadata.
-ModelConfig gemma4_config(const GgufFile& file);
+// Reads the config from a gemma4 (or, for an assistant, gemma4-assistant) GGUF file's metadata and
+// tensor table (rope_freqs, attn_v, output, token_embd). Throws naming the key for missing or
+// unsupported metadata.
+ModelConfig gemma4_config(const GgufFile& file, ModelRole role = ModelRole::kTarget);
 // The g4.* flags; files without them (e.g. from llama.cpp) get default_program_flags(config, false).
 ProgramFlags program_flags(const GgufMetadata& metadata, const ModelConfig& c);
 
@@ -70,8 +74,10 @@ std::string canonical_tensor_name(const std::string& gguf_name);
 // and embedded tokenizer.
 class GgufModel : public TensorSource {
  public:
-  explicit GgufModel(const std::string& path);  // throws g4::Error naming the file and the problem
-  explicit GgufModel(GgufFile file);             // a file already opened (e.g. from memory)
+  // Throws g4::Error naming the file and the problem. An assistant's file (ModelRole::kAssistant)
+  // has no tokenizer of its own.
+  explicit GgufModel(const std::string& path, ModelRole role = ModelRole::kTarget);
+  explicit GgufModel(GgufFile file, ModelRole role = ModelRole::kTarget);  // a file already opened
 
   const GgufFile& file() const { return file_; }
   const ModelConfig& config() const { return config_; }

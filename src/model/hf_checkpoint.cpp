@@ -19,11 +19,14 @@ std::string canonical_text_name(const std::string& n) {
     rest = n.substr(21);
   } else if (n.rfind("model.", 0) == 0) {
     rest = n.substr(6);
-  } else if (n == "lm_head.weight") {
-    return n;
   } else {
-    return "";
+    rest = n;
   }
+  // An assistant's projections between its width and the target's (model/assistant.h).
+  for (const char* keep : {"pre_projection.", "post_projection."})
+    if (rest.rfind(keep, 0) == 0) return rest;
+  if (n == "lm_head.weight") return n;
+  if (rest == n) return "";
   for (const char* keep : {"layers.", "embed_tokens.", "norm."})
     if (rest.rfind(keep, 0) == 0) return rest;
   return "";
@@ -55,9 +58,9 @@ static std::vector<std::string> shard_files(const fs::path& dir) {
   return paths;
 }
 
-HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
+HfCheckpoint::HfCheckpoint(const std::string& dir, ModelRole role) : dir_(dir) {
   G4_REQUIRE(kNotFound, fs::is_directory(dir), "model directory '" + dir + "' does not exist");
-  config_ = load_hf_config((fs::path(dir) / "config.json").string());
+  config_ = load_hf_config((fs::path(dir) / "config.json").string(), role);
   for (const auto& path : shard_files(dir)) {
     files_.push_back(std::make_unique<SafetensorsFile>(path));
     for (const auto& [name, entry] : files_.back()->entries()) {

@@ -15,7 +15,8 @@ namespace g4 {
 
 class HfCheckpoint : public TensorSource {
  public:
-  explicit HfCheckpoint(const std::string& dir);  // throws naming the missing/malformed file
+  // Throws naming the missing or malformed file.
+  explicit HfCheckpoint(const std::string& dir, ModelRole role = ModelRole::kTarget);
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
   const HostTensor* find(const std::string& name) const override;
@@ -29,7 +30,8 @@ class HfCheckpoint : public TensorSource {
   mutable std::map<std::string, HostTensor> loaded_;
 };
 
-// "model.language_model.layers.0.x" / "model.layers.0.x" -> "layers.0.x"; "" for non-text tensors.
+// "model.language_model.layers.0.x" / "model.layers.0.x" -> "layers.0.x", an assistant's
+// "[model.]pre_projection.weight" -> "pre_projection.weight"; "" for non-text tensors.
 std::string canonical_text_name(const std::string& file_name);
 
 }  // namespace g4

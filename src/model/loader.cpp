@@ -63,6 +63,20 @@ std::optional<std::string> model_tokenizer_json(const ModelImage& image) {
   return GgufModel(GgufFile(image.bytes, nullptr, image.name)).tokenizer_json();
 }
 
+std::unique_ptr<Gemma4Assistant> load_assistant(const std::string& path, Backend& backend, const ModelConfig& target) {
+  G4_REQUIRE(kNotFound, std::filesystem::exists(path), "assistant path '" + path + "' does not exist");
+  auto load = [&](const ModelConfig& config, const TensorSource& source) {
+    assistant_cache_layers(target, config);  // before any weight is read
+    return std::make_unique<Gemma4Assistant>(config, load_weights(config, source, backend), target);
+  };
+  if (std::filesystem::is_directory(path)) {
+    const HfCheckpoint checkpoint(path, ModelRole::kAssistant);
+    return load(checkpoint.config(), checkpoint);
+  }
+  const GgufModel file(path, ModelRole::kAssistant);
+  return load(file.config(), file);
+}
+
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {
   return std::move(load_program(path, backend).model);
 }

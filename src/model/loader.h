@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/comm/communicator.h"
+#include "model/assistant.h"
 #include "model/gemma4.h"
 #include "model/generation_config.h"
 #include "model/gguf_model.h"
@@ -34,6 +35,11 @@ LoadedProgram load_program(const std::string& path, Backend& backend, Communicat
 // The tokenizer.json text of the model at `path` (embedded in a .gguf, or the checkpoint
 // directory's tokenizer.json) without loading its weights; nullopt when it has none.
 std::optional<std::string> model_tokenizer_json(const std::string& path);
+
+// Loads the MTP assistant (model/assistant.h) at `path`, a checkpoint directory or a GGUF file in
+// llama.cpp's gemma4-assistant layout, for a target of config `target`. Throws naming the mismatch
+// when it does not belong to that target, before any weight is read.
+std::unique_ptr<Gemma4Assistant> load_assistant(const std::string& path, Backend& backend, const ModelConfig& target);
 
 // A GGUF model file's bytes in memory for the life of the program (e.g. linked into the executable).
 struct ModelImage {

@@ -44,6 +44,10 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   std::vector<TensorSpec> specs{{"embed_tokens.weight", {c.vocab_size, H}}, {"norm.weight", {H}}};
   if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, H}});
+  if (c.is_assistant()) {
+    specs.push_back({"pre_projection.weight", {H, 2 * c.backbone_hidden_size}});
+    specs.push_back({"post_projection.weight", {c.backbone_hidden_size, H}});
+  }
   for (int i = 0; i < c.num_layers(); ++i) {
     const LayerConfig& l = c.layers[size_t(i)];
     const std::string p = layer_prefix(i);
@@ -51,10 +55,8 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
     std::vector<TensorSpec> layer{
         {p + "input_layernorm.weight", {H}},
         {p + "self_attn.q_proj.weight", {q, H}},
-        {p + "self_attn.k_proj.weight", {kv, H}},
         {p + "self_attn.o_proj.weight", {H, q}},
         {p + "self_attn.q_norm.weight", {l.head_dim}},
-        {p + "self_attn.k_norm.weight", {l.head_dim}},
         {p + "post_attention_layernorm.weight", {H}},
         {p + "pre_feedforward_layernorm.weight", {H}},
         {p + "mlp.gate_proj.weight", {I, H}},
@@ -63,7 +65,11 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
         {p + "post_feedforward_layernorm.weight", {H}},
         {p + "layer_scalar", {1}},
     };
-    if (!l.k_eq_v) layer.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+    if (!c.is_assistant()) {
+      layer.push_back({p + "self_attn.k_proj.weight", {kv, H}});
+      layer.push_back({p + "self_attn.k_norm.weight", {l.head_dim}});
+      if (!l.k_eq_v) layer.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+    }
     specs.insert(specs.end(), layer.begin(), layer.end());
   }
   return specs;
@@ -94,6 +100,8 @@ std::map<DType, uint64_t> weight_bytes_by_type(const ModelWeights& w) {
   add(w.embed);
   if (w.lm_head.data != w.embed.data) add(w.lm_head);
   add(w.final_norm);
+  add(w.pre_projection);
+  add(w.post_projection);
   for (const LayerWeights& l : w.layers)
     for (const Tensor* t : {&l.attn_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_norm, &l.k_norm,
                             &l.post_attn_norm, &l.ffn_norm, &l.gate_proj, &l.up_proj, &l.down_proj, &l.post_ffn_norm,
@@ -169,17 +177,23 @@ ModelWeights load_weights(const ModelConfig& c, const TensorSource& source, Back
   w.embed = get("embed_tokens.weight");
   w.lm_head = c.tie_word_embeddings && !shard.split() ? w.embed : get("lm_head.weight");
   w.final_norm = get("norm.weight");
+  if (c.is_assistant()) {
+    w.pre_projection = get("pre_projection.weight");
+    w.post_projection = get("post_projection.weight");
+  }
   for (int i = 0; i < c.num_layers(); ++i) {
     const LayerConfig& l = c.layers[size_t(i)];
     const std::string p = layer_prefix(i);
     LayerWeights lw;
     lw.attn_norm = get(p + "input_layernorm.weight");
     lw.q_proj = get(p + "self_attn.q_proj.weight");
-    lw.k_proj = get(p + "self_attn.k_proj.weight");
-    if (!l.k_eq_v) lw.v_proj = get(p + "self_attn.v_proj.weight");
+    if (!c.is_assistant()) {
+      lw.k_proj = get(p + "self_attn.k_proj.weight");
+      if (!l.k_eq_v) lw.v_proj = get(p + "self_attn.v_proj.weight");
+      lw.k_norm = get(p + "self_attn.k_norm.weight");
+    }
     lw.o_proj = get(p + "self_attn.o_proj.weight");
     lw.q_norm = get(p + "self_attn.q_norm.weight");
-    lw.k_norm = get(p + "self_attn.k_norm.weight");
     lw.post_attn_norm = get(p + "post_attention_layernorm.weight");
     lw.ffn_norm = get(p + "pre_feedforward_layernorm.weight");
     lw.gate_proj = get(p + "mlp.gate_proj.weight");

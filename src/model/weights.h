@@ -12,6 +12,7 @@
 
 namespace g4 {
 
+// An assistant's layers (ModelConfig::is_assistant) have no k_proj, v_proj or k_norm.
 struct LayerWeights {
   Tensor attn_norm, q_proj, k_proj, v_proj /* empty on K=V layers */, o_proj, q_norm, k_norm;
   Tensor post_attn_norm, ffn_norm, gate_proj, up_proj, down_proj, post_ffn_norm, layer_scalar;
@@ -22,6 +23,9 @@ struct ModelWeights {
   Tensor embed;    // [vocab, hidden]
   Tensor lm_head;  // the embedding when tied
   Tensor final_norm;
+  // An assistant's: [hidden, 2 * backbone] from the target's embedding and hidden state, and
+  // [backbone, hidden] back to the target's width.
+  Tensor pre_projection, post_projection;
   std::vector<LayerWeights> layers;
 };
 

@@ -48,6 +48,8 @@ void Session::end_generation() {
   generation_.reset();
   penalties_ = {};
   pending_ = -1;
+  drafting_ = false;
+  round_.clear();
   finished_ = false;
   cancelled_.store(false);
 }
@@ -152,13 +154,22 @@ void Session::enqueue_decode_step() {
   runner_.backend().sample(logits_, step_.params, step_.token);
 }
 
-void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph, LogitPenalties penalties) {
+void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph, LogitPenalties penalties,
+                               DraftOptions draft) {
   G4_CHECK(position() > 0, "begin_generation: prefill a prompt first");
   check_penalties(penalties, vocab_size());
+  G4_REQUIRE(kUnsupported, !draft.assistant || penalties.empty(),
+             "logit bias and penalties are not supported with a draft model yet");
   end_generation();
+  if (draft.assistant && (!speculation_ || &speculation_->assistant() != draft.assistant ||
+                          speculation_->draft_tokens() != draft.draft_tokens))
+    speculation_ = std::make_unique<Speculation>(*draft.assistant, runner_, draft.draft_tokens, max_chunk_);
+  drafting_ = draft.assistant != nullptr;
+  if (drafting_) speculation_->take_hidden(last_hidden());  // the prefill's: it draws the first token
   generation_.emplace(sampler, std::move(limits));
   penalties_ = PenaltyState(std::move(penalties), kv_.tokens());
-  use_graph_ = graph && penalties_.empty();
+  use_graph_ = graph && penalties_.empty() && !drafting_;
+  returned_position_ = position();
 }
 
 void Session::adjust_logits() {
@@ -193,19 +204,49 @@ int32_t Session::feed_and_draw(int32_t token, int64_t j) {
   return next;
 }
 
+int32_t Session::next_drafted(int64_t j) {
+  if (round_.empty()) {
+    // Drafts that fit: the verify writes positions P..P + k, and the round gives up to k + 1 tokens.
+    const int64_t k = std::min({speculation_->draft_tokens(), generation_->limits().max_new_tokens - j - 1,
+                                max_seq_len_ - 1 - position()});
+    if (k < 1) {
+      const int32_t token = feed_and_draw(pending_, j);
+      speculation_->take_hidden(last_hidden());
+      return token;
+    }
+    check_input(std::span<const int32_t>(&pending_, 1));
+    const std::vector<int32_t> tokens = speculation_->round(kv_, pending_, generation_->sampler(), j, k);
+    round_.assign(tokens.begin(), tokens.end());
+  }
+  const int32_t token = round_.front();
+  round_.pop_front();
+  return token;
+}
+
 DecodedToken Session::next() {
   G4_CHECK(generation_, "next(): no generation begun (begin_generation after a prefill)");
   G4_CHECK(!finished_, "next(): the generation has ended; begin another");
+  // A round fed tokens past the last one returned: the caches keep only what was returned before it.
+  auto keep_returned = [&] {
+    round_.clear();
+    if (position() > returned_position_) kv_.truncate(returned_position_);
+  };
   if (cancelled_.load()) {
     finished_ = true;
+    keep_returned();
     return {-1, StopReason::kCancelled};
   }
   const int64_t j = generation_->drawn();
-  const int32_t token = pending_ < 0 ? int32_t(sample(generation_->sampler(), j)) : feed_and_draw(pending_, j);
-  const StopReason stop = generation_->record(token, position(), max_seq_len_);
+  const int32_t token = pending_ < 0 && round_.empty() ? int32_t(sample(generation_->sampler(), j))
+                        : drafting_                    ? next_drafted(j)
+                                                       : feed_and_draw(pending_, j);
+  // Where the token goes when fed: after the round's tokens still to come, which are fed already.
+  returned_position_ = position() - int64_t(round_.size());
+  const StopReason stop = generation_->record(token, returned_position_, max_seq_len_);
   penalties_.record(token);
   finished_ = stop != StopReason::kNone;
-  pending_ = finished_ ? -1 : token;
+  if (finished_) keep_returned();
+  pending_ = finished_ || !round_.empty() ? -1 : token;
   return {token, stop};
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -17,6 +18,7 @@
 #include "runtime/generation.h"
 #include "sampling/logit_penalties.h"
 #include "runtime/model_runner.h"
+#include "runtime/speculation.h"
 #include "sampling/sampler.h"
 
 namespace g4 {
@@ -87,9 +89,11 @@ class Session {
   // Starts a generation from the last prefill's logits (call after start() or prefill()). With
   // `graph`, decode steps replay one recorded step (a backend with graphs, backend sampling).
   // With penalties (logit bias and penalties over this session's tokens and the output), every
-  // draw adjusts the logits first, and decode steps run eagerly whatever `graph` says.
+  // draw adjusts the logits first, and decode steps run eagerly whatever `graph` says. With an
+  // assistant (`draft`), tokens come in draft-and-verify rounds (runtime/speculation.h), eagerly:
+  // the same text for greedy and the same distribution for sampling; not with penalties.
   void begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph = false,
-                        LogitPenalties penalties = {});
+                        LogitPenalties penalties = {}, DraftOptions draft = {});
   // Draws the next token: the first from the prefill's logits, each later one after feeding the
   // token before it. The result says whether the generation ends with it; next() after that throws.
   DecodedToken next();
@@ -97,6 +101,8 @@ class Session {
   // or a signal handler.
   void cancel() { cancelled_.store(true); }
   const std::optional<Generation>& generation() const { return generation_; }
+  // The drafting rounds of this session's generations with an assistant (nullptr: none yet).
+  const SpeculationStats* speculation_stats() const { return speculation_ ? &speculation_->stats() : nullptr; }
 
   // ---- the decode step (written once: eager decode runs it, DecodeGraph records it) ----
   const DecodeStepTensors& decode_step_tensors() const { return step_; }
@@ -118,6 +124,11 @@ class Session {
   Session(std::unique_ptr<ModelRunner> own_runner, ModelRunner* runner, SessionOptions options);
   // Feeds `token` and draws token j from its logits (eager, or a replay of the recorded step).
   int32_t feed_and_draw(int32_t token, int64_t j);
+  // The next token of a generation with an assistant: from the current round, else a new round
+  // (or one plain step when no draft fits the context or the tokens left).
+  int32_t next_drafted(int64_t j);
+  // The final-normed hidden state of the last forward's output row (what drew the pending token).
+  Tensor last_hidden() const { return runner_.workspace_logits(1).normed; }
   void end_generation();
   void take_caches();  // from the pool, if the session holds none yet
 
@@ -132,6 +143,10 @@ class Session {
   std::optional<Generation> generation_;
   PenaltyState penalties_;  // of the generation begun
   int32_t pending_ = -1;  // drawn, not yet fed
+  std::unique_ptr<Speculation> speculation_;  // of the generation's assistant
+  bool drafting_ = false;                     // this generation drafts
+  std::deque<int32_t> round_;  // a round's tokens not yet returned (all fed but the last)
+  int64_t returned_position_ = 0;  // the position the last returned token takes when fed
   bool finished_ = false;
   std::atomic<bool> cancelled_{false};
   bool use_graph_ = false;

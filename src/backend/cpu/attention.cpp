@@ -99,13 +99,13 @@ template <typename Head, typename RowOf>
   std::vector<float> q(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd)), scores;
   for (int64_t job = b; job < e; ++job) {
     const int64_t row = job / a.heads, h = job % a.heads, kvh = h / group;
-    const int64_t p = pos0 + a.q_first + row;
+    const int64_t p = pos0 + a.q_first + row, last = a.reads_cache_only ? pos0 - 1 : p;
     const int64_t first = a.window ? std::max<int64_t>(0, p - a.window + 1) : 0;
     std::memcpy(q.data(), a.q.as<float>() + row * a.q.cols + h * hd, size_t(hd) * 4);
     Head::prepare_query(q);
-    scores.assign(size_t(p - first + 1), 0.0f);
+    scores.assign(size_t(last - first + 1), 0.0f);
     float mx = -INFINITY;
-    for (int64_t kp = first; kp <= p; ++kp) {
+    for (int64_t kp = first; kp <= last; ++kp) {
       const uint8_t* k = Head::at(row_of(a.cache->k, a.k_new, kp), kvh, hd, kv_heads);
       const float s = a.scale * float(double(Head::scale(k, kvh, hd, kv_heads)) * Head::dot(q.data(), k, hd));
       scores[size_t(kp - first)] = s;
@@ -114,7 +114,7 @@ template <typename Head, typename RowOf>
     double sum = 0;
     for (float& s : scores) sum += (s = std::exp(s - mx));
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t kp = first; kp <= p; ++kp) {
+    for (int64_t kp = first; kp <= last; ++kp) {
       const uint8_t* v = Head::at(row_of(a.cache->v, a.v_new, kp), kvh, hd, kv_heads);
       Head::add(float(scores[size_t(kp - first)] / sum) * Head::scale(v, kvh, hd, kv_heads), v, hd, acc.data());
     }

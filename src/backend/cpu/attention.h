@@ -19,8 +19,9 @@ int64_t cache_row(const KvCache& cache, int64_t p);
 // caches do, instead of silently dropping the value.
 void encode_kv_row(DType dtype, const float* x, int kv_heads, int head_dim, uint8_t* row);
 
-// The (query row, head) jobs [b, e) of `a`, each over positions [first, p]: from the cache and the
-// chunk's own K/V rows (unquantized), or all from a quantized cache that already holds the chunk.
+// The (query row, head) jobs [b, e) of `a`, each over positions [first, p] (below positions[0] when
+// a.reads_cache_only): from the cache and the chunk's own K/V rows (unquantized), or all from a
+// quantized cache that already holds the chunk.
 void attention_jobs(const AttentionArgs& a, int64_t b, int64_t e);
 
 }  // namespace g4::cpu

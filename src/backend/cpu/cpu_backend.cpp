@@ -157,23 +157,49 @@ void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
   });
 }
 
+void CpuBackend::concat_cols(std::span<const Tensor> parts, const Tensor& out) {
+  int64_t cols = 0;
+  for (const Tensor& p : parts) {
+    G4_CHECK(p.dtype == out.dtype && p.rows == out.rows, "concat_cols: every part needs the output's dtype and rows");
+    cols += p.cols;
+  }
+  G4_CHECK(cols == out.cols, "concat_cols: the parts' columns must add up to the output's");
+  for (int64_t r = 0; r < out.rows; ++r) {
+    uint8_t* dst = out.as<uint8_t>() + size_t(r) * out.row_size();
+    for (const Tensor& p : parts) {
+      std::memcpy(dst, p.as<uint8_t>() + size_t(r) * p.row_size(), p.row_size());
+      dst += p.row_size();
+    }
+  }
+}
+
 void CpuBackend::head_norms(const HeadNorms& a) {
-  rms_norm(a.v_in, Tensor{}, a.eps, a.v);  // first: on K=V layers v_in is k before its norm
   rms_norm_rope(a.q, a.q_weight, a.eps, a.positions.rows_view(a.q_first, a.positions.rows - a.q_first), a.inv_freq);
+  if (a.k.empty()) return;  // an assistant's queries alone
+  rms_norm(a.v_in, Tensor{}, a.eps, a.v);  // before k's norm: on K=V layers v_in is k before its norm
   rms_norm_rope(a.k, a.k_weight, a.eps, a.positions, a.inv_freq);
 }
 
 void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t T = a.positions.rows, hd = a.head_dim, cap = a.cache->capacity();
   const int64_t pos0 = a.positions.as<int32_t>()[0];
+  G4_CHECK(a.q_first >= 0 && a.q_first <= T && a.q.rows == T - a.q_first && a.out.rows == a.q.rows,
+           "attention: q and out must hold the chunk's tokens [q_first, T)");
+  const auto all_queries = [&] {
+    pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::attention_jobs(a, b, e); });
+  };
+  if (a.reads_cache_only) {
+    G4_CHECK(pos0 >= 1 && a.k_new.empty() && a.v_new.empty(),
+             "attention: queries over a cache alone need cached positions before them and no keys of their own");
+    G4_CHECK(a.window == 0 || cap >= a.window, "attention: ring cache smaller than the sliding window");
+    return all_queries();
+  }
   const bool quantized = is_quantized_kv(a.cache->k.dtype);
   // Over a quantized cache the chunk is stored before it is read: no stored position may take the
   // slot of one a query still reads (one a window and a chunk back), unless the ring never wraps.
   G4_CHECK(a.window == 0 || cap >= (quantized ? std::min<int64_t>(a.window + T - 1, pos0 + T) : a.window),
            "attention: ring cache smaller than the sliding window" + std::string(quantized ? " and the chunk" : ""));
   G4_CHECK(a.window != 0 || cap >= pos0 + T, "attention: flat cache smaller than the context");
-  G4_CHECK(a.q_first >= 0 && a.q_first <= T && a.q.rows == T - a.q_first && a.out.rows == a.q.rows,
-           "attention: q and out must hold the chunk's tokens [q_first, T)");
   const int64_t kv_cols = int64_t(a.kv_heads) * hd;
   if (quantized) {  // store the chunk first: every key is read as the cache holds it
     const DType type = a.cache->k.dtype;
@@ -182,10 +208,9 @@ void CpuBackend::attention(const AttentionArgs& a) {
       cpu::encode_kv_row(type, a.k_new.as<float>() + t * kv_cols, a.kv_heads, a.head_dim, a.cache->k.as<uint8_t>() + row);
       cpu::encode_kv_row(type, a.v_new.as<float>() + t * kv_cols, a.kv_heads, a.head_dim, a.cache->v.as<uint8_t>() + row);
     }
-    pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::attention_jobs(a, b, e); });
-    return;
+    return all_queries();
   }
-  pool_.parallel_for(a.q.rows * a.heads, [&](int64_t b, int64_t e) { cpu::attention_jobs(a, b, e); });
+  all_queries();
   // Store this chunk's K/V only after every query has read the older entries.
   for (int64_t t = 0; t < T; ++t) {
     const int64_t row = cpu::cache_row(*a.cache, pos0 + t);

@@ -27,6 +27,7 @@ class CpuBackend : public Backend {
   void matmul(const Tensor& x, const Tensor& w, const Tensor& y) override;
   void head_norms(const HeadNorms& args) override;
   void attention(const AttentionArgs& args) override;
+  void concat_cols(std::span<const Tensor> parts, const Tensor& out) override;
   void gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out) override;
   void residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar, float eps,
                      const Tensor& next_weight, const Tensor& next_out) override;

@@ -884,7 +884,28 @@ class CudaBackend final : public Backend {
     return rows > 64 ? rows / 64 * 64 : rows;
   }
 
+  static void reject_cache_only_queries(const AttentionArgs& args) {
+    G4_REQUIRE(kUnsupported, !args.reads_cache_only,
+               "the cuda backend does not run an MTP assistant's attention yet (the cpu backend does)");
+  }
+
+  void concat_cols(std::span<const Tensor> parts, const Tensor& out) override {
+    int64_t cols = 0;
+    for (const Tensor& p : parts) {
+      G4_CHECK(p.dtype == out.dtype && p.rows == out.rows, "concat_cols: every part needs the output's dtype and rows");
+      cols += p.cols;
+    }
+    G4_CHECK(cols == out.cols, "concat_cols: the parts' columns must add up to the output's");
+    size_t offset = 0;
+    for (const Tensor& p : parts) {
+      G4_CUDA(cudaMemcpy2DAsync(static_cast<uint8_t*>(out.data) + offset, out.row_size(), p.data, p.row_size(),
+                                   p.row_size(), size_t(p.rows), cudaMemcpyDeviceToDevice, stream_));
+      offset += p.row_size();
+    }
+  }
+
   static void check_head_norms(const HeadNorms& n) {
+    G4_REQUIRE(kUnsupported, !n.k.empty(), "the cuda backend does not norm an MTP assistant's queries alone yet");
     for (const Tensor* t : {&n.q, &n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
     expect_dtype(n.inv_freq, DType::F32, "rope inv_freq");
     G4_CHECK(n.q.cols == n.k.cols && n.v.cols == n.k.cols && n.v_in.rows == n.v.rows,
@@ -985,6 +1006,7 @@ class CudaBackend final : public Backend {
   // prefill too: a prompt's forward visits every layer before a decode step is captured, so a
   // graph capture never has to allocate.
   AttentionLaunch attention_launch(const AttentionArgs& args) {
+    reject_cache_only_queries(args);
     AttentionLaunch a;
     a.q = ptr<bf16>(args.q);
     a.k_new = ptr<bf16>(args.k_new);
@@ -1020,6 +1042,7 @@ class CudaBackend final : public Backend {
   // The launch of one sequence's attention over a quantized cache (attention_launch's arguments,
   // the cache's rows in their type).
   QuantizedKvLaunch quantized_launch(const AttentionArgs& args) {
+    reject_cache_only_queries(args);
     const KvCache& cache = *args.cache;
     for (const Tensor* t : {&args.q, &args.k_new, &args.v_new, &args.out})
       expect_dtype(*t, DType::BF16, "attention input");

@@ -1,0 +1,159 @@
+// Gemma 4's MTP assistant (model/assistant.h) against llama.cpp's gemma4-assistant: a random
+// assistant of the fortune demo (tests/fixtures/assistant, tools/fixtures/make_assistant_golden.sh)
+// drafts four tokens after two prompts, one shorter and one longer than the sliding window, and
+// every step's logits and next hidden state are held to llama.cpp's; an assistant that does not
+// belong to the target, or a file that is no assistant, is a clear error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend_factory.h"
+#include "model/assistant.h"
+#include "model/config.h"
+#include "model/loader.h"
+#include "runtime/session.h"
+#include "support/fixtures.h"
+#include "util/error.h"
+#include "util/files.h"
+
+namespace g4 {
+namespace {
+
+const std::string kAssistantDir = std::string(G4_FIXTURES_DIR) + "/assistant";
+const std::string kTargetDir = std::string(G4_FIXTURES_DIR) + "/demo/hf";
+
+// llama.cpp's CPU run differs from float64 by up to ~1e-3 relative (its GELU goes through an fp16
+// table: tools/fixtures/make_assistant_golden.sh); g4's CPU is ~1e-6 from float64.
+constexpr double kLlamaCppBound = 3e-3;
+
+std::vector<float> row(const std::vector<float>& rows, int64_t i, int64_t cols) {
+  return {rows.begin() + i * cols, rows.begin() + (i + 1) * cols};
+}
+
+std::vector<float> download(Backend& be, const Tensor& t) {
+  std::vector<float> out(size_t(t.numel()));
+  be.download(t, out.data());
+  return out;
+}
+
+// The gap between the two largest values.
+double top2_margin(const std::vector<float>& v) {
+  std::vector<float> s = v;
+  std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+  return double(s[0]) - double(s[1]);
+}
+
+void check_draft_steps(const std::string& case_name) {
+  SCOPED_TRACE(case_name);
+  const std::string dir = kAssistantDir + "/" + case_name;
+  const nlohmann::json meta = read_json_file(dir + "/meta.json");
+  const std::vector<int32_t> prompt = meta["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> drafts = meta["draft_ids"].get<std::vector<int32_t>>();
+  const int64_t vocab = meta["vocab"], backbone = meta["backbone"], K = meta["K"];
+  auto be = make_backend("cpu");
+  const std::unique_ptr<Gemma4> target = load_model(kTargetDir, *be);
+  const std::unique_ptr<Gemma4Assistant> assistant = load_assistant(kAssistantDir + "/hf", *be, target->config());
+  Session session(*target, *be);
+  session.prefill(prompt);
+  ASSERT_EQ(session.position(), meta["pos0"].get<int64_t>());
+  EXPECT_LT(test::relative_l2(session.last_logits_host(), test::read_floats(dir + "/target_logits.f32")), kLlamaCppBound);
+  const Tensor target_h = session.runner().workspace_logits(1).normed;
+  EXPECT_LT(test::relative_l2(download(*be, target_h), test::read_floats(dir + "/target_h.f32")), kLlamaCppBound);
+
+  const std::vector<float> want_logits = test::read_floats(dir + "/draft_logits.f32");
+  const std::vector<float> want_h = test::read_floats(dir + "/draft_h.f32");
+  DraftBuffers buf(assistant->config(), *be, 1);
+  Tensor ids = be->alloc(DType::I32, 1, 1), positions = be->alloc(DType::I32, 1, 1);
+  Tensor h = be->alloc(be->activation_dtype(), 1, backbone), logits = be->alloc(DType::F32, 1, vocab);
+  const int32_t pos0 = int32_t(session.position());
+  be->upload(&pos0, positions);
+  const DraftRow rows[] = {{&session.kv().caches()}};
+  // Each step from llama.cpp's h of the step before: a random assistant's h chain amplifies any
+  // difference (llama.cpp's own fp16 GELU included) several times a step.
+  for (int64_t j = 0; j < K; ++j) {
+    SCOPED_TRACE("draft step " + std::to_string(j));
+    be->upload(&drafts[size_t(j)], ids);
+    if (j > 0) be->upload(row(want_h, j - 1, backbone).data(), h);
+    assistant->step(*be, buf, *target, rows, ids, positions, j == 0 ? target_h : h, logits, h);
+    const std::vector<float> got = download(*be, logits), want = row(want_logits, j, vocab);
+    EXPECT_LT(test::relative_l2(got, want), kLlamaCppBound);
+    EXPECT_LT(test::relative_l2(download(*be, h), row(want_h, j, backbone)), kLlamaCppBound);
+    if (top2_margin(want) > 0.05)
+      EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(),
+                std::max_element(want.begin(), want.end()) - want.begin());
+  }
+}
+
+TEST(Assistant, DraftStepsFollowLlamaCppWithinTheWindow) { check_draft_steps("short"); }
+TEST(Assistant, DraftStepsFollowLlamaCppPastTheWindow) { check_draft_steps("long"); }
+
+TEST(Assistant, ReadsTheLastTargetLayerOfEachKind) {
+  const ModelConfig target = load_hf_config(kTargetDir + "/config.json");
+  const ModelConfig assistant = load_hf_config(kAssistantDir + "/hf/config.json", ModelRole::kAssistant);
+  EXPECT_EQ(assistant.backbone_hidden_size, target.hidden_size);
+  EXPECT_EQ(assistant_cache_layers(target, assistant), (std::vector<int>{4, 4, 4, 5}));
+}
+
+TEST(Assistant, OneOfAnotherModelIsAClearError) {
+  const ModelConfig target = load_hf_config(kTargetDir + "/config.json");
+  const ModelConfig assistant = load_hf_config(kAssistantDir + "/hf/config.json", ModelRole::kAssistant);
+  auto message = [&](const std::function<void(ModelConfig&, ModelConfig&)>& change) {
+    ModelConfig t = target, a = assistant;
+    change(t, a);
+    return test::error_of([&] { assistant_cache_layers(t, a); });
+  };
+  EXPECT_NE(message([](ModelConfig&, ModelConfig& a) { a.vocab_size = 8192; }).find("vocabulary has 8192 tokens"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig& t, ModelConfig&) { t.hidden_size = 512; }).find("hidden states of width 256"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig&, ModelConfig& a) { a.layers[3].head_dim = 64; }).find("head size 64"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig&, ModelConfig& a) { a.layers[0].kv_heads = 1; }).find("reads 1 KV heads"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig&, ModelConfig& a) { a.sliding_window = 32; }).find("sliding window of 32"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig&, ModelConfig& a) { a.layers[3].rope_theta = 1e4; }).find("another RoPE"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig& t, ModelConfig&) {
+              for (LayerConfig& l : t.layers) l.sliding = false;
+            }).find("no sliding attention layer"),
+            std::string::npos);
+  EXPECT_NE(message([](ModelConfig&, ModelConfig& a) { a.backbone_hidden_size = 0; }).find("not an MTP assistant"),
+            std::string::npos);
+
+  // The embedded chat demo (hidden 512, 8 192 tokens) is another model: refused before any weight is read.
+  auto be = make_backend("cpu");
+  ModelConfig chat = target;
+  chat.vocab_size = 8192;
+  EXPECT_NE(test::error_of([&] { load_assistant(kAssistantDir + "/hf", *be, chat); }).find("does not belong"),
+            std::string::npos);
+}
+
+TEST(Assistant, ConfigsAndFilesOfTheWrongKindAreClearErrors) {
+  nlohmann::json config = read_json_file(kAssistantDir + "/hf/config.json");
+  nlohmann::json no_backbone = config;
+  no_backbone.erase("backbone_hidden_size");
+  EXPECT_NE(test::error_of([&] { parse_hf_config(no_backbone, ModelRole::kAssistant); }).find("'backbone_hidden_size'"),
+            std::string::npos);
+  nlohmann::json own_kv = config;
+  own_kv["num_kv_shared_layers"] = 2;
+  EXPECT_NE(test::error_of([&] { parse_hf_config(own_kv, ModelRole::kAssistant); }).find("num_kv_shared_layers"),
+            std::string::npos);
+  // An assistant is no model of its own, and a model no assistant.
+  EXPECT_NE(test::error_of([&] { parse_hf_config(config); }).find("'gemma4_assistant' is not a Gemma 4 text model"),
+            std::string::npos);
+  auto be = make_backend("cpu");
+  EXPECT_NE(test::error_of([&] { load_assistant(kTargetDir, *be, load_hf_config(kTargetDir + "/config.json")); })
+                .find("num_kv_shared_layers"),
+            std::string::npos);
+  EXPECT_EQ(test::error_kind_of([&] { load_assistant(kAssistantDir + "/missing", *be, ModelConfig{}); }),
+            ErrorKind::kNotFound);
+}
+
+}  // namespace
+}  // namespace g4
