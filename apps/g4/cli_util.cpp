@@ -36,6 +36,17 @@ std::string describe_kv_caches(const KvPool& pool) {
   return out + "; pages of " + std::to_string(pool.page_bytes()) + " bytes";
 }
 
+std::string describe_drafting(const SpeculationStats& s, int64_t draft_tokens) {
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "drafting: %lld tokens a round; %lld rounds, %lld of %lld drafts accepted (%.1f %%), %.2f tokens a "
+                "round; draft %.3f s, verify %.3f s",
+                static_cast<long long>(draft_tokens), static_cast<long long>(s.rounds),
+                static_cast<long long>(s.accepted), static_cast<long long>(s.drafted), 100.0 * s.acceptance(),
+                s.tokens_per_round(), s.draft_seconds, s.verify_seconds);
+  return text;
+}
+
 void use_model_or_demo(EngineOptions& options, const std::string& model_path) {
   options.model_path = model_path;
   if (model_path.empty()) options.model_image = demo_model();

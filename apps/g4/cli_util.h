@@ -47,6 +47,10 @@ void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& flags);
 // the window); pages of 532480 bytes" (g4 run's report).
 std::string describe_kv_caches(const KvPool& pool);
 
+// "drafting: 4 tokens a round; 37 rounds, 52 of 148 drafts accepted (35.1 %), 2.41 tokens a
+// round; draft 0.123 s, verify 0.456 s" (runtime/speculation.h).
+std::string describe_drafting(const SpeculationStats& stats, int64_t draft_tokens);
+
 // Parses "1,2,3" into ids; throws g4::Error naming the bad element.
 std::vector<int32_t> parse_id_list(const std::string& text);
 

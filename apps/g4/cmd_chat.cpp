@@ -96,6 +96,7 @@ class Conversation {
                RankInputs<ChatInput>* inputs)
       : rank_(engine.tp_rank()),
         speaks_(rank_ == 0),
+        draft_(engine.draft_options()),
         inputs_(inputs),
         session_(engine.create_session()),
         tokenizer_(tokenizer),
@@ -125,6 +126,7 @@ class Conversation {
     request.stop_ids = stop_ids_;
     request.graph = options_.gen.cuda_graph;
     request.penalties = flag_penalties(options_.gen);
+    request.draft = draft_;
     // Unsplit, a Ctrl-C stops the reply at the next token. Split, every rank must stop at the
     // same token, so rank 0 reads the flag once per token and hands its answer to the others.
     std::atomic<bool> stop_here{false};
@@ -188,6 +190,9 @@ class Conversation {
                       : result.stop_token < 0 && options_.gen.max_new_tokens > 0 ? "; --max_new_tokens reached"
                                                                                   : "",
                  static_cast<long long>(history_.size()), static_cast<long long>(session_->max_seq_len()));
+    if (const SpeculationStats* drafting = session_->speculation_stats())
+      std::fprintf(stderr, "[this conversation's %s]\n",
+                   describe_drafting(*drafting, draft_.draft_tokens).c_str());
   }
 
   void append(std::vector<int32_t>& ids, const std::string& text) const {
@@ -197,6 +202,7 @@ class Conversation {
 
   const int rank_;
   const bool speaks_;
+  const DraftOptions draft_;
   RankInputs<ChatInput>* const inputs_;
   std::unique_ptr<Session> session_;
   const Tokenizer& tokenizer_;

@@ -50,7 +50,7 @@ std::vector<int32_t> prompt_ids(const RunOptions& o, const std::string& text, co
 }
 
 void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r, const ResolvedSampling& sampling,
-                  const Engine& engine, const Backend& backend, const std::string& model_path) {
+                  const Engine& engine, const Session& session, const Backend& backend, const std::string& model_path) {
   const double prefill_tps = r.prefill_seconds > 0 ? double(prompt.size()) / r.prefill_seconds : 0;
   const double decode_tps =
       r.decode_seconds > 0 && r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0;
@@ -67,6 +67,8 @@ void print_report(const std::vector<int32_t>& prompt, const GenerationResult& r,
   std::fprintf(stderr, "weight bytes by type on the %s backend: %s\n", backend.name().c_str(),
                describe_weight_bytes(weight_bytes_by_type(engine.model().weights())).c_str());
   std::fprintf(stderr, "%s\n", describe_kv_caches(engine.kv_pool()).c_str());
+  if (const SpeculationStats* drafting = session.speculation_stats())
+    std::fprintf(stderr, "%s\n", describe_drafting(*drafting, engine.draft_options().draft_tokens).c_str());
   if (engine.tp_size() > 1)
     std::fprintf(stderr, "tensor parallel: %d ranks (the memory and weight figures are rank 0's)\n", engine.tp_size());
 }
@@ -88,6 +90,7 @@ void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string
   request.stop_ids = stop_ids(flags, engine);
   request.graph = flags.cuda_graph;
   request.penalties = flag_penalties(flags);
+  request.draft = engine.draft_options();
 
   // Without a tokenizer the ids are the only output there is.
   const bool print_ids = o.print_token_ids || !tokenizer;
@@ -112,7 +115,7 @@ void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);  // the text before the report, also when stdout is a pipe
-  print_report(request.prompt, result, sampling, engine, engine.backend(), flags.model_path);
+  print_report(request.prompt, result, sampling, engine, *session, engine.backend(), flags.model_path);
 }
 
 void run(const RunOptions& o) {

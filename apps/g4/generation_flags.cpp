@@ -80,6 +80,11 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
                  "N groups of the worker threads)")
       ->capture_default_str();
   add_kv_type_flags(cmd, f.kv);
+  cmd.add_option("--draft_model,--draft-model", f.draft_model,
+                 "Gemma 4 MTP assistant (its checkpoint directory or gemma4-assistant .gguf) that drafts tokens for "
+                 "the model to verify: the same text, faster");
+  cmd.add_option("--draft_tokens,--draft-tokens", f.draft_tokens, "Tokens the assistant drafts a round")
+      ->capture_default_str();
 }
 
 LogitPenalties flag_penalties(const GenerationFlags& f) {
@@ -114,6 +119,8 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
   G4_CHECK(f.tp >= 1, "--tp must be at least 1, got " + std::to_string(f.tp));
   f.kv.types();
+  G4_CHECK(f.draft_tokens >= 1 && f.draft_tokens <= kMaxDraftTokens,
+           "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " + std::to_string(f.draft_tokens));
 }
 
 void draw_seed_for_ranks(GenerationFlags& f) {
@@ -130,6 +137,8 @@ EngineOptions engine_options(const GenerationFlags& f) {
   eo.threads = f.threads;
   eo.tp = f.tp;
   eo.kv_types = f.kv.types();
+  eo.draft_model = f.draft_model;
+  eo.draft_tokens = f.draft_tokens;
   return eo;
 }
 

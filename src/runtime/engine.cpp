@@ -56,6 +56,11 @@ Engine::Engine(const EngineOptions& options)
   ro.kv_budget_sequences = options.kv_budget_sequences;
   ro.kv_types = options.kv_types;
   runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
+  if (!options.draft_model.empty()) {
+    G4_REQUIRE(kUnsupported, !comm_, "a draft model with a split model (--tp > 1) is not supported yet");
+    assistant_ = load_assistant(options.draft_model, *backend_, config());
+    draft_tokens_ = options.draft_tokens;
+  }
   if (comm_) comm_->barrier();  // every rank loaded: a failed peer shows here, before any work
 }
 

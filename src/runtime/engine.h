@@ -31,6 +31,10 @@ struct EngineOptions {
   // --max_sessions), counted in this rank's KV heads, so each rank of a split model sizes its own.
   int64_t kv_budget_sequences = 1;
   KvTypes kv_types;  // the KV caches' row types (--kv_type, --kv_sliding_type)
+  // An MTP assistant (model/assistant.h) that drafts draft_tokens tokens a round for this engine's
+  // sessions (runtime/speculation.h); empty: none.
+  std::string draft_model;
+  int64_t draft_tokens = 4;
   int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)
   // Tensor parallel (docs/DESIGN.md, "Tensor parallel"): the model split over `tp` ranks, one
   // thread and one device each (CUDA: GPU r; CPU: threads / tp workers each). An engine of a split
@@ -63,6 +67,8 @@ class Engine {
   const std::optional<std::string>& tokenizer_json() const { return loaded_.tokenizer_json; }
   const GenerationDefaults& generation_defaults() const { return loaded_.generation; }
   const std::optional<std::string>& chat_template() const { return loaded_.chat_template; }
+  // The assistant and draft count of EngineOptions::draft_model (no assistant without one).
+  DraftOptions draft_options() const { return DraftOptions{assistant_.get(), draft_tokens_}; }
   Backend& backend() { return *backend_; }
   // This engine's rank of a split model (0 of 1 unsplit), and its communicator (nullptr unsplit).
   int tp_rank() const { return comm_ ? comm_->rank() : 0; }
@@ -91,6 +97,8 @@ class Engine {
   std::unique_ptr<Communicator> comm_;  // before loaded_: the model keeps a reference
   LoadedProgram loaded_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Gemma4Assistant> assistant_;
+  int64_t draft_tokens_ = 0;
 };
 
 }  // namespace g4

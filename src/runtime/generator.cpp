@@ -25,7 +25,7 @@ GenerationResult generate(Session& session, const GenerationRequest& request,
   auto t0 = std::chrono::steady_clock::now();
   result.prefilled = session.start(request.prompt);
   session.begin_generation(request.sampler, GenerationLimits{request.max_new_tokens, request.stop_ids}, request.graph,
-                           request.penalties);
+                           request.penalties, request.draft);
   DecodedToken drawn = session.next();
   result.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();

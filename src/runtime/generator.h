@@ -23,6 +23,8 @@ struct GenerationRequest {
   bool graph = false;  // replay one recorded decode step per token (a backend with graphs)
   // Logit bias and penalties; with any, decode steps run eagerly (their lists change every token).
   LogitPenalties penalties;
+  // An assistant drafting tokens in rounds (runtime/speculation.h): none by default.
+  DraftOptions draft;
   // Checked after every generated token; once true, generation ends there (e.g. set by a SIGINT
   // handler, so Ctrl-C stops one reply without ending the program).
   const std::atomic<bool>* stop = nullptr;

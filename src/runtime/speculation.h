@@ -18,6 +18,9 @@
 
 namespace g4 {
 
+// The most drafts a round may hold (a verify forward of kMaxDraftTokens + 1 tokens).
+inline constexpr int64_t kMaxDraftTokens = 16;
+
 // Drafting for a generation: none without an assistant.
 struct DraftOptions {
   const Gemma4Assistant* assistant = nullptr;
