@@ -41,7 +41,7 @@ void run_export(const ExportCommandOptions& o) {
   if (!o.weights.empty()) options.weights = parse_weight_dtype(options.q4_k_m ? "q4_k" : o.weights);
   options.quantize_embedding = o.quantize_embedding;
   G4_CHECK(o.max_seq_len >= 0, "--max-seq-len must be positive");
-  HfCheckpoint checkpoint(o.model_dir);
+  HfCheckpoint checkpoint(o.model_dir, HfCheckpoint::role_of(o.model_dir));
   // A terminal gets a progress bar; logs get one line per tensor.
   std::optional<Progress> progress;
   if (Progress::stderr_is_terminal()) {

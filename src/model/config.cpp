@@ -181,8 +181,18 @@ const json* per_layer_override(const json& t, int layer) {
 
 }  // namespace
 
+ModelRole hf_config_role(const json& root) {
+  const bool nested = root.is_object() && root.contains("text_config") && root["text_config"].is_object();
+  const bool assistant =
+      root.is_object() && (root.contains("backbone_hidden_size") || (nested && root["text_config"].contains("backbone_hidden_size")));
+  return assistant ? ModelRole::kAssistant : ModelRole::kTarget;
+}
+
 ModelConfig parse_hf_config(const json& root, ModelRole role) {
   G4_CHECK(root.is_object(), "config.json: not a JSON object");
+  G4_REQUIRE(kUnsupported, role == ModelRole::kAssistant || hf_config_role(root) == ModelRole::kTarget,
+             "config.json describes a Gemma 4 MTP assistant (backbone_hidden_size), not a model of its own: give it "
+             "as --draft_model beside the model it drafts for");
   const json& t = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
   std::string model_type = optional<std::string>(t, "model_type", "gemma4_text");
   const bool known = role == ModelRole::kTarget ? model_type == "gemma4_text" || model_type == "gemma4"

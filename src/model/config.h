@@ -78,6 +78,8 @@ enum class ModelRole { kTarget, kAssistant };
 // Parses config.json text (either layout). Throws g4::Error naming the key on missing values or
 // unsupported features (MoE, per-layer embeddings, shared KV layers outside an assistant).
 ModelConfig parse_hf_config(const nlohmann::json& root, ModelRole role = ModelRole::kTarget);
+// What a config.json describes: an assistant when it names backbone_hidden_size.
+ModelRole hf_config_role(const nlohmann::json& root);
 ModelConfig load_hf_config(const std::string& path, ModelRole role = ModelRole::kTarget);
 
 }  // namespace g4

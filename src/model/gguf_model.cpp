@@ -44,8 +44,6 @@ const std::pair<const char*, const char*> kGlobalTensors[] = {
 constexpr float kFixedPairFactor = 1e20f;
 constexpr float kWrittenFixedPairFactor = 1e30f;
 
-std::string key(const char* suffix) { return std::string(kGemma4Architecture) + "." + suffix; }
-
 // "prefix<N>.<rest>" -> (N, rest); nullopt when `name` has another form.
 std::optional<std::pair<int, std::string>> split_layer_name(const std::string& name, const std::string& prefix) {
   if (name.rfind(prefix, 0) != 0) return std::nullopt;
@@ -225,8 +223,12 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
     kv_heads.push_back(l.kv_heads);
     sliding.push_back(l.sliding);
   }
+  // An assistant is written as llama.cpp's converter writes one: gemma4's keys under its own
+  // architecture, every layer reading the target's KV, and the target's width.
+  const std::string arch = c.is_assistant() ? kGemma4AssistantArchitecture : kGemma4Architecture;
+  auto key = [&](const char* suffix) { return g4::key(arch, suffix); };
   GgufMetadata m;
-  m.set(gguf_key::kArchitecture, kGemma4Architecture);
+  m.set(gguf_key::kArchitecture, arch);
   m.set(key("vocab_size"), u32(c.vocab_size, "vocab_size"));
   m.set(key("context_length"), u32(c.max_position_embeddings, "max_position_embeddings"));
   m.set(key("embedding_length"), u32(c.hidden_size, "hidden_size"));
@@ -246,7 +248,11 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
   m.set(key("attention.sliding_window_pattern"), GgufValue::array_of(sliding));
   m.set(key("attention.layer_norm_rms_epsilon"), float(c.rms_norm_eps));
   m.set(key("final_logit_softcapping"), float(c.final_logit_softcap));
-  m.set(key("attention.shared_kv_layers"), uint32_t(0));
+  m.set(key("attention.shared_kv_layers"), uint32_t(c.is_assistant() ? c.num_layers() : 0));
+  if (c.is_assistant()) {
+    m.set(key("embedding_length_out"), u32(c.backbone_hidden_size, "backbone_hidden_size"));
+    m.set(key("nextn_predict_layers"), u32(c.num_layers(), "num_hidden_layers"));
+  }
   m.set(key("embedding_length_per_layer_input"), uint32_t(0));
   m.set("tokenizer.ggml.bos_token_id", u32(c.bos_id, "bos_token_id"));
   if (!c.eos_ids.empty()) m.set("tokenizer.ggml.eos_token_id", u32(c.eos_ids.front(), "eos_token_id"));
@@ -263,6 +269,9 @@ ModelConfig gemma4_config(const GgufFile& file, ModelRole role) {
   const std::string arch = role == ModelRole::kTarget ? kGemma4Architecture : kGemma4AssistantArchitecture;
   auto key = [&](const char* suffix) { return g4::key(arch, suffix); };
   const std::string found = m.get_string(gguf_key::kArchitecture);
+  G4_REQUIRE(kUnsupported, found != kGemma4AssistantArchitecture || role == ModelRole::kAssistant,
+             "GGUF file '" + file.name() + "' is a Gemma 4 MTP assistant, not a model of its own: give it as "
+             "--draft_model beside the model it drafts for");
   G4_REQUIRE(kUnsupported, found == arch, "GGUF architecture '" + found + "' is not supported here (g4 runs '" +
                                               arch + "')");
   ModelConfig c;

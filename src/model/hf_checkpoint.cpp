@@ -72,6 +72,12 @@ HfCheckpoint::HfCheckpoint(const std::string& dir, ModelRole role) : dir_(dir) {
   }
 }
 
+ModelRole HfCheckpoint::role_of(const std::string& dir) {
+  const fs::path config = fs::path(dir) / "config.json";
+  G4_REQUIRE(kNotFound, fs::exists(config), "missing config: '" + config.string() + "' does not exist");
+  return hf_config_role(read_json_file(config.string()));
+}
+
 const HostTensor* HfCheckpoint::find(const std::string& name) const {
   auto hit = loaded_.find(name);
   if (hit != loaded_.end()) return &hit->second;

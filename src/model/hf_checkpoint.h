@@ -17,6 +17,8 @@ class HfCheckpoint : public TensorSource {
  public:
   // Throws naming the missing or malformed file.
   explicit HfCheckpoint(const std::string& dir, ModelRole role = ModelRole::kTarget);
+  // What the directory's config.json describes (hf_config_role): `g4 export` writes either.
+  static ModelRole role_of(const std::string& dir);
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
   const HostTensor* find(const std::string& name) const override;
