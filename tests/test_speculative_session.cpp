@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend_factory.h"
 #include "model/loader.h"
+#include "runtime/kv_types.h"
 #include "runtime/session.h"
+#include "support/cuda_vs_cpu.h"
 #include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
@@ -143,6 +146,45 @@ TEST(SpeculativeSession, BadDraftSettingsAreClearErrors) {
                                  DraftOptions{m.assistant.get(), 2});
             }),
             ErrorKind::kUnsupported);
+}
+
+// On CUDA (bf16, the assistant's attention over the target's caches by the decode kernels, keys
+// below the query): each draft step's logits follow the CPU's within bf16's error, over bf16 and
+// quantized caches, and greedy drafted text is CUDA's own plain greedy text.
+TEST(CudaSpeculativeSession, DraftStepsFollowTheCpuAndGreedyTextIsTheTargetsOwn) {
+  auto gpu = test::cuda_backend_or_null();
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu);
+  Models& m = models();
+  const std::unique_ptr<Gemma4> target = load_model(kTargetDir, *gpu);
+  const std::unique_ptr<Gemma4Assistant> assistant = load_assistant(kAssistantDir, *gpu, target->config());
+  const std::vector<int32_t> prompt = test::demo_prompt(5, 100);  // past the window of 64
+  for (KvTypes types : {KvTypes{}, KvTypes{KvType::kTq4, KvType::kQ8_0}}) {
+    SCOPED_TRACE(kv_type_name(types.full) + "/" + kv_type_name(types.sliding));
+    Session cpu(*m.target, *m.be, SessionOptions{.kv_types = types}), cuda(*target, *gpu, SessionOptions{.kv_types = types});
+    std::vector<std::vector<float>> logits;
+    for (auto [session, model, be, drafter] : {std::tuple{&cpu, m.target.get(), m.be.get(), m.assistant.get()},
+                                               std::tuple{&cuda, target.get(), gpu.get(), assistant.get()}}) {
+      session->prefill(prompt);
+      DraftBuffers buf(drafter->config(), *be, 1);
+      Tensor ids = be->alloc(DType::I32, 1, 1), positions = be->alloc(DType::I32, 1, 1);
+      Tensor h = be->alloc(be->activation_dtype(), 1, model->config().hidden_size);
+      Tensor out = be->alloc(DType::F32, 1, model->config().vocab_size);
+      const int32_t pos = int32_t(session->position()), id = 640;
+      be->upload(&pos, positions);
+      be->upload(&id, ids);
+      const DraftRow rows[] = {{&session->kv().caches()}};
+      drafter->step(*be, buf, *model, rows, ids, positions, session->runner().workspace_logits(1).normed, out, h);
+      logits.emplace_back(size_t(out.cols));
+      be->download(out, logits.back().data());
+    }
+    EXPECT_LT(test::relative_l2(logits[1], logits[0]), 2e-2);
+  }
+  for (int64_t k : {1, 4}) {
+    Session plain(*target, *gpu), drafted(*target, *gpu);
+    EXPECT_EQ(generate_with(drafted, prompt, greedy(), 32, DraftOptions{assistant.get(), k}).tokens,
+              generate_with(plain, prompt, greedy(), 32, DraftOptions{}).tokens)
+        << "draft tokens " << k;
+  }
 }
 
 }  // namespace

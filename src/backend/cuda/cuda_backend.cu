@@ -489,7 +489,7 @@ class CudaBackend final : public Backend {
   // with every other key and value.
   void quantized_attention(const AttentionArgs& args) {
     const QuantizedKvLaunch q = quantized_launch(args);
-    launch_store_quantized_kv(q, stream_);
+    if (!args.reads_cache_only) launch_store_quantized_kv(q, stream_);
     if (q.a.T > 1) return launch_quantized_prefill_attention(q, stream_);
     launch_quantized_decode_attention(q, ptr<float>(workspace_.attention_partials), kDecodeSplits, stream_,
                                       splits_bound(std::span(&args, 1)));
@@ -884,11 +884,6 @@ class CudaBackend final : public Backend {
     return rows > 64 ? rows / 64 * 64 : rows;
   }
 
-  static void reject_cache_only_queries(const AttentionArgs& args) {
-    G4_REQUIRE(kUnsupported, !args.reads_cache_only,
-               "the cuda backend does not run an MTP assistant's attention yet (the cpu backend does)");
-  }
-
   void concat_cols(std::span<const Tensor> parts, const Tensor& out) override {
     int64_t cols = 0;
     for (const Tensor& p : parts) {
@@ -905,9 +900,13 @@ class CudaBackend final : public Backend {
   }
 
   static void check_head_norms(const HeadNorms& n) {
-    G4_REQUIRE(kUnsupported, !n.k.empty(), "the cuda backend does not norm an MTP assistant's queries alone yet");
-    for (const Tensor* t : {&n.q, &n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
+    expect_dtype(n.q, DType::BF16, "head_norms input");
     expect_dtype(n.inv_freq, DType::F32, "rope inv_freq");
+    if (n.k.empty()) {  // an MTP assistant's queries alone
+      G4_CHECK(n.v_in.empty() && n.v.empty(), "head_norms: values without keys");
+      return;
+    }
+    for (const Tensor* t : {&n.k, &n.v_in, &n.v}) expect_dtype(*t, DType::BF16, "head_norms input");
     G4_CHECK(n.q.cols == n.k.cols && n.v.cols == n.k.cols && n.v_in.rows == n.v.rows,
              "head_norms: q, k and v heads must have one head_dim");
   }
@@ -932,14 +931,15 @@ class CudaBackend final : public Backend {
   }
 
   static bool folds_norms(const HeadNorms& norms, const AttentionArgs& args) {
-    return args.positions.rows == 1 && args.q_first == 0 && norms.q_first == 0 && norms.q.data == args.q.data &&
+    return !args.reads_cache_only && args.positions.rows == 1 && args.q_first == 0 && norms.q_first == 0 &&
+           norms.q.data == args.q.data &&
            norms.k.data == args.k_new.data && norms.v.data == args.v_new.data && norms.q.cols == args.head_dim;
   }
 
   // Sequence i's rows are row i of sequence 0's tensors, and the sequences differ only in their
   // caches: what one batched decode launch assumes (sequence_launch in decode_attention.cu).
   static bool decode_rows_in_order(std::span<const HeadNorms> norms, std::span<const AttentionArgs> args) {
-    if (args.size() < 2 || norms.size() != args.size()) return false;
+    if (args.size() < 2 || norms.size() != args.size() || args[0].reads_cache_only) return false;
     const AttentionArgs& a0 = args[0];
     const HeadNorms& n0 = norms[0];
     // Sequence i's tensor is the i-th of tensors like the first laid end to end (a head-norm view
@@ -1006,7 +1006,6 @@ class CudaBackend final : public Backend {
   // prefill too: a prompt's forward visits every layer before a decode step is captured, so a
   // graph capture never has to allocate.
   AttentionLaunch attention_launch(const AttentionArgs& args) {
-    reject_cache_only_queries(args);
     AttentionLaunch a;
     a.q = ptr<bf16>(args.q);
     a.k_new = ptr<bf16>(args.k_new);
@@ -1027,11 +1026,20 @@ class CudaBackend final : public Backend {
     a.window = args.window;
     a.scale = args.scale;
     a.q_stride = args.q.cols;
-    a.kv_stride = args.k_new.cols;
+    a.kv_stride = int64_t(a.kv_heads) * a.head_dim;
     a.out_stride = args.out.cols;
     G4_CHECK((is_quantized_kv(args.cache->k.dtype) || args.cache->k.cols == a.kv_stride) &&
-                 args.k_new.cols == int64_t(a.kv_heads) * a.head_dim,
+                 (args.reads_cache_only || args.k_new.cols == a.kv_stride),
              "cuda attention: K/V rows must hold kv_heads * head_dim values");
+    if (args.reads_cache_only) {
+      // The kernels see the query at P - 1 with a window one shorter: keys (P - window, P - 1].
+      G4_CHECK(a.T == 1 && args.k_new.empty() && args.v_new.empty() && args.window != 1 &&
+                   args.last_position < 0,
+               "cuda attention: queries over a cache alone come one a sequence, with no keys of their own "
+               "(and a window of at least 2)");
+      a.cache_only = true;
+      a.window = args.window > 0 ? args.window - 1 : 0;
+    }
     G4_CHECK(a.q_first >= 0 && a.q_first <= a.T && args.q.rows == a.T - a.q_first && args.out.rows == args.q.rows,
              "cuda attention: q and out must hold the chunk's tokens [q_first, T)");
     G4_CHECK(a.T > 1 || a.q_first == 0, "cuda attention: a decode step has its one query");
@@ -1042,10 +1050,10 @@ class CudaBackend final : public Backend {
   // The launch of one sequence's attention over a quantized cache (attention_launch's arguments,
   // the cache's rows in their type).
   QuantizedKvLaunch quantized_launch(const AttentionArgs& args) {
-    reject_cache_only_queries(args);
     const KvCache& cache = *args.cache;
-    for (const Tensor* t : {&args.q, &args.k_new, &args.v_new, &args.out})
-      expect_dtype(*t, DType::BF16, "attention input");
+    for (const Tensor* t : {&args.q, &args.out}) expect_dtype(*t, DType::BF16, "attention input");
+    for (const Tensor* t : {&args.k_new, &args.v_new})
+      if (!args.reads_cache_only) expect_dtype(*t, DType::BF16, "attention input");
     G4_CHECK(cache.v.dtype == cache.k.dtype && cache.v.cols == cache.k.cols &&
                  cache.k.cols == kv_cache_cols(cache.k.dtype, args.kv_heads, args.head_dim),
              "cuda attention: a " + dtype_name(cache.k.dtype) +

@@ -96,7 +96,15 @@ struct AttentionLaunch {
   bool norm_inputs = false;
   const float *q_norm_weight = nullptr, *k_norm_weight = nullptr, *inv_freq = nullptr;
   float norm_eps = 0.0f;
+  // Queries over the cache alone (AttentionArgs::reads_cache_only: an MTP assistant's), nothing
+  // stored. The kernels then see each query one position earlier, with a window one shorter
+  // (attention_launch): keys (P − window, P − 1] of a query at P, all read from the cache.
+  bool cache_only = false;
 };
+// The position of a launch's query t as its kernels see it (AttentionLaunch::cache_only).
+__host__ __device__ inline int launch_position(const AttentionLaunch& a, int64_t t) {
+  return a.positions[t] - int(a.cache_only);
+}
 // Decode (T == 1): split-K flash decoding (which also stores the token's K/V), then the merge of
 // the splits, for one to kMaxDecodeSequences sequences in one launch pair. Sequence z's query, new
 // K/V, output and position are row z of a's tensors (a.q + z * q_stride, ..., a.positions + z); its

@@ -132,15 +132,15 @@ struct DecodeSmem {
 
 // Starts copying the K or V rows (`cache`) of keys [kb, kb + kTileKeys) into shared rows of `ld`
 // elements (a cp.async wait completes it): keys past `last` become zeros (P is 0 there, and 0
-// times a stale NaN would not be), the new token's (key pos) is left to place_fresh_row. Key
-// kp < pos is cache row cache_row(a, kp).
-__device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int kb, int last, int pos, int kvh, bf16* rows,
-                           int ld) {
+// times a stale NaN would not be), the new token's (key `fresh`; -1: none) is left to
+// place_fresh_row. Every other key kp is cache row cache_row(a, kp).
+__device__ void stage_tile(const AttentionLaunch& a, const bf16* cache, int kb, int last, int fresh, int kvh,
+                           bf16* rows, int ld) {
   const int vecs = a.head_dim / 8;
   const int64_t head_offset = int64_t(kvh) * a.head_dim;
   for (int i = threadIdx.x; i < kTileKeys * vecs; i += blockDim.x) {
     const int j = i / vecs, c = (i - j * vecs) * 8;
-    if (kb + j == pos) continue;
+    if (kb + j == fresh) continue;
     const bool valid = kb + j <= last;
     cp_async16(shared_addr(rows + j * ld + c),
                cache + (valid ? cache_row(a, kb + j) * a.kv_stride + head_offset + c : 0), valid);
@@ -458,7 +458,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   bf16* fresh_k = reinterpret_cast<bf16*>(decode_smem + lay.fresh_k);
   bf16* fresh_v = reinterpret_cast<bf16*>(decode_smem + lay.fresh_v);
   pdl_wait();
-  const int pos = a.positions[0], first = int(first_key(pos, a.window));
+  const int pos = launch_position(a, 0), first = int(first_key(pos, a.window));
+  const int fresh = a.cache_only ? -1 : pos;  // the key whose K/V the launch brings (none: all cached)
   const int split_keys = split_keys_at(pos, a.window, parts.max_splits);
   if (first + y * split_keys > pos) return;  // empty splits only: the merge does not read them
   const int used = used_splits(pos, a.window, split_keys);
@@ -469,13 +470,14 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   // K and V of a tile are separate copy groups, so that each is waited for only where it is used:
   // V's copies run under the scores and the softmax, the next K's under the softmax and P·V.
   auto stage = [&](const bf16* cache, const Tile& t, bf16* rows) {
-    if (t.valid(walk)) stage_tile(a, cache, t.kb, t.end - 1, pos, kvh, rows, lay.ld);
+    if (t.valid(walk)) stage_tile(a, cache, t.kb, t.end - 1, fresh, kvh, rows, lay.ld);
     cp_async_commit();  // empty past the last tile, so that the counts below hold
   };
   stage(a.k_cache, tile, ks);  // in flight while the queries (and the new K/V) are read
   stage(a.v_cache, tile, vs);
   load_queries<kHeadTiles>(a, pos, kvh, qs, lay.ld);
-  if ((used - 1 - y) % int(gridDim.y) == 0) make_fresh_row(a, pos, kvh, fresh_k, fresh_v);  // the last split is ours
+  if (!a.cache_only && (used - 1 - y) % int(gridDim.y) == 0)
+    make_fresh_row(a, pos, kvh, fresh_k, fresh_v);  // the last split is ours
   __syncthreads();  // the new K/V rows (normed by two warps) visible to place_fresh_row's threads
   const float scale_log2 = a.scale * 1.4426950408889634f;
   float m[2 * kHeadTiles], l[2 * kHeadTiles], o[kMaxDimTiles][kHeadTiles][4];
@@ -514,14 +516,14 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   reset();
   while (tile.valid(walk)) {
     cp_async_wait_group<1>();  // this tile's K (its V may still be in flight)
-    place_fresh_row(tile.kb, pos, D, lay.ld, fresh_k, ks);
+    place_fresh_row(tile.kb, fresh, D, lay.ld, fresh_k, ks);
     __syncthreads();  // K (and the queries) visible to every warp
     tile_scores(lay, ks, qs, scores, D);
     __syncthreads();  // K consumed, the scores complete
     stage(a.k_cache, tile.next(walk), ks);
     tile_softmax<kHeadTiles>(tile.kb, tile.end, group, scale_log2, scores, p, alphas, m, l);
     cp_async_wait_group<1>();  // this tile's V (the next K may still be in flight)
-    place_fresh_row(tile.kb, pos, D, lay.ld, fresh_v, vs);
+    place_fresh_row(tile.kb, fresh, D, lay.ld, fresh_v, vs);
     __syncthreads();  // V, P and alpha visible to every warp
     tile_values(lay, vs, p, alphas, D, o);
     __syncthreads();  // V consumed
@@ -560,7 +562,7 @@ __global__ __launch_bounds__(kMergeColumns * kMergeLanes) void decode_merge_kern
                                          : make_float4(0, 0, 0, 0);
   };
   pdl_wait();
-  const int64_t pos = a.positions[0];
+  const int64_t pos = launch_position(a, 0);
   float2 ml_lane[kMaxSplits / 32];  // warp 0: lane holds splits lane + 32j
   if (threadIdx.x < 32)
 #pragma unroll

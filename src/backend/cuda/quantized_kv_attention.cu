@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
   const int column_tiles = (columns + kColumns - 1) / kColumns;
   const int kvh = int(blockIdx.x) / column_tiles, first_column = int(blockIdx.x) % column_tiles * kColumns;
   pdl_wait();
-  const int query_pos0 = a.positions[0] + int(a.q_first);
+  const int query_pos0 = launch_position(a, 0) + int(a.q_first);
   const int last_column = min(columns, first_column + kColumns) - 1;
   const int p_first = query_pos0 + first_column / group, p_last = query_pos0 + last_column / group;
   int key_begin = int(first_key(p_first, a.window)), key_end = p_last + 1;
@@ -727,7 +727,7 @@ __global__ void __launch_bounds__(kThreads) quantized_merge_kernel(QuantizedKvLa
   const float2* ml =
       reinterpret_cast<const float2*>(base + int64_t(a.heads) * max_splits * D) + int64_t(head) * max_splits;
   pdl_wait();
-  const int pos = a.positions[0];
+  const int pos = launch_position(a, 0);
   const int used = used_splits(pos, a.window, split_keys_at(pos, a.window, max_splits));
   if (threadIdx.x < 32) {
     float ms[kPerLane], ls[kPerLane], mx = -FLT_MAX;
