@@ -182,6 +182,27 @@ TEST(Assistant, OneOfAnotherModelIsAClearError) {
             std::string::npos);
 }
 
+// transformers' Gemma4AssistantConfig nests the layers' config under text_config, with
+// backbone_hidden_size beside it; the flat layout reads the same.
+TEST(Assistant, NestedAndFlatConfigsReadTheSame) {
+  const nlohmann::json flat = read_json_file(kAssistantDir + "/hf/config.json");
+  nlohmann::json text = flat;
+  text.erase("backbone_hidden_size");
+  text["model_type"] = "gemma4_text";
+  const nlohmann::json nested = {{"architectures", {"Gemma4AssistantForCausalLM"}},
+                                 {"model_type", "gemma4_assistant"},
+                                 {"backbone_hidden_size", 256},
+                                 {"use_ordered_embeddings", false},
+                                 {"text_config", text}};
+  EXPECT_EQ(hf_config_role(nested), ModelRole::kAssistant);
+  const ModelConfig a = parse_hf_config(flat, ModelRole::kAssistant), b = parse_hf_config(nested, ModelRole::kAssistant);
+  EXPECT_EQ(b.backbone_hidden_size, 256);
+  EXPECT_EQ(assistant_cache_layers(load_hf_config(kTargetDir + "/config.json"), b),
+            assistant_cache_layers(load_hf_config(kTargetDir + "/config.json"), a));
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_layers(), b.num_layers());
+}
+
 TEST(Assistant, ConfigsAndFilesOfTheWrongKindAreClearErrors) {
   nlohmann::json config = read_json_file(kAssistantDir + "/hf/config.json");
   nlohmann::json no_backbone = config;
