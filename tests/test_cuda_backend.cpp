@@ -199,6 +199,9 @@ struct AttentionCase {
   int64_t capacity;
   std::vector<int64_t> chunks;
   int64_t queries = -1;  // queries of a chunk of several tokens: its last ones (-1: all of them)
+  // After each chunk, two queries at the next position over the cache alone (an MTP assistant's,
+  // AttentionArgs::reads_cache_only): keys below it, nothing stored, the next chunk unaffected.
+  bool cache_only_queries = false;
 };
 
 TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
@@ -218,6 +221,10 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
       {8, 1, 512, 0, 450, {200, 1, 200, 1}, 0},
       // More keys than the backend's one-tile splits hold: decode splits of several 32-key tiles.
       {8, 1, 512, 0, 17000, {16900, 1, 1}, 0},
+      // Queries over the cache alone: the window cuts, the ring wrapped, many splits.
+      {4, 2, 16, 8, 16, {12, 5}, -1, true},
+      {4, 2, 256, 16, 32, {40, 3}, -1, true},
+      {8, 1, 512, 0, 400, {300, 20}, -1, true},
   };
   for (const auto& c : cases) {
     const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;
@@ -249,47 +256,11 @@ TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
         expect_close(out, "attention hd " + std::to_string(c.head_dim) + " at " + std::to_string(pos) + " T=" +
                               std::to_string(T) + " queries " + std::to_string(queries));
       pos += int32_t(T);
-    }
-  }
-}
-
-// An MTP assistant's queries over a cache alone (AttentionArgs::reads_cache_only): after a chunk
-// fills the cache, one query at the next position P reads the keys below P (within the window),
-// stores nothing, and gives the CPU's result; a second chunk then continues the cache as if the
-// queries had never run.
-TEST_F(CudaOps, QueriesOverTheCacheAloneReadTheKeysBelowThem) {
-  const std::vector<AttentionCase> cases = {
-      {4, 2, 16, 8, 16, {12, 5}},       // tiny sliding layer: the window cuts
-      {4, 2, 256, 16, 32, {40, 3}},     // 31B sliding head dim, the ring wrapped
-      {8, 1, 512, 0, 400, {300, 20}},   // 31B full head dim (group 8), many splits
-  };
-  for (const auto& c : cases) {
-    const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;
-    KvCache cpu_cache = one_page_kv_cache(cpu_, DType::F32, c.capacity, kv_cols);
-    KvCache gpu_cache = one_page_kv_cache(*gpu_, DType::BF16, c.capacity, kv_cols);
-    int32_t pos = 0;
-    for (int64_t T : c.chunks) {
-      AttentionArgs a;
-      a.heads = c.heads, a.kv_heads = c.kv_heads, a.head_dim = c.head_dim, a.window = c.window;
-      a.scale = 1.0f / std::sqrt(float(c.head_dim)) * 4.0f;
-      AttentionArgs g = a;
-      std::vector<int32_t> p(static_cast<size_t>(T));
-      for (int64_t i = 0; i < T; ++i) p[size_t(i)] = pos + int32_t(i);
-      Both positions = raw(DType::I32, T, 1, p.data());
-      Both q = activation(T, q_cols), k = activation(T, kv_cols), v = activation(T, kv_cols), out = activation(T, q_cols);
-      a.cache = &cpu_cache, g.cache = &gpu_cache;
-      a.q = q.cpu, a.k_new = k.cpu, a.v_new = v.cpu, a.positions = positions.cpu, a.out = out.cpu;
-      g.q = q.gpu, g.k_new = k.gpu, g.v_new = v.gpu, g.positions = positions.gpu, g.out = out.gpu;
-      cpu_.attention(a);
-      gpu_->attention(g);
-      expect_close(out, "the chunk before, hd " + std::to_string(c.head_dim) + " at " + std::to_string(pos));
-      pos += int32_t(T);
-      // The assistant's query at the next position, twice (a round's drafts share it).
-      for (int step = 0; step < 2; ++step) {
+      for (int query = 0; c.cache_only_queries && query < 2; ++query) {
         Both at = raw(DType::I32, 1, 1, &pos), q1 = activation(1, q_cols), out1 = activation(1, q_cols);
         AttentionArgs ac = a, gc = g;
-        ac.q = q1.cpu, ac.out = out1.cpu, ac.positions = at.cpu, ac.k_new = ac.v_new = Tensor{};
-        gc.q = q1.gpu, gc.out = out1.gpu, gc.positions = at.gpu, gc.k_new = gc.v_new = Tensor{};
+        ac.q = q1.cpu, ac.out = out1.cpu, ac.positions = at.cpu, ac.q_first = 0, ac.k_new = ac.v_new = Tensor{};
+        gc.q = q1.gpu, gc.out = out1.gpu, gc.positions = at.gpu, gc.q_first = 0, gc.k_new = gc.v_new = Tensor{};
         ac.reads_cache_only = gc.reads_cache_only = true;
         cpu_.attention(ac);
         gpu_->attention(gc);

@@ -180,7 +180,7 @@ TEST(CudaSpeculativeSession, DraftStepsFollowTheCpuAndGreedyTextIsTheTargetsOwn)
     // The target's bf16 caches and hidden state (the demo's logits: ~8e-3 from the CPU's) pass
     // through a random assistant that amplifies any difference several times a step: 4.2e-2 (bf16
     // caches) and 7.3e-2 (tq4/q8_0) on an H100. A wrong layer, window or position is of order 1;
-    // CudaOps.QueriesOverTheCacheAloneReadTheKeysBelowThem holds the attention itself to 1e-2.
+    // CudaOps.AttentionChunksOverRingAndFlatCaches holds the attention itself to 1e-2.
     EXPECT_LT(test::relative_l2(logits[1], logits[0]), 0.12);
   }
   for (int64_t k : {1, 4}) {
