@@ -3,16 +3,9 @@
 #include <chrono>
 
 #include "util/error.h"
+#include "util/seconds.h"
 
 namespace g4 {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 GenerationResult generate(Session& session, const GenerationRequest& request,
                           const std::function<void(int32_t)>& on_token) {

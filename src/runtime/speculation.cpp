@@ -4,16 +4,9 @@
 
 #include "sampling/speculative.h"
 #include "util/error.h"
+#include "util/seconds.h"
 
 namespace g4 {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 Speculation::Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t draft_tokens,
                          int64_t max_chunk)
