@@ -172,6 +172,38 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
 
 // --kv_type and --kv_sliding_type on the commands that run the model: the caches they ask for (the
 // report's bytes a token), and a clear error before anything loads for a type that does not exist.
+// --draft_model on g4 run (the same greedy ids as without it, and the rounds reported) and g4
+// bench (the drafted decode's figures); where it cannot run, a clear error.
+TEST(Cli, DraftModelOnRunAndBench) {
+  const std::string target = std::string(G4_FIXTURES_DIR) + "/demo/hf", assistant = std::string(G4_FIXTURES_DIR) + "/assistant/hf";
+  const std::string run = "run -m '" + target + "' --prompt_tokens 2,105,738,611 --temperature 0 -n 12 --print_token_ids";
+  const test::CommandResult plain = test::run_g4(run + " 2>/dev/null");
+  const test::CommandResult drafted = test::run_g4(run + " --draft_model '" + assistant + "' --draft_tokens 3 2>&1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(drafted.exit_code, 0) << drafted.output;
+  EXPECT_EQ(drafted.output.substr(0, drafted.output.find('\n')), plain.output.substr(0, plain.output.find('\n')));
+  EXPECT_NE(drafted.output.find("drafting: 3 tokens a round;"), std::string::npos) << drafted.output;
+
+  const test::CommandResult bench = test::run_g4("bench --backend cpu --model_path '" + target +
+                                                 "' --prompt_len 20 --gen 8 --draft_model '" + assistant + "' 2>/dev/null");
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  const nlohmann::json j = nlohmann::json::parse(bench.output);
+  EXPECT_GT(j["drafted_decode_greedy_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["draft_rounds"].get<int64_t>(), 0);
+  EXPECT_EQ(j["draft_tokens"].get<int64_t>(), 4);
+
+  for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
+           {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "a synthetic model has no assistant"},
+           {run + " --draft_model '" + assistant + "' --draft_tokens 0", "--draft_tokens must be in [1, 16]"},
+           {run + " --draft_model '" + target + "'", "num_kv_shared_layers"},
+           {"run --prompt hi -n 2 --draft_model '" + assistant + "'", "does not belong"},
+           {"serve --draft_model '" + assistant + "'", "g4 serve does not draft"}}) {
+    const test::CommandResult r = test::run_g4(command + " 2>&1");
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_NE(r.output.find(message), std::string::npos) << command << "\n" << r.output;
+  }
+}
+
 TEST(Cli, KvTypesOnEveryCommand) {
   const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
   const std::string quantized = " --kv_type tq4 --kv_sliding_type q8_0";

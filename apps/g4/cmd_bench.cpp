@@ -20,6 +20,7 @@
 #include "model/synthetic_weights.h"
 #include "quant/quantize.h"
 #include "runtime/decode_graph.h"
+#include "runtime/generator.h"
 #include "runtime/session.h"
 #include "runtime/tensor_parallel.h"
 #include "tokenizer/chat_template.h"
@@ -48,6 +49,8 @@ struct BenchOptions {
   std::string tp_all_reduce = "peer";  // how CUDA ranks sum: "peer" (peer memory when reachable) or "nccl"
   std::string json_schema;             // the continuous-batching bench's sequences constrained by this schema file
   KvTypeFlags kv;                      // the KV caches' types
+  std::string draft_model;             // an MTP assistant: the single run also decodes in draft rounds
+  int64_t draft_tokens = 4;
 };
 
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
@@ -186,6 +189,32 @@ DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> promp
     });
   }
   return {double(gen - 1) / secs, secs / double(gen - 1) * 1e3};
+}
+
+// Greedy decode of --gen tokens after `prompt` in draft-and-verify rounds with the assistant at
+// o.draft_model (runtime/speculation.h): tokens a second and where the rounds' time goes.
+nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model, Backend& be, Session& s,
+                                     const std::vector<int32_t>& prompt) {
+  const std::unique_ptr<Gemma4Assistant> assistant = load_assistant(o.draft_model, be, model.config());
+  GenerationRequest request;
+  request.prompt = prompt;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  request.sampler = Sampler(greedy);
+  request.max_new_tokens = o.gen;
+  request.stop_ids = {};
+  request.draft = DraftOptions{assistant.get(), o.draft_tokens};
+  s.reset();
+  const GenerationResult g = generate(s, request);
+  const SpeculationStats& stats = *s.speculation_stats();
+  return {{"draft_model", o.draft_model},
+          {"draft_tokens", o.draft_tokens},
+          {"drafted_decode_greedy_tok_s", double(g.tokens.size() - 1) / g.decode_seconds},
+          {"draft_rounds", stats.rounds},
+          {"draft_acceptance", stats.acceptance()},
+          {"draft_tokens_per_round", stats.tokens_per_round()},
+          {"draft_s", stats.draft_seconds},
+          {"verify_s", stats.verify_seconds}};
 }
 
 // A context for a short run: at least the sliding window.
@@ -406,6 +435,11 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
 void run_bench(const BenchOptions& o) {
   G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
+  G4_CHECK(o.draft_model.empty() || (!o.model_path.empty() && o.concurrency.empty() && !o.suite && o.tp == 1),
+           "--draft_model runs with --model_path, one sequence, no --suite and no --tp (a synthetic model has no "
+           "assistant)");
+  G4_CHECK(o.draft_tokens >= 1 && o.draft_tokens <= kMaxDraftTokens,
+           "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " + std::to_string(o.draft_tokens));
   o.kv.types();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
   auto backend = make_backend(o.backend);
@@ -498,6 +532,7 @@ void run_bench(const BenchOptions& o) {
       {"sampling_pct_of_step", 100.0 * sample_s / (graph_sampled.step_ms * 1e-3)},
   };
   r.update(kv_cache_json(s.runner().kv_pool()));
+  if (!o.draft_model.empty()) r.update(drafted_decode_report(o, *model, be, s, prompt));
   std::printf("%s\n", r.dump(1).c_str());
 }
 
@@ -542,6 +577,11 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1000000));
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   add_kv_type_flags(*cmd, opts->kv);
+  cmd->add_option("--draft_model,--draft-model", opts->draft_model,
+                  "With --model_path: also decode greedily in draft rounds with this MTP assistant (drafted tok/s, "
+                  "acceptance, draft and verify time)");
+  cmd->add_option("--draft_tokens,--draft-tokens", opts->draft_tokens, "Tokens the assistant drafts a round")
+      ->capture_default_str();
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "
                   "prefill, decode (eager, and graph replay on CUDA) and the collectives' share of a step");
