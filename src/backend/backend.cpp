@@ -40,6 +40,15 @@ KvCache one_page_kv_cache(Backend& backend, DType dtype, int64_t capacity, int64
   return one_page_kv_cache(backend, backend.alloc(dtype, capacity, kv_cols), backend.alloc(dtype, capacity, kv_cols));
 }
 
+void Backend::check_concat_cols(std::span<const Tensor> parts, const Tensor& out) {
+  int64_t cols = 0;
+  for (const Tensor& p : parts) {
+    G4_CHECK(p.dtype == out.dtype && p.rows == out.rows, "concat_cols: every part needs the output's dtype and rows");
+    cols += p.cols;
+  }
+  G4_CHECK(cols == out.cols, "concat_cols: the parts' columns must add up to the output's");
+}
+
 SamplingRows Backend::alloc_sampling_rows(int64_t rows) {
   return SamplingRows{alloc(DType::I32, rows, kWordsPerRow), rows};
 }

@@ -196,6 +196,8 @@ class Backend {
   // out[r] = parts[0][r] | parts[1][r] | ...: rows side by side (same dtype and rows; out.cols the
   // sum of theirs). An MTP assistant's input is the target's embedding beside its hidden state.
   virtual void concat_cols(std::span<const Tensor> parts, const Tensor& out) = 0;
+  // What every backend's concat_cols checks first: one dtype and row count, the columns adding up.
+  static void check_concat_cols(std::span<const Tensor> parts, const Tensor& out);
   // The attention block's q/k/v head norms and RoPE (see HeadNorms).
   virtual void head_norms(const HeadNorms& args) = 0;
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached

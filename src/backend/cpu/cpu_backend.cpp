@@ -158,12 +158,7 @@ void CpuBackend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
 }
 
 void CpuBackend::concat_cols(std::span<const Tensor> parts, const Tensor& out) {
-  int64_t cols = 0;
-  for (const Tensor& p : parts) {
-    G4_CHECK(p.dtype == out.dtype && p.rows == out.rows, "concat_cols: every part needs the output's dtype and rows");
-    cols += p.cols;
-  }
-  G4_CHECK(cols == out.cols, "concat_cols: the parts' columns must add up to the output's");
+  check_concat_cols(parts, out);
   for (int64_t r = 0; r < out.rows; ++r) {
     uint8_t* dst = out.as<uint8_t>() + size_t(r) * out.row_size();
     for (const Tensor& p : parts) {

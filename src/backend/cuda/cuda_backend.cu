@@ -885,12 +885,7 @@ class CudaBackend final : public Backend {
   }
 
   void concat_cols(std::span<const Tensor> parts, const Tensor& out) override {
-    int64_t cols = 0;
-    for (const Tensor& p : parts) {
-      G4_CHECK(p.dtype == out.dtype && p.rows == out.rows, "concat_cols: every part needs the output's dtype and rows");
-      cols += p.cols;
-    }
-    G4_CHECK(cols == out.cols, "concat_cols: the parts' columns must add up to the output's");
+    check_concat_cols(parts, out);
     size_t offset = 0;
     for (const Tensor& p : parts) {
       G4_CUDA(cudaMemcpy2DAsync(static_cast<uint8_t*>(out.data) + offset, out.row_size(), p.data, p.row_size(),
