@@ -55,12 +55,18 @@ Engine::Engine(const EngineOptions& options)
   ro.kv_budget_bytes = options.kv_budget_bytes;
   ro.kv_budget_sequences = options.kv_budget_sequences;
   ro.kv_types = options.kv_types;
-  runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
+  // The assistant's weights before the runner: its KV pool takes what the device then has free.
   if (!options.draft_model.empty()) {
     G4_REQUIRE(kUnsupported, !comm_, "a draft model with a split model (--tp > 1) is not supported yet");
+    G4_CHECK(options.draft_tokens >= 1 && options.draft_tokens <= kMaxDraftTokens,
+             "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " +
+                 std::to_string(options.draft_tokens));
     assistant_ = load_assistant(options.draft_model, *backend_, config());
     draft_tokens_ = options.draft_tokens;
+    // A scheduler's verify chunk draws every one of its rows in one forward.
+    ro.max_batch_sequences = std::max<int64_t>(ro.max_batch_sequences, draft_tokens_ + 1);
   }
+  runner_ = std::make_unique<ModelRunner>(*loaded_.model, *backend_, ro);
   if (comm_) comm_->barrier();  // every rank loaded: a failed peer shows here, before any work
 }
 

@@ -32,7 +32,8 @@ struct EngineOptions {
   int64_t kv_budget_sequences = 1;
   KvTypes kv_types;  // the KV caches' row types (--kv_type, --kv_sliding_type)
   // An MTP assistant (model/assistant.h) that drafts draft_tokens tokens a round for this engine's
-  // sessions (runtime/speculation.h); empty: none.
+  // sessions (runtime/speculation.h) and schedulers (SchedulerOptions::draft); empty: none. The
+  // runner then draws at least draft_tokens + 1 rows a forward.
   std::string draft_model;
   int64_t draft_tokens = 4;
   int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)

@@ -1,11 +1,14 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <utility>
 
 #include "sampling/sampler.h"
+#include "sampling/speculative.h"
 #include "util/error.h"
+#include "util/seconds.h"
 
 namespace g4 {
 
@@ -24,16 +27,18 @@ int64_t next_prompt_chunk(const Sequence& s, int64_t most) {
 
 int64_t PlannedForward::rows() const {
   int64_t n = 0;
-  for (const PlannedChunk& c : chunks) n += int64_t(c.tokens.size());
+  for (const PlannedChunk& c : chunks) n += c.rows();
   return n;
 }
 
 int64_t PlannedForward::draws() const {
-  return int64_t(std::count_if(chunks.begin(), chunks.end(), [](const PlannedChunk& c) { return c.draw.has_value(); }));
+  int64_t n = 0;
+  for (const PlannedChunk& c : chunks) n += c.draw_rows();
+  return n;
 }
 
 bool PlannedForward::decodes_only() const {
-  return std::all_of(chunks.begin(), chunks.end(), [](const PlannedChunk& c) { return c.decode; });
+  return std::all_of(chunks.begin(), chunks.end(), [](const PlannedChunk& c) { return c.decode && c.drafts == 0; });
 }
 
 // ---- StepPlanner ----
@@ -66,10 +71,14 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
     for (int32_t stop : request.grammar->vocabulary().stop_tokens())
       G4_CHECK(std::find(request.stop_ids.begin(), request.stop_ids.end(), stop) != request.stop_ids.end(),
                "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
+  // Drafting leaves out what a verify row cannot yet apply: logit adjustments and masks that follow
+  // each drawn token, and log-probabilities.
+  const bool drafting =
+      limits_.draft_tokens > 0 && request.penalties.empty() && !request.grammar && request.top_logprobs < 0;
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
                               request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
-                              std::nullopt});
+                              std::nullopt, drafting, {}});
   return next_id_++;
 }
 
@@ -143,8 +152,18 @@ PlannedChunk StepPlanner::chunk(const Sequence& s, int64_t tokens) const {
     c.top_logprobs = s.top_logprobs;
     c.adjustments = s.penalties.adjustments();
     if (s.matcher) c.mask = std::make_shared<const DrawMask>(s.matcher);
+    c.drafting = s.drafting;
+    c.drafts = c.decode ? next_drafts(s) : 0;
   }
   return c;
+}
+
+int64_t StepPlanner::next_drafts(const Sequence& s) const {
+  if (!s.drafting || s.pending < 0 || s.draft_hidden.empty()) return 0;
+  // The round draws up to drafts + 1 tokens and feeds the pending token and the drafts.
+  const int64_t new_tokens_left = s.generation.limits().max_new_tokens - s.generation.drawn() - 1;
+  const int64_t context_left = limits_.max_seq_len - 1 - s.position;
+  return std::max<int64_t>(0, std::min({limits_.draft_tokens, new_tokens_left, context_left}));
 }
 
 // A sequence's prompt chunk is min(what is left of its prompt, prefill_tokens_per_step) — never cut
@@ -171,14 +190,14 @@ std::vector<PlannedChunk> StepPlanner::running_chunks(int64_t& budget, bool& pre
 int64_t StepPlanner::pages_for(const std::vector<PlannedChunk>& chunks) const {
   int64_t pages = 0;
   for (const PlannedChunk& c : chunks)
-    pages += pool_.pages_for_forward(running(c.id).kv, int64_t(c.tokens.size()));
+    pages += pool_.pages_for_forward(running(c.id).kv, c.rows());
   return pages;
 }
 
 int64_t StepPlanner::pages_committed() const {
   int64_t pages = 0;
   for (const Sequence& s : running_)
-    pages += pool_.pages_to_reach(s.kv, s.pending >= 0 ? s.position + 1 : int64_t(s.prompt.size()) + 1);
+    pages += pool_.pages_to_reach(s.kv, s.pending >= 0 ? s.position + 1 + next_drafts(s) : int64_t(s.prompt.size()) + 1);
   return pages;
 }
 
@@ -234,7 +253,7 @@ std::vector<PlannedForward> StepPlanner::pack(std::vector<PlannedChunk> chunks) 
   std::vector<PlannedForward> forwards;
   int64_t rows = 0, draws = 0;
   for (PlannedChunk& c : chunks) {
-    const int64_t n = int64_t(c.tokens.size()), d = c.draw ? 1 : 0;
+    const int64_t n = c.rows(), d = c.draw_rows();
     if (forwards.empty() || rows + n > limits_.forward_rows || draws + d > limits_.forward_draws) {
       forwards.emplace_back();
       rows = 0, draws = 0;
@@ -270,39 +289,50 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
   std::vector<SequenceEvent> events;
   for (size_t f = 0; f < plan.forwards.size(); ++f) {
     const ForwardDraws& out = result.forwards[f];
-    size_t row = 0;  // among the forward's draws
+    size_t row = 0;  // among the forward's drawing chunks
     for (const PlannedChunk& c : plan.forwards[f].chunks) {
       Sequence& s = running(c.id);
       s.position += int64_t(c.tokens.size());
       if (!c.draw) continue;
-      G4_ASSERT(row < out.tokens.size(), "a token for every draw");
-      const int32_t token = out.tokens[row];
-      if (token == kNanLogitsToken) {
-        events.push_back(fail(s, kNanLogitsError));
-        ++row;
-        continue;
-      }
-      if (s.matcher && !s.matcher->accept_token(token)) {  // the mask allowed it: the backend broke the mask
-        events.push_back(fail(s, "internal error: token " + std::to_string(token) + " was drawn outside the grammar"));
-        ++row;
-        continue;
-      }
-      const StopReason stop = s.generation.record(token, s.position, limits_.max_seq_len);
-      s.penalties.record(token);
-      s.ended = stop != StopReason::kNone;
-      s.pending = s.ended ? -1 : token;
-      SequenceEvent event{s.id, DecodedToken{token, stop}, std::nullopt, {}};
-      if (c.top_logprobs >= 0) {
-        const std::span<const float> logits(out.logits.data() + row * size_t(out.vocab), size_t(out.vocab));
-        event.logprobs = token_logprobs(logits, token, c.top_logprobs);
-      }
-      events.push_back(std::move(event));
-      ++row;
+      G4_ASSERT(row < out.draws.size(), "a draw for every drawing chunk");
+      const std::span<const float> logits =
+          c.top_logprobs >= 0 ? std::span(out.logits).subspan(row * size_t(out.vocab), size_t(out.vocab))
+                              : std::span<const float>{};
+      record(s, c, out.draws[row++], logits, events);
     }
   }
   // Sequences that ended leave; their written pages stay cached, keyed by their tokens.
   running_.remove_if([](const Sequence& s) { return s.ended; });
   return events;
+}
+
+void StepPlanner::record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d, std::span<const float> logits,
+                         std::vector<SequenceEvent>& events) {
+  if (c.drafting) s.draft_hidden = d.hidden;
+  // The accepted drafts, then the token; each goes where it is fed next. The caches keep what is fed
+  // before the last token recorded: rejected drafts, and drafts after a token that ends the
+  // generation, leave them.
+  const size_t count = d.accepted_drafts.size() + 1;
+  for (size_t m = 0; m < count && !s.ended; ++m) {
+    const int32_t token = m + 1 < count ? d.accepted_drafts[m] : d.token;
+    if (m > 0) ++s.position;
+    if (token == kNanLogitsToken) {
+      events.push_back(fail(s, kNanLogitsError));
+      break;
+    }
+    if (s.matcher && !s.matcher->accept_token(token)) {  // the mask allowed it: the backend broke the mask
+      events.push_back(fail(s, "internal error: token " + std::to_string(token) + " was drawn outside the grammar"));
+      break;
+    }
+    const StopReason stop = s.generation.record(token, s.position, limits_.max_seq_len);
+    s.penalties.record(token);
+    s.ended = stop != StopReason::kNone;
+    s.pending = s.ended ? -1 : token;
+    SequenceEvent event{s.id, DecodedToken{token, stop}, std::nullopt, {}};
+    if (c.top_logprobs >= 0) event.logprobs = token_logprobs(logits, token, c.top_logprobs);
+    events.push_back(std::move(event));
+  }
+  if (s.kv.position() > s.position) s.kv.truncate(s.position);
 }
 
 SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
@@ -313,36 +343,80 @@ SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
 
 // ---- StepExecutor ----
 
-StepExecutor::StepExecutor(ModelRunner& runner, bool cuda_graphs)
-    : runner_(runner), graphs_(cuda_graphs ? std::make_unique<DecodeBatchGraphs>(runner) : nullptr) {}
+StepExecutor::StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOptions& draft, int64_t draft_rows)
+    : runner_(runner),
+      graphs_(cuda_graphs ? std::make_unique<DecodeBatchGraphs>(runner) : nullptr),
+      drafter_(draft.assistant ? std::make_unique<Drafter>(*draft.assistant, runner, draft_rows) : nullptr) {}
 
 StepResult StepExecutor::run(const StepPlan& plan, StepPlanner& sequences) {
+  const auto drafts = draft(plan, sequences);
   StepResult result;
   for (size_t f = 0; f < plan.forwards.size(); ++f)
-    result.forwards.push_back(run_forward(int64_t(f), plan.forwards[f], sequences));
+    result.forwards.push_back(run_forward(int64_t(f), plan.forwards[f], sequences, drafts));
   return result;
 }
 
-ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences) {
+std::vector<std::pair<RequestId, Drafts>> StepExecutor::draft(const StepPlan& plan, StepPlanner& sequences) {
+  std::vector<RequestId> ids;
+  std::vector<DraftRequest> requests;
+  for (const PlannedForward& forward : plan.forwards)
+    for (const PlannedChunk& c : forward.chunks) {
+      if (c.drafts == 0) continue;
+      G4_ASSERT(drafter_ && c.decode && c.draw, "a verify chunk needs an assistant and a pending token to draw after");
+      // Its pages and tables as the verify will use them: a resumed sequence's tables, and those
+      // that shed pages, are uploaded here, before the assistant reads through them.
+      KvSequence& kv = sequences.kv(c.id);
+      runner_.kv_pool().prepare(kv, c.rows());
+      ids.push_back(c.id);
+      requests.push_back(DraftRequest{&kv.caches(), c.tokens[0], c.position, sequences.draft_hidden(c.id), *c.draw,
+                                      c.drafts});
+    }
+  std::vector<std::pair<RequestId, Drafts>> out;
+  if (requests.empty()) return out;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Drafts> drafted = drafter_->draft(requests);
+  speculation_.draft_seconds += seconds_since(t0);
+  for (size_t i = 0; i < ids.size(); ++i) out.emplace_back(ids[i], std::move(drafted[i]));
+  return out;
+}
+
+ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences,
+                                       const std::vector<std::pair<RequestId, Drafts>>& drafts) {
+  auto drafts_of = [&](RequestId id) -> const Drafts& {
+    const auto it = std::find_if(drafts.begin(), drafts.end(), [id](const auto& d) { return d.first == id; });
+    G4_ASSERT(it != drafts.end(), "the drafts of request " + std::to_string(id));
+    return it->second;
+  };
+  std::vector<std::vector<int32_t>> fed(forward.chunks.size());  // each chunk's tokens, a verify chunk's drafts too
   std::vector<SequenceChunk> chunks;
   std::vector<SamplingParams> params;
   std::vector<std::vector<LogitAdjustment>> adjustments;  // per draw, when any draw has some
   std::vector<const DrawMask*> masks;                     // per draw, when any draw has one
-  bool logprobs = false, adjusts = false, masked = false;
-  for (const PlannedChunk& c : forward.chunks) {
+  bool logprobs = false, adjusts = false, masked = false, verifies = false, keeps_hidden = false;
+  for (size_t i = 0; i < forward.chunks.size(); ++i) {
+    const PlannedChunk& c = forward.chunks[i];
     KvSequence& kv = sequences.kv(c.id);
     G4_ASSERT(kv.position() == c.position, "request " + std::to_string(c.id) + "'s caches hold " +
                                                std::to_string(kv.position()) + " positions; its chunk starts at " +
                                                std::to_string(c.position));
-    chunks.push_back(SequenceChunk{&kv, c.tokens, c.draw ? 1 : 0});
-    if (c.draw) {
-      params.push_back(*c.draw);
-      adjustments.push_back(c.adjustments);
-      adjusts = adjusts || !c.adjustments.empty();
-      masks.push_back(c.mask.get());
-      masked = masked || c.mask;
+    fed[i] = c.tokens;
+    if (c.drafts > 0) {
+      const std::vector<int32_t>& d = drafts_of(c.id).tokens;
+      fed[i].insert(fed[i].end(), d.begin(), d.end());
+      verifies = true;
     }
+    const int64_t out_rows = c.draw ? 1 + int64_t(fed[i].size() - c.tokens.size()) : 0;
+    chunks.push_back(SequenceChunk{&kv, fed[i], out_rows});
+    for (int64_t r = 0; r < out_rows; ++r) {  // row r draws token index j + r: seed + r
+      params.push_back(*c.draw);
+      params.back().seed += uint64_t(r);
+      adjustments.push_back(c.adjustments);
+      masks.push_back(c.mask.get());
+    }
+    adjusts = adjusts || !c.adjustments.empty();
+    masked = masked || c.mask;
     logprobs = logprobs || (c.draw && c.top_logprobs >= 0);
+    keeps_hidden = keeps_hidden || (c.draw && c.drafting);
   }
   ForwardDraws out;
   if (params.empty()) {
@@ -359,13 +433,66 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     for (const SequenceChunk& c : chunks) caches.push_back(&c.kv->caches());
     out.replayed = graphs_->run(index, caches, work);
   };
-  out.tokens = runner_.forward_and_sample(chunks, params, adjustments, masks, run);
-  if (logprobs) {  // as the draws saw them (after any logit bias and penalties)
-    const Tensor logits = runner_.workspace_logits(int64_t(params.size())).logits;
-    out.vocab = logits.cols;
-    out.logits.resize(size_t(logits.numel()));
-    runner_.download_result(logits, out.logits.data());
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int32_t> tokens = runner_.forward_and_sample(chunks, params, adjustments, masks, run);
+
+  // The logits and hidden rows, read back only where needed: sampled verify chunks and
+  // log-probabilities (logits), drafting sequences (hidden rows).
+  const LogitsOutput ws = runner_.workspace_logits(int64_t(params.size()));
+  const int64_t V = ws.logits.cols;
+  std::vector<float> logits;
+  auto logits_rows = [&](int64_t first, int64_t n) {
+    if (logits.empty()) {
+      logits.resize(size_t(ws.logits.numel()));
+      runner_.download_result(ws.logits, logits.data());
+    }
+    return std::span<const float>(logits).subspan(size_t(first * V), size_t(n * V));
+  };
+  std::vector<uint8_t> hidden;
+  if (keeps_hidden) {
+    hidden.resize(ws.normed.bytes());
+    runner_.download_result(ws.normed, hidden.data());
   }
+  int64_t row = 0;  // the chunk's first output row
+  for (size_t i = 0; i < forward.chunks.size(); ++i) {
+    const PlannedChunk& c = forward.chunks[i];
+    if (!c.draw) continue;
+    const int64_t rows = chunks[i].out_rows;
+    ChunkDraw d;
+    int64_t at = row;  // the row that drew d.token
+    if (c.drafts > 0) {
+      const std::span<const int32_t> drafted(fed[i].data() + 1, size_t(rows - 1));
+      const DraftVerdict verdict =
+          is_greedy(*c.draw)
+              ? judge_greedy_draws(std::span(tokens).subspan(size_t(row), size_t(rows)), drafted)
+              : judge_drafts(logits_rows(row, rows), drafts_of(c.id).logits, drafted, V, *c.draw);
+      d.accepted_drafts.assign(drafted.begin(), drafted.begin() + verdict.accepted);
+      d.token = int32_t(verdict.token);
+      d.drafted = rows - 1;
+      at = row + verdict.accepted;
+      ++speculation_.rounds;
+      speculation_.drafted += d.drafted;
+      speculation_.accepted += verdict.accepted;
+    } else {
+      d.token = tokens[size_t(row)];
+    }
+    if (c.drafting) {
+      const size_t bytes = ws.normed.row_size();
+      d.hidden.assign(hidden.begin() + at * int64_t(bytes), hidden.begin() + (at + 1) * int64_t(bytes));
+    }
+    if (c.top_logprobs >= 0) {  // as the draw saw them (after any logit bias and penalties)
+      const std::span<const float> r = logits_rows(row, 1);
+      out.logits.resize(out.draws.size() * size_t(V));
+      out.logits.insert(out.logits.end(), r.begin(), r.end());
+    }
+    out.draws.push_back(std::move(d));
+    row += rows;
+  }
+  if (logprobs) {
+    out.vocab = V;
+    out.logits.resize(out.draws.size() * size_t(V));  // rows of draws without log-probabilities stay zero
+  }
+  if (verifies) speculation_.verify_seconds += seconds_since(t0);
   return out;
 }
 
@@ -376,6 +503,16 @@ namespace {
 SchedulerLimits limits_of(const ModelRunner& runner, const SchedulerOptions& options) {
   const int64_t chunk = runner.max_prefill_chunk();
   const int64_t per_step = options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step : chunk;
+  if (options.draft.assistant) {
+    const int64_t k = options.draft.draft_tokens;
+    G4_CHECK(k >= 1 && k <= kMaxDraftTokens, "draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) +
+                                                 "], got " + std::to_string(k));
+    G4_CHECK(k + 1 <= std::min(runner.max_batch_sequences(), chunk) &&
+                 (!options.batch_invariant || k + 1 <= runner.backend().batch_invariant_rows()),
+             "a round of " + std::to_string(k) + " drafts verifies " + std::to_string(k + 1) +
+                 " rows in one forward: more than the runner draws (" + std::to_string(runner.max_batch_sequences()) +
+                 ") or runs (" + std::to_string(chunk) + ") at once");
+  }
   G4_CHECK(per_step <= chunk, "prefill_tokens_per_step " + std::to_string(per_step) +
                                   " exceeds the forward workspace (" + std::to_string(chunk) +
                                   " rows, max_prefill_chunk)");
@@ -385,6 +522,7 @@ SchedulerLimits limits_of(const ModelRunner& runner, const SchedulerOptions& opt
       .forward_rows = options.batch_invariant ? std::min(runner.backend().batch_invariant_rows(), chunk) : chunk,
       .forward_draws = runner.max_batch_sequences(),
       .max_waiting = options.max_waiting,
+      .draft_tokens = options.draft.assistant ? options.draft.draft_tokens : 0,
   };
 }
 
@@ -398,7 +536,7 @@ ModelRunner& with_batch_invariance(ModelRunner& runner, bool batch_invariant) {
 Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
     : runner_(with_batch_invariance(runner, options.batch_invariant)),
       planner_(runner.kv_pool(), limits_of(runner, options)),
-      executor_(runner, options.cuda_graphs) {}
+      executor_(runner, options.cuda_graphs, options.draft, limits_of(runner, options).forward_rows) {}
 
 RequestId Scheduler::add(const SchedulerRequest& request) {
   runner_.check_tokens(request.prompt, 0, runner_.max_seq_len());

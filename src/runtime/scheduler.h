@@ -21,6 +21,7 @@
 
 #include "grammar/matcher.h"
 #include "runtime/decode_graph.h"
+#include "runtime/drafter.h"
 #include "runtime/generation.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_runner.h"
@@ -69,6 +70,10 @@ struct SchedulerOptions {
   // Steps that only decode replay a recorded forward per batch size (DecodeBatchGraphs: CUDA
   // graphs; a backend with graphs, one device), with the tokens of eager steps.
   bool cuda_graphs = false;
+  // Speculative decoding with an MTP assistant (runtime/drafter.h): every request that asks for no
+  // logit bias, penalties, grammar or log-probabilities decodes in rounds of up to draft_tokens
+  // drafts, verified in the step's forwards beside the other sequences' rows. No assistant: none.
+  DraftOptions draft{nullptr, 0};
 };
 
 // What the last step ran (for tests and reports); a forward with decode and prefill rows counts in
@@ -86,6 +91,7 @@ struct SchedulerLimits {
   int64_t forward_rows = 0;           // the most rows one forward runs (a larger chunk runs alone)
   int64_t forward_draws = 0;          // the most tokens one forward draws
   size_t max_waiting = 256;           // requests waiting to start; add() past it is Error(kBusy)
+  int64_t draft_tokens = 0;           // the most drafts of a round (0: no drafting)
 };
 
 // The scheduling policy and the state of its sequences: plans each step (StepPlan: which
@@ -129,6 +135,8 @@ class StepPlanner {
 
   // The caches of a running sequence (the executor's view).
   KvSequence& kv(RequestId id);
+  // A drafting sequence's target hidden row that drew its pending token (the executor's view).
+  std::span<const uint8_t> draft_hidden(RequestId id) const { return running(id).draft_hidden; }
   bool idle() const { return waiting_.empty() && running_.empty() && preempted_.empty(); }
   size_t waiting() const { return waiting_.size() + preempted_.size(); }  // not running, preempted ones too
   size_t running() const { return running_.size(); }
@@ -148,6 +156,8 @@ class StepPlanner {
     PenaltyState penalties;
     std::shared_ptr<grammar::GrammarMatcher> matcher;  // with SchedulerRequest::grammar
     std::optional<SwappedSequence> swapped;  // while preempted
+    bool drafting = false;                   // decodes in draft rounds (SchedulerOptions::draft)
+    std::vector<uint8_t> draft_hidden;       // drafting: ChunkDraw::hidden of its last draw
   };
   Sequence& running(RequestId id);
   const Sequence& running(RequestId id) const;
@@ -168,6 +178,12 @@ class StepPlanner {
   void start_front();
   // The chunk of `s` that runs next (its pending token, or up to `budget` prompt tokens).
   PlannedChunk chunk(const Sequence& s, int64_t tokens) const;
+  // The drafts of the round `s` runs next: at most draft_tokens, and no more than its new tokens and
+  // its context leave room for (0: it decodes one token).
+  int64_t next_drafts(const Sequence& s) const;
+  // Records a drawing chunk's tokens (its accepted drafts, then its token) for `s`; the events.
+  void record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d, std::span<const float> logits,
+              std::vector<SequenceEvent>& events);
   // Decode rows, then prompt chunks, packed in order into forwards.
   std::vector<PlannedForward> pack(std::vector<PlannedChunk> chunks) const;
   // Ends `s` with `error`, keeping nothing of its caches (as cancel does).
@@ -186,16 +202,27 @@ class StepPlanner {
 // the backend (forwards that only decode may replay a recording: CUDA graphs), reads back the
 // tokens and the logits rows that asked for log-probabilities. The caches advance with the forward;
 // nothing else of the scheduler's state changes here.
+//
+// Verify chunks (PlannedChunk::drafts): before the step's forwards, the assistant drafts for all of
+// them at once (Drafter, groups of at most `draft_rows` sequences); each forward then draws every
+// row of its verify chunks, and the acceptance rule (sampling/speculative.h) decides each round:
+// greedy from the draws, sampled from the logits.
 class StepExecutor {
  public:
-  StepExecutor(ModelRunner& runner, bool cuda_graphs);
+  StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOptions& draft, int64_t draft_rows);
   StepResult run(const StepPlan& plan, StepPlanner& sequences);
+  const SpeculationStats& speculation_stats() const { return speculation_; }
 
  private:
-  ForwardDraws run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences);
+  // The drafts of the plan's verify chunks, by request.
+  std::vector<std::pair<RequestId, Drafts>> draft(const StepPlan& plan, StepPlanner& sequences);
+  ForwardDraws run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences,
+                           const std::vector<std::pair<RequestId, Drafts>>& drafts);
 
   ModelRunner& runner_;
   std::unique_ptr<DecodeBatchGraphs> graphs_;  // with SchedulerOptions::cuda_graphs
+  std::unique_ptr<Drafter> drafter_;           // with SchedulerOptions::draft
+  SpeculationStats speculation_;               // since the executor was made
 };
 
 // Continuous batching on one model: a StepPlanner and a StepExecutor. step() = plan, execute,
@@ -224,6 +251,8 @@ class Scheduler {
   size_t preempted() const { return planner_.preempted(); }
   int64_t preemptions() const { return planner_.preemptions(); }
   const StepStats& last_step() const { return stats_; }
+  // Draft rounds since the scheduler was made (SchedulerOptions::draft).
+  const SpeculationStats& speculation_stats() const { return executor_.speculation_stats(); }
 
  private:
   ModelRunner& runner_;

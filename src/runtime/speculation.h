@@ -13,37 +13,21 @@
 #include <vector>
 
 #include "model/assistant.h"
+#include "runtime/drafter.h"
 #include "runtime/model_runner.h"
 #include "sampling/sampler.h"
 
 namespace g4 {
-
-// The most drafts a round may hold (a verify forward of kMaxDraftTokens + 1 tokens).
-inline constexpr int64_t kMaxDraftTokens = 16;
-
-// Drafting for a generation: none without an assistant.
-struct DraftOptions {
-  const Gemma4Assistant* assistant = nullptr;
-  int64_t draft_tokens = 4;  // K, the most drafts of a round
-};
-
-struct SpeculationStats {
-  int64_t rounds = 0, drafted = 0, accepted = 0;
-  double draft_seconds = 0, verify_seconds = 0;
-  // Tokens a round gives on average: its accepted drafts and the verdict's token.
-  double tokens_per_round() const { return rounds > 0 ? double(accepted + rounds) / double(rounds) : 0.0; }
-  double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
-};
 
 class Speculation {
  public:
   // Throws unless the assistant belongs to the runner's model and K + 1 tokens fit one forward of
   // `max_chunk` rows.
   Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t draft_tokens, int64_t max_chunk);
-  const Gemma4Assistant& assistant() const { return assistant_; }
+  const Gemma4Assistant& assistant() const { return drafter_.assistant(); }
   int64_t draft_tokens() const { return k_; }
-  // Keeps a copy of the target's final-normed hidden state (one row, the activation dtype) of the
-  // position whose logits drew the pending token.
+  // Keeps a host copy of the target's final-normed hidden state (one row, the activation dtype) of
+  // the position whose logits drew the pending token.
   void take_hidden(const Tensor& normed_row);
   // One round of k <= draft_tokens() drafts for `kv`, whose next position is the pending token's;
   // the drafts are token indices j, j + 1, ... of `sampler` (the pending token's is j - 1). Returns
@@ -52,15 +36,10 @@ class Speculation {
   const SpeculationStats& stats() const { return stats_; }
 
  private:
-  // Draft i + 1 drawn from the assistant's logits row i; returns it.
-  int32_t draw_draft(const Sampler& sampler, int64_t j, int64_t i);
-
-  const Gemma4Assistant& assistant_;
   ModelRunner& runner_;
   int64_t k_;
-  DraftBuffers buf_;
-  Tensor ids_, positions_, target_h_, h_, draft_logits_, token_;
-  SamplingRows params_;
+  Drafter drafter_;
+  std::vector<uint8_t> hidden_;  // take_hidden's row
   Tensor verify_normed_, verify_act_, verify_logits_;  // [K + 1, ...]
   SpeculationStats stats_;
 };

@@ -30,14 +30,22 @@ struct PlannedChunk {
   std::vector<LogitAdjustment> adjustments;  // with a draw: its logit bias and penalties (often none)
   // With a draw under a grammar: the tokens it may draw (computed while the forward runs; null: any).
   std::shared_ptr<const DrawMask> mask;
+  // Speculative decoding (runtime/drafter.h). `drafting`: the sequence drafts, so the executor keeps
+  // the target's hidden row of this chunk's draw for its next round. `drafts` > 0 makes a decode row
+  // a verify chunk: the executor drafts that many tokens after the pending one, the forward runs
+  // them all and draws every row (drafts + 1), and the acceptance rule keeps a prefix of the drafts.
+  bool drafting = false;
+  int64_t drafts = 0;
+  int64_t rows() const { return int64_t(tokens.size()) + drafts; }
+  int64_t draw_rows() const { return draw ? 1 + drafts : 0; }
 };
 
 // One batched forward: its chunks in row order (decode rows first, in arrival order).
 struct PlannedForward {
   std::vector<PlannedChunk> chunks;
   int64_t rows() const;
-  int64_t draws() const;  // chunks with a draw: the forward's output rows
-  bool decodes_only() const;
+  int64_t draws() const;  // the forward's output rows: a row per chunk with a draw, drafts + 1 per verify chunk
+  bool decodes_only() const;  // one pending token a chunk, no verify chunk
 };
 
 // Membership changes happen before the forwards, in this order: preempted (their caches swapped out
@@ -50,11 +58,20 @@ struct StepPlan {
   bool empty() const { return preempted.empty() && resumed.empty() && admitted.empty() && forwards.empty(); }
 };
 
+// What a chunk with a draw gave.
+struct ChunkDraw {
+  int32_t token = 0;                     // drawn (kNanLogitsToken: NaN logits); a verify chunk: the verdict's
+  std::vector<int32_t> accepted_drafts;  // a verify chunk: the drafts that stand, fed before `token`
+  int64_t drafted = 0;                   // a verify chunk: the drafts it checked
+  // A drafting sequence: the target's final-normed hidden row that drew `token` (activation dtype).
+  std::vector<uint8_t> hidden;
+};
+
 // What running one planned forward gave.
 struct ForwardDraws {
-  std::vector<int32_t> tokens;  // one per chunk with a draw, in row order (kNanLogitsToken: NaN logits)
-  // When a drawing chunk asked for log-probabilities: every drawing row's logits, row-major
-  // [draws, vocab]; else empty.
+  std::vector<ChunkDraw> draws;  // one per chunk with a draw, in chunk order
+  // When a drawing chunk asked for log-probabilities: each drawing chunk's logits (those its token
+  // was drawn from), row-major [draws.size(), vocab]; else empty.
   std::vector<float> logits;
   int64_t vocab = 0;
   bool replayed = false;        // replayed a recording of itself (CUDA graphs)

@@ -85,4 +85,11 @@ DraftVerdict judge_drafts(std::span<const float> target_logits, std::span<const 
   throw Error(ErrorKind::kInternal, "judge_drafts: no verdict");  // unreachable: row K always returns
 }
 
+DraftVerdict judge_greedy_draws(std::span<const int32_t> target_tokens, std::span<const int32_t> drafts) {
+  G4_CHECK(target_tokens.size() == drafts.size() + 1, "judge_greedy_draws: the target's draws need K + 1 rows");
+  size_t a = 0;
+  while (a < drafts.size() && drafts[a] == target_tokens[a]) ++a;
+  return {int64_t(a), target_tokens[a]};
+}
+
 }  // namespace g4

@@ -33,4 +33,9 @@ struct DraftVerdict {
 DraftVerdict judge_drafts(std::span<const float> target_logits, std::span<const float> draft_logits,
                           std::span<const int32_t> drafts, int64_t vocab, const SamplingParams& params);
 
+// The greedy verdict from the target's own greedy draws at the K + 1 positions (kNanLogitsToken for
+// a position whose logits hold a NaN): the longest prefix of drafts equal to them, then the target's
+// token after it. judge_drafts's greedy verdict, without the logits on the host.
+DraftVerdict judge_greedy_draws(std::span<const int32_t> target_tokens, std::span<const int32_t> drafts);
+
 }  // namespace g4

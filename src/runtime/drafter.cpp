@@ -1,0 +1,80 @@
+#include "runtime/drafter.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace g4 {
+
+Drafter::Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t max_rows)
+    : assistant_(assistant), runner_(runner), buf_(assistant.config(), runner.backend(), max_rows) {
+  assistant_cache_layers(runner.config(), assistant.config());
+  Backend& be = runner.backend();
+  ids_ = be.alloc(DType::I32, max_rows, 1);
+  positions_ = be.alloc(DType::I32, max_rows, 1);
+  h_ = be.alloc(be.activation_dtype(), max_rows, runner.config().hidden_size);
+  logits_ = be.alloc(DType::F32, max_rows, runner.config().vocab_size);
+  tokens_ = be.alloc(DType::I64, max_rows, 1);
+  params_ = be.alloc_sampling_rows(max_rows);
+}
+
+std::vector<Drafts> Drafter::draft(std::span<const DraftRequest> requests) {
+  std::vector<Drafts> out(requests.size());
+  for (size_t first = 0; first < requests.size(); first += size_t(buf_.max_rows)) {
+    const size_t n = std::min(requests.size() - first, size_t(buf_.max_rows));
+    draft_group(requests.subspan(first, n), std::span(out).subspan(first, n));
+  }
+  return out;
+}
+
+void Drafter::draft_group(std::span<const DraftRequest> requests, std::span<Drafts> out) {
+  Backend& be = runner_.backend();
+  const size_t count = requests.size(), row_bytes = h_.row_size();
+  const int64_t n = int64_t(count), V = runner_.config().vocab_size;
+  std::vector<int32_t> ids(count), positions(count);
+  std::vector<uint8_t> hidden(count * row_bytes);
+  std::vector<DraftRow> rows(count);
+  int64_t steps = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const DraftRequest& q = requests[size_t(r)];
+    G4_ASSERT(q.drafts >= 1 && q.caches && q.hidden.size() == row_bytes,
+              "a draft request needs drafts, caches and the target's hidden row");
+    ids[size_t(r)] = q.pending;
+    positions[size_t(r)] = int32_t(q.position);
+    std::copy(q.hidden.begin(), q.hidden.end(), hidden.begin() + r * int64_t(row_bytes));
+    rows[size_t(r)] = DraftRow{q.caches};
+    steps = std::max(steps, q.drafts);
+  }
+  const Tensor ids_n = ids_.rows_view(0, n), h = h_.rows_view(0, n), logits = logits_.rows_view(0, n),
+               tokens = tokens_.rows_view(0, n);
+  be.upload(positions.data(), positions_.rows_view(0, n));
+  be.upload(hidden.data(), h);
+  std::vector<bool> drafting(count, true);  // until its count is reached or its logits hold a NaN
+  std::vector<SamplingParams> params(count);
+  std::vector<int64_t> drawn(count);
+  for (int64_t i = 0; i < steps; ++i) {
+    be.upload(ids.data(), ids_n);
+    assistant_.step(be, buf_, runner_.model(), rows, ids_n, positions_.rows_view(0, n), h, logits, h);
+    for (int64_t r = 0; r < n; ++r) {
+      params[size_t(r)] = requests[size_t(r)].params;
+      params[size_t(r)].seed += uint64_t(i);
+    }
+    be.upload_sampling_rows(params, params_);
+    be.sample(logits, params_.first(n), tokens);
+    runner_.download_result(tokens, drawn.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const DraftRequest& q = requests[size_t(r)];
+      drafting[size_t(r)] = drafting[size_t(r)] && i < q.drafts && drawn[size_t(r)] != kNanLogitsToken;
+      if (!drafting[size_t(r)]) continue;  // its row still runs (fed its last token); its results are unused
+      Drafts& d = out[size_t(r)];
+      d.tokens.push_back(int32_t(drawn[size_t(r)]));
+      ids[size_t(r)] = d.tokens.back();
+      if (!is_greedy(q.params)) {
+        d.logits.resize(d.tokens.size() * size_t(V));
+        be.download(logits.rows_view(r, 1), d.logits.data() + (d.tokens.size() - 1) * size_t(V));
+      }
+    }
+  }
+}
+
+}  // namespace g4

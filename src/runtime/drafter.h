@@ -1,0 +1,73 @@
+// The draft half of speculative decoding (docs/DESIGN.md §7, "Speculative decoding"): an MTP
+// assistant's draft steps for many sequences at once. Each sequence brings its pending token x at
+// position P, the target's final-normed hidden state of the position that drew x, its caches and the
+// parameters of x's successor's draw; step i runs every sequence's row through the assistant at P and
+// draws draft i + 1 from its logits with seed + i (the seed the target would use for that token), so
+// a session's drafts do not depend on the other sequences of the batch.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/assistant.h"
+#include "runtime/model_runner.h"
+#include "sampling/sampling_params.h"
+
+namespace g4 {
+
+// The most drafts a round may hold (a verify forward of kMaxDraftTokens + 1 tokens).
+inline constexpr int64_t kMaxDraftTokens = 16;
+
+// Drafting for a generation: none without an assistant.
+struct DraftOptions {
+  const Gemma4Assistant* assistant = nullptr;
+  int64_t draft_tokens = 4;  // K, the most drafts of a round
+};
+
+struct SpeculationStats {
+  int64_t rounds = 0, drafted = 0, accepted = 0;
+  double draft_seconds = 0, verify_seconds = 0;
+  // Tokens a round gives on average: its accepted drafts and the verdict's token.
+  double tokens_per_round() const { return rounds > 0 ? double(accepted + rounds) / double(rounds) : 0.0; }
+  double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+};
+
+// One sequence's round of drafts.
+struct DraftRequest {
+  // The target's, holding positions < position, their tables uploaded (KvPool::prepare).
+  const std::vector<KvCache>* caches = nullptr;
+  int32_t pending = 0;                           // x, drawn and not yet fed
+  int64_t position = 0;                          // P, where x goes
+  std::span<const uint8_t> hidden;               // the target's final-normed hidden row that drew x (activation dtype)
+  SamplingParams params;                         // the draw of the token after x; draft i uses seed + i
+  int64_t drafts = 0;                            // how many to draft (>= 1)
+};
+
+struct Drafts {
+  // The drafted tokens, at most DraftRequest::drafts: fewer when the assistant's logits held a NaN
+  // (the drafts stop before it).
+  std::vector<int32_t> tokens;
+  // Sampled requests: the assistant's logits each draft was drawn from, [tokens.size()][vocab]
+  // (the acceptance rule weighs them); empty for greedy ones.
+  std::vector<float> logits;
+};
+
+class Drafter {
+ public:
+  // Runs up to max_rows sequences in one assistant step (more run in groups).
+  Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t max_rows);
+  const Gemma4Assistant& assistant() const { return assistant_; }
+  // The drafts of every request, in order.
+  std::vector<Drafts> draft(std::span<const DraftRequest> requests);
+
+ private:
+  void draft_group(std::span<const DraftRequest> requests, std::span<Drafts> out);
+
+  const Gemma4Assistant& assistant_;
+  ModelRunner& runner_;
+  DraftBuffers buf_;
+  Tensor ids_, positions_, h_, logits_, tokens_;
+  SamplingRows params_;
+};
+
+}  // namespace g4
