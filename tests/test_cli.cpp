@@ -197,7 +197,7 @@ TEST(Cli, DraftModelOnRunAndBench) {
            {run + " --draft_model '" + assistant + "' --draft_tokens 0", "--draft_tokens must be in [1, 16]"},
            {run + " --draft_model '" + target + "'", "num_kv_shared_layers"},
            {"run --prompt hi -n 2 --draft_model '" + assistant + "'", "does not belong"},
-           {"serve --draft_model '" + assistant + "'", "g4 serve does not draft"}}) {
+           {"serve --draft_model '" + assistant + "'", "does not belong"}}) {
     const test::CommandResult r = test::run_g4(command + " 2>&1");
     EXPECT_NE(r.exit_code, 0) << command;
     EXPECT_NE(r.output.find(message), std::string::npos) << command << "\n" << r.output;

@@ -1195,6 +1195,30 @@ std::string metrics_of(const test::ServeProcess& server) {
   return r ? r->body : "";
 }
 
+// --draft_model: requests decode in the assistant's draft rounds, batched with each other (the fortune
+// demo and its random assistant, tests/fixtures/assistant). Greedy answers are the plain server's,
+// sampled ones the same batched as alone, and /metrics counts the rounds.
+TEST(ServeCli, DraftingServerAnswersAsThePlainOneAndCountsItsRounds) {
+  const std::vector<std::string> model = {"--model_path", test::fortune_demo_path(), "--max_seq_len", "256"};
+  std::vector<std::string> drafting_flags = model;
+  for (const char* flag : {"--draft_model", G4_FIXTURES_DIR "/assistant/hf", "--draft_tokens", "3"})
+    drafting_flags.push_back(flag);
+  test::ServeProcess plain(model), drafting(drafting_flags);
+  ASSERT_GT(plain.port(), 0) << plain.log();
+  ASSERT_GT(drafting.port(), 0) << drafting.log();
+  for (bool stream : {false, true}) {
+    const json body = {{"prompt", "The sea"}, {"max_tokens", 24}, {"temperature", 0}, {"stream", stream}};
+    EXPECT_EQ(reply_of(drafting, "/v1/completions", body), reply_of(plain, "/v1/completions", body));
+  }
+  expect_batched_answers_alone(drafting, drafting);
+  const std::string text = metrics_of(drafting);
+  EXPECT_GT(metric(text, "g4_draft_rounds_total"), 0) << text;
+  EXPECT_GT(metric(text, "g4_draft_tokens_total"), metric(text, "g4_draft_tokens_accepted_total")) << text;
+  EXPECT_GE(metric(text, "g4_draft_tokens_per_round"), 1.0) << text;
+  EXPECT_EQ(metrics_of(plain).find("g4_draft_rounds_total"), std::string::npos) << "a plain server drafts nothing";
+  EXPECT_EQ(drafting.stop(), 0) << drafting.log();
+}
+
 TEST(ServeCli, SplitServerFreesEveryRanksSessionWhenTheClientLeaves) {
   test::ServeProcess two({"--max_seq_len", "256", "--tp", "2"});
   ASSERT_GT(two.port(), 0) << two.log();

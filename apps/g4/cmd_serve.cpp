@@ -205,8 +205,6 @@ void serve_split(const ServeOptions& o, ShutdownSignals& signals) {
 
 void serve(const ServeOptions& o) {
   check_generation_flags(o.gen);
-  G4_REQUIRE(kUnsupported, o.gen.draft_model.empty(),
-             "g4 serve does not draft with an assistant yet (--draft_model runs with g4 run and g4 chat)");
   G4_CHECK(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535] (0 = any free port), got " + std::to_string(o.port));
   G4_CHECK(o.max_waiting >= 0, "--max_waiting must be >= 0, got " + std::to_string(o.max_waiting));
 

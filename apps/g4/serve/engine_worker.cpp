@@ -92,7 +92,9 @@ void EngineWorker::start(const WorkerOptions& options) {
   max_seq_len_ = engine_->runner().max_seq_len();
   vocab_size_ = engine_->config().vocab_size;
   max_in_flight_ = size_t(options.max_sessions + options.max_waiting);
-  scheduler_ = std::make_unique<Scheduler>(engine_->runner(), scheduler_options(options));
+  SchedulerOptions so = scheduler_options(options);
+  so.draft = engine_->draft_options();  // every request the rounds can serve drafts (--draft_model)
+  scheduler_ = std::make_unique<Scheduler>(engine_->runner(), so);
   update_gauges();
   thread_ = std::thread([this] { run(); });
 }
@@ -269,6 +271,8 @@ void EngineWorker::update_gauges() {
   const KvPool& pool = engine_->kv_pool();
   g.preempted = scheduler_->preempted();
   g.preemptions = scheduler_->preemptions();
+  g.drafting = engine_->draft_options().assistant != nullptr;
+  g.speculation = scheduler_->speculation_stats();
   g.kv_bytes_in_use = pool.bytes_in_use();
   g.kv_bytes_cached = pool.bytes_cached();
   g.kv_budget_bytes = pool.budget_bytes();

@@ -118,6 +118,22 @@ std::string Metrics::render(const EngineGauges& engine) const {
   out += sample("g4_kv_pages_cached", double(engine.kv_pages_cached));
   out += header("g4_kv_pages_free", "gauge", "KV pages that hold nothing.");
   out += sample("g4_kv_pages_free", double(engine.kv_pages_free));
+  if (engine.drafting) {
+    const SpeculationStats& s = engine.speculation;
+    out += header("g4_draft_rounds_total", "counter", "Draft-and-verify rounds of the assistant (--draft_model).");
+    out += sample("g4_draft_rounds_total", double(s.rounds));
+    out += header("g4_draft_tokens_total", "counter", "Tokens the assistant drafted.");
+    out += sample("g4_draft_tokens_total", double(s.drafted));
+    out += header("g4_draft_tokens_accepted_total", "counter", "Drafted tokens the target accepted.");
+    out += sample("g4_draft_tokens_accepted_total", double(s.accepted));
+    out += header("g4_draft_tokens_per_round", "gauge",
+                  "Mean tokens a round gives: its accepted drafts and the target's own token (1 without drafts).");
+    out += sample("g4_draft_tokens_per_round", s.tokens_per_round());
+    out += header("g4_draft_seconds_total", "counter", "Time the assistant spent drafting.");
+    out += sample("g4_draft_seconds_total", s.draft_seconds);
+    out += header("g4_verify_seconds_total", "counter", "Time of the forwards that verified drafts.");
+    out += sample("g4_verify_seconds_total", s.verify_seconds);
+  }
   if (!engine.ranks.empty()) {
     out += header("g4_rank_running_sequences", "gauge", "Sequences generating now on each tensor-parallel rank.");
     for (size_t r = 0; r < engine.ranks.size(); ++r)

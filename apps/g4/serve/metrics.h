@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/drafter.h"
 #include "runtime/kv_types.h"
 #include "runtime/rank_inputs.h"
 
@@ -36,6 +37,8 @@ struct EngineGauges {
   size_t kv_bytes_in_use = 0, kv_bytes_cached = 0, kv_budget_bytes = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0, kv_pages_in_use = 0, kv_pages_cached = 0, kv_pages_shared = 0;
   KvBytesPerToken kv_bytes_per_token;  // by layer kind, fixed by --kv_type and --kv_sliding_type
+  bool drafting = false;               // --draft_model: requests decode in draft rounds
+  SpeculationStats speculation;        // the rounds since the server started
   // A split model (--tp N): each rank's running sequences and live KV bytes, rank 0 first (the
   // gauges above are rank 0's); empty unsplit.
   std::vector<RankLoad> ranks;
