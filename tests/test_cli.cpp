@@ -192,8 +192,20 @@ TEST(Cli, DraftModelOnRunAndBench) {
   EXPECT_GT(j["draft_rounds"].get<int64_t>(), 0);
   EXPECT_EQ(j["draft_tokens"].get<int64_t>(), 4);
 
+  // --draft_accept: the rounds keep the chosen drafts of the target's own greedy text (the CPU's
+  // verify gives those tokens bit for bit), 1.5 a round on average, whatever the random assistant drafts.
+  const test::CommandResult forced =
+      test::run_g4("bench --backend cpu --model_path '" + target + "' --prompt_len 20 --gen 25 --draft_model '" +
+                   assistant + "' --draft_tokens 3 --draft_accept 1.5 2>/dev/null");
+  ASSERT_EQ(forced.exit_code, 0) << forced.output;
+  const nlohmann::json f = nlohmann::json::parse(forced.output);
+  EXPECT_EQ(f["draft_rounds"].get<int64_t>(), 10) << f.dump();  // 24 tokens after the first, 2.5 a round
+  EXPECT_DOUBLE_EQ(f["draft_tokens_per_round"].get<double>(), 2.4) << f.dump();  // the last round cut by -n
+
   for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
-           {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "a synthetic model has no assistant"},
+           {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "--draft_model synthetic goes with"},
+           {"bench --backend cpu --model_path '" + target + "' --draft_model '" + assistant + "' --draft_tokens 2 --draft_accept 3",
+            "at most --draft_tokens"},
            {run + " --draft_model '" + assistant + "' --draft_tokens 0", "--draft_tokens must be in [1, 16]"},
            {run + " --draft_model '" + target + "'", "num_kv_shared_layers"},
            {"run --prompt hi -n 2 --draft_model '" + assistant + "'", "does not belong"},

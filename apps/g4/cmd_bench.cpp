@@ -49,8 +49,9 @@ struct BenchOptions {
   std::string tp_all_reduce = "peer";  // how CUDA ranks sum: "peer" (peer memory when reachable) or "nccl"
   std::string json_schema;             // the continuous-batching bench's sequences constrained by this schema file
   KvTypeFlags kv;                      // the KV caches' types
-  std::string draft_model;             // an MTP assistant: the single run also decodes in draft rounds
+  std::string draft_model;             // an MTP assistant ("synthetic": the 31B's): the single run also decodes in rounds
   int64_t draft_tokens = 4;
+  double draft_accept = -1;            // >= 0: the drafts that stand a round, forced (ForcedAcceptance)
 };
 
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
@@ -191,11 +192,21 @@ DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> promp
   return {double(gen - 1) / secs, secs / double(gen - 1) * 1e3};
 }
 
+// The assistant of o.draft_model: a file, or with --synthetic 31b the 31B assistant's shape with
+// random weights of --weights' type.
+std::unique_ptr<Gemma4Assistant> bench_assistant(const BenchOptions& o, const Gemma4& model, Backend& be) {
+  if (o.draft_model != "synthetic") return load_assistant(o.draft_model, be, model.config());
+  ModelConfig c = gemma4_31b_assistant_config();
+  ModelWeights w = synthetic_weights(c, be, o.seed + 1, o.weights);
+  return std::make_unique<Gemma4Assistant>(std::move(c), std::move(w), model.config());
+}
+
 // Greedy decode of --gen tokens after `prompt` in draft-and-verify rounds with the assistant at
-// o.draft_model (runtime/speculation.h): tokens a second and where the rounds' time goes.
+// o.draft_model (runtime/speculation.h): tokens a second and where the rounds' time goes. With
+// --draft_accept, the rounds keep that many drafts of the target's own greedy text on average.
 nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model, Backend& be, Session& s,
                                      const std::vector<int32_t>& prompt) {
-  const std::unique_ptr<Gemma4Assistant> assistant = load_assistant(o.draft_model, be, model.config());
+  const std::unique_ptr<Gemma4Assistant> assistant = bench_assistant(o, model, be);
   GenerationRequest request;
   request.prompt = prompt;
   SamplingParams greedy;
@@ -203,18 +214,27 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
   request.sampler = Sampler(greedy);
   request.max_new_tokens = o.gen;
   request.stop_ids = {};
-  request.draft = DraftOptions{assistant.get(), o.draft_tokens};
+  ForcedAcceptance forced;
+  if (o.draft_accept >= 0) {
+    s.reset();
+    forced = ForcedAcceptance{generate(s, request).tokens, o.draft_accept};
+  }
+  request.draft = DraftOptions{assistant.get(), o.draft_tokens, o.draft_accept >= 0 ? &forced : nullptr};
   s.reset();
   const GenerationResult g = generate(s, request);
   const SpeculationStats& stats = *s.speculation_stats();
-  return {{"draft_model", o.draft_model},
-          {"draft_tokens", o.draft_tokens},
-          {"drafted_decode_greedy_tok_s", double(g.tokens.size() - 1) / g.decode_seconds},
-          {"draft_rounds", stats.rounds},
-          {"draft_acceptance", stats.acceptance()},
-          {"draft_tokens_per_round", stats.tokens_per_round()},
-          {"draft_s", stats.draft_seconds},
-          {"verify_s", stats.verify_seconds}};
+  nlohmann::json r = {{"draft_model", o.draft_model},
+                      {"draft_tokens", o.draft_tokens},
+                      {"drafted_decode_greedy_tok_s", double(g.tokens.size() - 1) / g.decode_seconds},
+                      {"draft_rounds", stats.rounds},
+                      {"draft_acceptance", stats.acceptance()},
+                      {"draft_tokens_per_round", stats.tokens_per_round()},
+                      {"draft_s", stats.draft_seconds},
+                      {"verify_s", stats.verify_seconds},
+                      {"draft_step_ms", stats.drafted > 0 ? stats.draft_seconds / double(stats.drafted) * 1e3 : 0.0},
+                      {"verify_ms", stats.rounds > 0 ? stats.verify_seconds / double(stats.rounds) * 1e3 : 0.0}};
+  if (o.draft_accept >= 0) r["draft_accept"] = o.draft_accept;
+  return r;
 }
 
 // A context for a short run: at least the sliding window.
@@ -435,9 +455,12 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
 void run_bench(const BenchOptions& o) {
   G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
-  G4_CHECK(o.draft_model.empty() || (!o.model_path.empty() && o.concurrency.empty() && !o.suite && o.tp == 1),
-           "--draft_model runs with --model_path, one sequence, no --suite and no --tp (a synthetic model has no "
-           "assistant)");
+  G4_CHECK(o.draft_model.empty() || (o.concurrency.empty() && !o.suite && o.tp == 1),
+           "--draft_model runs with one sequence, no --suite and no --tp");
+  G4_CHECK(o.draft_model.empty() || (o.draft_model == "synthetic") == !o.synthetic.empty(),
+           "--draft_model synthetic goes with --synthetic 31b (the 31B assistant's shape), a file with --model_path");
+  G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.draft_accept <= double(o.draft_tokens)),
+           "--draft_accept needs --draft_model and at most --draft_tokens drafts a round");
   G4_CHECK(o.draft_tokens >= 1 && o.draft_tokens <= kMaxDraftTokens,
            "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " + std::to_string(o.draft_tokens));
   o.kv.types();  // a bad type fails before anything loads
@@ -578,8 +601,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   add_kv_type_flags(*cmd, opts->kv);
   cmd->add_option("--draft_model,--draft-model", opts->draft_model,
-                  "With --model_path: also decode greedily in draft rounds with this MTP assistant (drafted tok/s, "
-                  "acceptance, draft and verify time)");
+                  "Also decode greedily in draft rounds with this MTP assistant (drafted tok/s, acceptance, draft and "
+                  "verify time); 'synthetic' with --synthetic 31b: the 31B assistant's shape, random weights");
+  cmd->add_option("--draft_accept,--draft-accept", opts->draft_accept,
+                  "Force this many drafts a round (a mean: 2.5 alternates 2 and 3) to stand: the rounds' drafts "
+                  "replaced by the target's own greedy tokens, to measure a given acceptance");
   cmd->add_option("--draft_tokens,--draft-tokens", opts->draft_tokens, "Tokens the assistant drafts a round")
       ->capture_default_str();
   cmd->add_option("--tp", opts->tp,

@@ -322,4 +322,15 @@ ModelConfig gemma4_31b_config() {
   return c;
 }
 
+ModelConfig gemma4_31b_assistant_config() {
+  const ModelConfig target = gemma4_31b_config();
+  ModelConfig c = target;
+  c.hidden_size = 1024;
+  c.intermediate_size = 8192;
+  c.backbone_hidden_size = target.hidden_size;
+  c.final_logit_softcap = 0.0;  // the assistant's logits are not soft-capped
+  c.layers = {target.layers[0], target.layers[0], target.layers[0], target.layers[5]};
+  return c;
+}
+
 }  // namespace g4

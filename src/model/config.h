@@ -55,6 +55,10 @@ struct ModelConfig {
 // Gemma 4 31B's shape (docs/DESIGN.md §2: full attention every 6th layer, K=V and proportional
 // RoPE on full layers): g4 bench's synthetic model and the tensor-parallel checks' example.
 ModelConfig gemma4_31b_config();
+// An MTP assistant of the 31B's shape for benchmarks (docs/DESIGN.md §7, "Speculative decoding"):
+// 4 layers (3 sliding, 1 full) of width 1 024, MLP 8 192, 32 query heads over the 31B's caches,
+// about 0.94 GB in bf16 as published for gemma-4-31B-it-assistant.
+ModelConfig gemma4_31b_assistant_config();
 
 // Upper bounds on model sizes read from a file (config.json or GGUF): far above any Gemma 4
 // model, low enough that products of them (vocab * hidden, heads * head_dim * positions) fit int64.

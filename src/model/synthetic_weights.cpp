@@ -84,11 +84,13 @@ ModelWeights synthetic_weights(const ModelConfig& whole, Backend& backend, uint6
     LayerWeights lw;
     lw.attn_norm = fill.norm(H);
     lw.q_proj = matrix(p + "self_attn.q_proj.weight", q_cols, H);
-    lw.k_proj = matrix(p + "self_attn.k_proj.weight", kv_cols, H);
-    if (!l.k_eq_v) lw.v_proj = matrix(p + "self_attn.v_proj.weight", kv_cols, H, v_index++);
+    if (!c.is_assistant()) {  // an assistant reads its target's caches
+      lw.k_proj = matrix(p + "self_attn.k_proj.weight", kv_cols, H);
+      if (!l.k_eq_v) lw.v_proj = matrix(p + "self_attn.v_proj.weight", kv_cols, H, v_index++);
+      lw.k_norm = fill.norm(l.head_dim);
+    }
     lw.o_proj = matrix(p + "self_attn.o_proj.weight", H, q_cols);
     lw.q_norm = fill.norm(l.head_dim);
-    lw.k_norm = fill.norm(l.head_dim);
     lw.post_attn_norm = fill.norm(H);
     lw.ffn_norm = fill.norm(H);
     lw.gate_proj = matrix(p + "mlp.gate_proj.weight", I, H);
@@ -98,6 +100,11 @@ ModelWeights synthetic_weights(const ModelConfig& whole, Backend& backend, uint6
     lw.layer_scalar = fill.vector(1, 1.0f, 0.0f);
     lw.rope_inv_freq = upload_rope_inv_freq(l, backend);
     w.layers.push_back(std::move(lw));
+  }
+  if (c.is_assistant()) {
+    const int64_t B = c.backbone_hidden_size;
+    w.pre_projection = matrix("pre_projection.weight", H, 2 * B);
+    w.post_projection = matrix("post_projection.weight", B, H);
   }
   backend.synchronize();
   return w;

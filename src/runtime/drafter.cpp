@@ -1,10 +1,19 @@
 #include "runtime/drafter.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "util/error.h"
 
 namespace g4 {
+
+void ForcedAcceptance::force(std::vector<int32_t>& drafts, int64_t j, int64_t round, int64_t vocab) const {
+  const auto n = int64_t(std::floor(double(round + 1) * accepted_per_round) - std::floor(double(round) * accepted_per_round));
+  for (int64_t i = 0; i < int64_t(drafts.size()) && i <= n && j + i < int64_t(continuation.size()); ++i) {
+    const int32_t next = continuation[size_t(j + i)];
+    drafts[size_t(i)] = i < n ? next : int32_t((next + 1) % vocab);
+  }
+}
 
 Drafter::Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t max_rows)
     : assistant_(assistant), runner_(runner), buf_(assistant.config(), runner.backend(), max_rows) {

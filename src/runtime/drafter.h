@@ -18,10 +18,23 @@ namespace g4 {
 // The most drafts a round may hold (a verify forward of kMaxDraftTokens + 1 tokens).
 inline constexpr int64_t kMaxDraftTokens = 16;
 
+// A benchmark's control of acceptance (`g4 bench --draft_accept`): the assistant drafts as
+// always, then a greedy round's drafts are replaced so that a chosen number stand — the first ones by
+// the target's own greedy continuation, the next by a token that differs from it — round r taking
+// floor((r + 1)·A) − floor(r·A) of them (at most its drafts), so that A stand a round on average.
+// What decoding at a given acceptance costs, with a real assistant's work, on any weights.
+struct ForcedAcceptance {
+  std::vector<int32_t> continuation;  // the target's greedy tokens, by token index
+  double accepted_per_round = 0;      // A
+  // The drafts of round `round` whose first draft is token index j, given the drafter's.
+  void force(std::vector<int32_t>& drafts, int64_t j, int64_t round, int64_t vocab) const;
+};
+
 // Drafting for a generation: none without an assistant.
 struct DraftOptions {
   const Gemma4Assistant* assistant = nullptr;
   int64_t draft_tokens = 4;  // K, the most drafts of a round
+  const ForcedAcceptance* forced = nullptr;  // benchmarks, greedy only; null: the drafts stand as drafted
 };
 
 struct SpeculationStats {

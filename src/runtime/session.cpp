@@ -165,7 +165,10 @@ void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, 
                           speculation_->draft_tokens() != draft.draft_tokens))
     speculation_ = std::make_unique<Speculation>(*draft.assistant, runner_, draft.draft_tokens, max_chunk_);
   drafting_ = draft.assistant != nullptr;
-  if (drafting_) speculation_->take_hidden(last_hidden());  // the prefill's: it draws the first token
+  if (drafting_) {
+    speculation_->take_hidden(last_hidden());  // the prefill's: it draws the first token
+    speculation_->force(draft.forced);
+  }
   generation_.emplace(sampler, std::move(limits));
   penalties_ = PenaltyState(std::move(penalties), kv_.tokens());
   use_graph_ = graph && penalties_.empty() && !drafting_;

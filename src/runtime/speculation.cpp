@@ -37,7 +37,11 @@ std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const S
   auto t0 = std::chrono::steady_clock::now();
   runner_.kv_pool().prepare(kv, k + 1);
   const DraftRequest request{&kv.caches(), pending, P, hidden_, sampler.for_token(j), k};
-  const Drafts drafted = std::move(drafter_.draft(std::span(&request, 1))[0]);
+  Drafts drafted = std::move(drafter_.draft(std::span(&request, 1))[0]);
+  if (forced_) {
+    G4_CHECK(sampler.greedy(), "forced acceptance needs greedy decoding");
+    forced_->force(drafted.tokens, j, stats_.rounds, V);
+  }
   std::vector<int32_t> tokens{pending};
   tokens.insert(tokens.end(), drafted.tokens.begin(), drafted.tokens.end());
   const int64_t n = int64_t(tokens.size());

@@ -24,6 +24,8 @@ class Speculation {
   // Throws unless the assistant belongs to the runner's model and K + 1 tokens fit one forward of
   // `max_chunk` rows.
   Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t draft_tokens, int64_t max_chunk);
+  // The acceptance a benchmark forces on the rounds that follow (null: none); greedy rounds only.
+  void force(const ForcedAcceptance* forced) { forced_ = forced; }
   const Gemma4Assistant& assistant() const { return drafter_.assistant(); }
   int64_t draft_tokens() const { return k_; }
   // Keeps a host copy of the target's final-normed hidden state (one row, the activation dtype) of
@@ -40,6 +42,7 @@ class Speculation {
   int64_t k_;
   Drafter drafter_;
   std::vector<uint8_t> hidden_;  // take_hidden's row
+  const ForcedAcceptance* forced_ = nullptr;
   Tensor verify_normed_, verify_act_, verify_logits_;  // [K + 1, ...]
   SpeculationStats stats_;
 };
