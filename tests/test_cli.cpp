@@ -202,6 +202,15 @@ TEST(Cli, DraftModelOnRunAndBench) {
   EXPECT_EQ(f["draft_rounds"].get<int64_t>(), 10) << f.dump();  // 24 tokens after the first, 2.5 a round
   EXPECT_DOUBLE_EQ(f["draft_tokens_per_round"].get<double>(), 2.4) << f.dump();  // the last round cut by -n
 
+  // --concurrency with --draft_model: the sequences decode in rounds through the scheduler.
+  const test::CommandResult batched =
+      test::run_g4("bench --backend cpu --model_path '" + target + "' --concurrency 3 --prompt_len 10 --gen 16 --draft_model '" +
+                   assistant + "' --draft_tokens 2 2>/dev/null");
+  ASSERT_EQ(batched.exit_code, 0) << batched.output;
+  const nlohmann::json b = nlohmann::json::parse(batched.output)["runs"][0];
+  EXPECT_EQ(b["generated_tokens"].get<int64_t>(), 48) << b.dump();
+  EXPECT_GT(b["draft_rounds"].get<int64_t>(), 0) << b.dump();
+
   for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
            {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "--draft_model synthetic goes with"},
            {"bench --backend cpu --model_path '" + target + "' --draft_model '" + assistant + "' --draft_tokens 2 --draft_accept 3",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <random>
 
 #include "runtime/model_runner.h"
@@ -28,12 +29,12 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   const ModelConfig& c = model.config();
   RunnerOptions ro;
   ro.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, b.prompt_len + b.gen + 8));
-  ro.max_batch_sequences = n;
+  ro.max_batch_sequences = b.draft.assistant ? std::max(n, b.draft.draft_tokens + 1) : n;
   ro.kv_budget_sequences = n;
   ro.kv_types = b.kv_types;
   ModelRunner runner(model, backend, ro);
   Scheduler scheduler(runner, SchedulerOptions{.max_waiting = size_t(n), .batch_invariant = b.batch_invariant,
-                                               .cuda_graphs = b.cuda_graphs});
+                                               .cuda_graphs = b.cuda_graphs, .draft = b.draft});
   std::mt19937 rng(unsigned(b.seed));
   std::map<RequestId, Clock::time_point> first, last;
   std::map<RequestId, int64_t> tokens;
@@ -53,7 +54,7 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
   }
   // Full decode steps: every sequence running and none of them prefilling (each step's event is a
   // sequence's second or later token): the steady state that gen >> the admission steps approaches.
-  int64_t steps = 0, full_decode_steps = 0, replayed_steps = 0;
+  int64_t steps = 0, full_decode_steps = 0, full_decode_tokens = 0, replayed_steps = 0;
   double full_decode_s = 0;
   Clock::time_point step_start = start;
   // Past a few full decode steps (the steady state), the next profile_steps are bracketed for a
@@ -73,10 +74,17 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
     most_pages_in_use = std::max(most_pages_in_use, pool.pages_in_use());
     most_pages_shared = std::max(most_pages_shared, pool.pages_shared());
     replayed_steps += scheduler.last_step().replayed_forwards > 0 ? 1 : 0;
-    const bool full_decode = int64_t(events.size()) == n && std::all_of(events.begin(), events.end(), [&](const SequenceEvent& e) {
+    // (A draft round gives a sequence several tokens a step.)
+    std::set<RequestId> ids;
+    for (const SequenceEvent& e : events) ids.insert(e.id);
+    const bool full_decode = int64_t(ids.size()) == n && std::all_of(events.begin(), events.end(), [&](const SequenceEvent& e) {
                                return first.count(e.id) > 0;
                              });
-    if (full_decode) ++full_decode_steps, full_decode_s += seconds_between(step_start, now);
+    if (full_decode) {
+      ++full_decode_steps;
+      full_decode_tokens += int64_t(events.size());
+      full_decode_s += seconds_between(step_start, now);
+    }
     step_start = now;
     for (const SequenceEvent& e : events) {
       if (!first.count(e.id)) first[e.id] = now;
@@ -116,9 +124,17 @@ nlohmann::json run_requests(const Gemma4& model, Backend& backend, const Concurr
           {"kv_most_pages_shared", most_pages_shared}};
   run.update(kv_cache_json(pool));
   if (b.profile_steps > 0) run["profiled_steps"] = profiled_steps;
+  if (b.draft.assistant) {
+    const SpeculationStats& s = scheduler.speculation_stats();
+    run["draft_rounds"] = s.rounds;
+    run["draft_acceptance"] = s.acceptance();
+    run["draft_tokens_per_round"] = s.tokens_per_round();
+    run["draft_s"] = s.draft_seconds;
+    run["verify_s"] = s.verify_seconds;
+  }
   if (full_decode_steps > 0) {
     run["full_decode_step_ms"] = 1e3 * full_decode_s / double(full_decode_steps);
-    run["full_decode_tok_s"] = double(n * full_decode_steps) / full_decode_s;
+    run["full_decode_tok_s"] = double(full_decode_tokens) / full_decode_s;
   } else {
     run["full_decode_missing"] = "no step decoded every one of the " + std::to_string(n) +
                                  " sequences: the first ended before the last was admitted (raise --gen), or "

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "grammar/matcher.h"
 #include "model/gemma4.h"
+#include "runtime/drafter.h"
 #include "runtime/kv_pool.h"
 #include "runtime/kv_types.h"
 
@@ -26,6 +27,7 @@ struct ConcurrencyBench {
   // Non-null: every sequence is constrained by this grammar (docs/DESIGN.md §4) and ends on its stop
   // tokens; else each generates exactly `gen` tokens.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  DraftOptions draft{nullptr, 0};  // with an assistant: every sequence decodes in draft rounds
 };
 
 // The caches' types and what a position costs in them (every bench report carries it).

@@ -311,9 +311,12 @@ std::shared_ptr<const grammar::CompiledGrammar> bench_grammar(const BenchOptions
 
 // The continuous-batching bench's report (bench_concurrency) on `model`.
 nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
+  const std::unique_ptr<Gemma4Assistant> assistant = o.draft_model.empty() ? nullptr : bench_assistant(o, model, be);
   nlohmann::json r = bench_concurrency(model, be,
                                        {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph,
-                                        o.kv.types(), o.profile_steps, bench_grammar(o, model.config())});
+                                        o.kv.types(), o.profile_steps, bench_grammar(o, model.config()),
+                                        DraftOptions{assistant.get(), o.draft_tokens}});
+  if (assistant) r["draft_model"] = o.draft_model, r["draft_tokens"] = o.draft_tokens;
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
   r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
   r["load_s"] = load_s;
@@ -455,12 +458,11 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
 void run_bench(const BenchOptions& o) {
   G4_CHECK(o.synthetic.empty() != o.model_path.empty(), "give exactly one of --synthetic or --model_path");
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
-  G4_CHECK(o.draft_model.empty() || (o.concurrency.empty() && !o.suite && o.tp == 1),
-           "--draft_model runs with one sequence, no --suite and no --tp");
+  G4_CHECK(o.draft_model.empty() || (!o.suite && o.tp == 1), "--draft_model runs with no --suite and no --tp");
   G4_CHECK(o.draft_model.empty() || (o.draft_model == "synthetic") == !o.synthetic.empty(),
            "--draft_model synthetic goes with --synthetic 31b (the 31B assistant's shape), a file with --model_path");
-  G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.draft_accept <= double(o.draft_tokens)),
-           "--draft_accept needs --draft_model and at most --draft_tokens drafts a round");
+  G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.concurrency.empty() && o.draft_accept <= double(o.draft_tokens)),
+           "--draft_accept needs --draft_model, one sequence and at most --draft_tokens drafts a round");
   G4_CHECK(o.draft_tokens >= 1 && o.draft_tokens <= kMaxDraftTokens,
            "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " + std::to_string(o.draft_tokens));
   o.kv.types();  // a bad type fails before anything loads
