@@ -60,7 +60,7 @@ class Planner : public ::testing::Test {
         pool_->prepare(kv, int64_t(c.tokens.size()));
         kv.append(c.tokens);
       }
-      result.forwards.push_back(ForwardDraws{std::vector<int32_t>(size_t(f.draws()), token), {}, 0, false});
+      result.forwards.push_back(ForwardDraws{std::vector<ChunkDraw>(size_t(f.draws()), ChunkDraw{token}), {}, 0, false});
     }
     return result;
   }
@@ -166,7 +166,7 @@ TEST_F(Planner, AFinishedSequenceLeavesAndANanFailsAlone) {
   ASSERT_EQ(plan.forwards.size(), 1u);
   ASSERT_EQ(plan.forwards[0].draws(), 2);
   StepResult result = drawing(plan, 7);
-  result.forwards[0].tokens[1] = kNanLogitsToken;  // b's logits held a NaN
+  result.forwards[0].draws[1].token = kNanLogitsToken;  // b's logits held a NaN
   std::vector<SequenceEvent> events = planner_->update(plan, result);
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[1].id, b);

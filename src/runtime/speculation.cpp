@@ -20,11 +20,33 @@ Speculation::Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, 
   verify_normed_ = be.alloc(act, k_ + 1, c.hidden_size);
   verify_act_ = be.alloc(act, k_ + 1, c.vocab_size);
   verify_logits_ = be.alloc(DType::F32, k_ + 1, c.vocab_size);
+  verify_tokens_ = be.alloc(DType::I64, k_ + 1, 1);
+  verify_params_ = be.alloc_sampling_rows(k_ + 1);
 }
 
 void Speculation::take_hidden(const Tensor& normed_row) {
   hidden_.resize(normed_row.row_size());
   runner_.download_result(normed_row, hidden_.data());
+}
+
+// Greedy: the target's own greedy draws of the verify's rows (only their ids leave the device).
+DraftVerdict Speculation::judge_greedy(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts) {
+  Backend& be = runner_.backend();
+  std::vector<SamplingParams> params;
+  for (int64_t i = 0; i < n; ++i) params.push_back(sampler.for_token(j + i));
+  be.upload_sampling_rows(params, verify_params_);
+  be.sample(verify_logits_.rows_view(0, n), verify_params_.first(n), verify_tokens_.rows_view(0, n));
+  std::vector<int64_t> drawn(static_cast<size_t>(n));
+  runner_.download_result(verify_tokens_.rows_view(0, n), drawn.data());
+  return judge_greedy_draws(std::vector<int32_t>(drawn.begin(), drawn.end()), drafts);
+}
+
+// Sampled: the acceptance rule on the verify's logits and the drafts' on the host.
+DraftVerdict Speculation::judge_sampled(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts,
+                                        const Drafts& drafted) {
+  std::vector<float> target(size_t(n * runner_.config().vocab_size));
+  runner_.download_result(verify_logits_.rows_view(0, n), target.data());
+  return judge_drafts(target, drafted.logits, drafts, runner_.config().vocab_size, sampler.for_token(j));
 }
 
 std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const Sampler& sampler, int64_t j,
@@ -52,10 +74,8 @@ std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const S
   const SequenceChunk chunk{&kv, tokens, n};
   runner_.forward(std::span(&chunk, 1), LogitsOutput{verify_normed_.rows_view(0, n), verify_act_.rows_view(0, n),
                                                      verify_logits_.rows_view(0, n)});
-  std::vector<float> target(size_t(n * V));
-  runner_.download_result(verify_logits_.rows_view(0, n), target.data());
   const std::span<const int32_t> drafts(tokens.data() + 1, size_t(n - 1));
-  const DraftVerdict verdict = judge_drafts(target, drafted.logits, drafts, V, sampler.for_token(j));
+  const DraftVerdict verdict = sampler.greedy() ? judge_greedy(sampler, j, n, drafts) : judge_sampled(sampler, j, n, drafts, drafted);
   kv.truncate(P + verdict.accepted + 1);
   take_hidden(verify_normed_.rows_view(verdict.accepted, 1));
   stats_.verify_seconds += seconds_since(t0);

@@ -10,12 +10,14 @@
 // target alone, and greedy text is the target's own.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/assistant.h"
 #include "runtime/drafter.h"
 #include "runtime/model_runner.h"
 #include "sampling/sampler.h"
+#include "sampling/speculative.h"
 
 namespace g4 {
 
@@ -38,12 +40,18 @@ class Speculation {
   const SpeculationStats& stats() const { return stats_; }
 
  private:
+  // The verdict on the verify's n rows (in verify_logits_) for `drafts`, drawn with token indices j....
+  DraftVerdict judge_greedy(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts);
+  DraftVerdict judge_sampled(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts,
+                             const Drafts& drafted);
+
   ModelRunner& runner_;
   int64_t k_;
   Drafter drafter_;
   std::vector<uint8_t> hidden_;  // take_hidden's row
   const ForcedAcceptance* forced_ = nullptr;
-  Tensor verify_normed_, verify_act_, verify_logits_;  // [K + 1, ...]
+  Tensor verify_normed_, verify_act_, verify_logits_, verify_tokens_;  // [K + 1, ...]
+  SamplingRows verify_params_;                                         // K + 1 rows
   SpeculationStats stats_;
 };
 
