@@ -19,6 +19,11 @@ std::string header(const std::string& name, const char* type, const char* help) 
 
 std::string sample(const std::string& name, double value) { return name + " " + number(value) + "\n"; }
 
+// A metric of one unlabelled sample: its header and its value.
+std::string metric(const std::string& name, const char* type, const char* help, double value) {
+  return header(name, type, help) + sample(name, value);
+}
+
 // Label values here are route paths and status codes; escaped anyway, as the format asks.
 std::string label_value(const std::string& v) {
   std::string out;
@@ -86,53 +91,50 @@ std::string Metrics::render(const EngineGauges& engine) const {
   for (const auto& [key, count] : requests_)
     out += "g4_requests_total{endpoint=\"" + label_value(key.first) + "\",status=\"" + std::to_string(key.second) +
            "\"} " + std::to_string(count) + "\n";
-  out += header("g4_prompt_tokens_total", "counter", "Prompt tokens of completed generations.");
-  out += sample("g4_prompt_tokens_total", double(prompt_tokens_));
-  out += header("g4_generated_tokens_total", "counter", "Tokens generated.");
-  out += sample("g4_generated_tokens_total", double(generated_tokens_));
-  out += header("g4_queue_depth", "gauge", "Requests waiting to start or to resume.");
-  out += sample("g4_queue_depth", double(engine.waiting));
-  out += header("g4_running_sequences", "gauge", "Sequences generating now.");
-  out += sample("g4_running_sequences", double(engine.running));
-  out += header("g4_preempted_sequences", "gauge", "Sequences preempted (KV pages swapped to host memory), waiting to resume.");
-  out += sample("g4_preempted_sequences", double(engine.preempted));
-  out += header("g4_preemptions_total", "counter", "Sequences preempted because running ones needed their KV pages.");
-  out += sample("g4_preemptions_total", double(engine.preemptions));
-  out += header("g4_kv_bytes_in_use", "gauge", "KV-cache bytes of the pages live sequences hold.");
-  out += sample("g4_kv_bytes_in_use", double(engine.kv_bytes_in_use));
-  out += header("g4_kv_bytes_cached", "gauge", "KV-cache bytes of cached prefix pages no sequence holds (reclaimable).");
-  out += sample("g4_kv_bytes_cached", double(engine.kv_bytes_cached));
-  out += header("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.");
-  out += sample("g4_kv_bytes_budget", double(engine.kv_budget_bytes));
+  out += metric("g4_prompt_tokens_total", "counter", "Prompt tokens of completed generations.", double(prompt_tokens_));
+  out += metric("g4_generated_tokens_total", "counter", "Tokens generated.", double(generated_tokens_));
+  out += metric("g4_queue_depth", "gauge", "Requests waiting to start or to resume.", double(engine.waiting));
+  out += metric("g4_running_sequences", "gauge", "Sequences generating now.", double(engine.running));
+  out += metric("g4_preempted_sequences", "gauge",
+                "Sequences preempted (KV pages swapped to host memory), waiting to resume.",
+                double(engine.preempted));
+  out += metric("g4_preemptions_total", "counter",
+                "Sequences preempted because running ones needed their KV pages.",
+                double(engine.preemptions));
+  out += metric("g4_kv_bytes_in_use", "gauge",
+                "KV-cache bytes of the pages live sequences hold.",
+                double(engine.kv_bytes_in_use));
+  out += metric("g4_kv_bytes_cached", "gauge",
+                "KV-cache bytes of cached prefix pages no sequence holds (reclaimable).",
+                double(engine.kv_bytes_cached));
+  out += metric("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.", double(engine.kv_budget_bytes));
   out += header("g4_kv_bytes_per_token", "gauge",
                 "KV-cache bytes one position takes, K and V, in the full-attention or the sliding layers.");
   out += "g4_kv_bytes_per_token{layers=\"full\"} " + std::to_string(engine.kv_bytes_per_token.full) + "\n";
   out += "g4_kv_bytes_per_token{layers=\"sliding\"} " + std::to_string(engine.kv_bytes_per_token.sliding) + "\n";
-  out += header("g4_kv_pages_total", "gauge", "The KV pool's pages.");
-  out += sample("g4_kv_pages_total", double(engine.kv_pages_total));
-  out += header("g4_kv_pages_in_use", "gauge", "KV pages live sequences hold.");
-  out += sample("g4_kv_pages_in_use", double(engine.kv_pages_in_use));
-  out += header("g4_kv_pages_shared", "gauge", "KV pages two or more live sequences hold (a common prefix held once).");
-  out += sample("g4_kv_pages_shared", double(engine.kv_pages_shared));
-  out += header("g4_kv_pages_cached", "gauge", "KV pages of cached prefixes no sequence holds (reclaimable).");
-  out += sample("g4_kv_pages_cached", double(engine.kv_pages_cached));
-  out += header("g4_kv_pages_free", "gauge", "KV pages that hold nothing.");
-  out += sample("g4_kv_pages_free", double(engine.kv_pages_free));
+  out += metric("g4_kv_pages_total", "gauge", "The KV pool's pages.", double(engine.kv_pages_total));
+  out += metric("g4_kv_pages_in_use", "gauge", "KV pages live sequences hold.", double(engine.kv_pages_in_use));
+  out += metric("g4_kv_pages_shared", "gauge",
+                "KV pages two or more live sequences hold (a common prefix held once).",
+                double(engine.kv_pages_shared));
+  out += metric("g4_kv_pages_cached", "gauge",
+                "KV pages of cached prefixes no sequence holds (reclaimable).",
+                double(engine.kv_pages_cached));
+  out += metric("g4_kv_pages_free", "gauge", "KV pages that hold nothing.", double(engine.kv_pages_free));
   if (engine.drafting) {
     const SpeculationStats& s = engine.speculation;
-    out += header("g4_draft_rounds_total", "counter", "Draft-and-verify rounds of the assistant (--draft_model).");
-    out += sample("g4_draft_rounds_total", double(s.rounds));
-    out += header("g4_draft_tokens_total", "counter", "Tokens the assistant drafted.");
-    out += sample("g4_draft_tokens_total", double(s.drafted));
-    out += header("g4_draft_tokens_accepted_total", "counter", "Drafted tokens the target accepted.");
-    out += sample("g4_draft_tokens_accepted_total", double(s.accepted));
-    out += header("g4_draft_tokens_per_round", "gauge",
-                  "Mean tokens a round gives: its accepted drafts and the target's own token (1 without drafts).");
-    out += sample("g4_draft_tokens_per_round", s.tokens_per_round());
-    out += header("g4_draft_seconds_total", "counter", "Time the assistant spent drafting.");
-    out += sample("g4_draft_seconds_total", s.draft_seconds);
-    out += header("g4_verify_seconds_total", "counter", "Time of the forwards that verified drafts.");
-    out += sample("g4_verify_seconds_total", s.verify_seconds);
+    out += metric("g4_draft_rounds_total", "counter",
+                  "Draft-and-verify rounds of the assistant (--draft_model).",
+                  double(s.rounds));
+    out += metric("g4_draft_tokens_total", "counter", "Tokens the assistant drafted.", double(s.drafted));
+    out += metric("g4_draft_tokens_accepted_total", "counter",
+                  "Drafted tokens the target accepted.",
+                  double(s.accepted));
+    out += metric("g4_draft_tokens_per_round", "gauge",
+                  "Mean tokens a round gives: its accepted drafts and the target's own token (1 without drafts).",
+                  s.tokens_per_round());
+    out += metric("g4_draft_seconds_total", "counter", "Time the assistant spent drafting.", s.draft_seconds);
+    out += metric("g4_verify_seconds_total", "counter", "Time of the forwards that verified drafts.", s.verify_seconds);
   }
   if (!engine.ranks.empty()) {
     out += header("g4_rank_running_sequences", "gauge", "Sequences generating now on each tensor-parallel rank.");
