@@ -14,6 +14,7 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/scheduler.h"
+#include "support/cuda_vs_cpu.h"
 #include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "util/error.h"
@@ -26,9 +27,10 @@ constexpr int64_t kDraftTokens = 3;
 const std::string kAssistantDir = std::string(G4_FIXTURES_DIR) + "/assistant/hf";
 
 // The fortune demo with its assistant, a KV budget of `sequences` sequences.
-std::unique_ptr<Engine> drafting_engine(int64_t sequences) {
+std::unique_ptr<Engine> drafting_engine(int64_t sequences, const std::string& backend = "cpu") {
   EngineOptions o;
   o.model_path = test::fortune_demo_path();
+  o.backend = backend;
   o.max_seq_len = kMaxSeqLen;
   o.draft_model = kAssistantDir;
   o.draft_tokens = kDraftTokens;
@@ -139,6 +141,17 @@ TEST(SpeculativeScheduler, RequestsADraftCannotServeDecodeOneTokenAtATimeBesideI
   EXPECT_EQ(b.tokens.at(ids[2]), alone(*engine, rs[2], false)) << "with log-probabilities";
   EXPECT_EQ(b.logprob_events.at(ids[2]), rs[2].max_new_tokens);
   EXPECT_EQ(b.tokens.at(ids[0]), alone(*engine, rs[0], true));
+}
+
+// On CUDA (batch-invariant forwards): a verify chunk beside other sequences' rows gives the bits
+// it gives alone, so each request's tokens, greedy and seeded, are its drafting session's.
+TEST(CudaSpeculativeScheduler, EachRequestGivesItsTokensAlone) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(test::cuda_backend_or_null());
+  auto engine = drafting_engine(8, "cuda");
+  const std::vector<SchedulerRequest> rs = requests();
+  std::vector<RequestId> ids;
+  const Batch b = run(*engine, rs, ids);
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(b.tokens.at(ids[i]), alone(*engine, rs[i], true)) << "request " << i;
 }
 
 TEST(SpeculativeScheduler, ARoundTooWideForTheRunnerIsAClearError) {
