@@ -15,6 +15,10 @@ Speculation::Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, 
                                                "] (the drafts and the pending token run in one forward of at most " +
                                                std::to_string(max_chunk) + " tokens), got " + std::to_string(k_));
   Backend& be = runner.backend();
+  // A verify is K + 1 rows of one sequence. Batch-invariant kernels read each weight once for up to
+  // 8 rows (CUDA's Q4_0 records: 8 rows cost ~1.15 one row's time, the packed kernels ~2.2 times;
+  // docs/PERF.md), so a session that drafts asks the backend for them.
+  be.set_batch_invariant(true);
   const ModelConfig& c = runner.config();
   const DType act = be.activation_dtype();
   verify_normed_ = be.alloc(act, k_ + 1, c.hidden_size);
