@@ -536,7 +536,9 @@ ModelRunner& with_batch_invariance(ModelRunner& runner, bool batch_invariant) {
 Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options)
     : runner_(with_batch_invariance(runner, options.batch_invariant)),
       planner_(runner.kv_pool(), limits_of(runner, options)),
-      executor_(runner, options.cuda_graphs, options.draft, limits_of(runner, options).forward_rows) {}
+      // The assistant's steps take at most a forward's rows (batch invariance) and draws (memory).
+      executor_(runner, options.cuda_graphs, options.draft,
+                std::min(limits_of(runner, options).forward_rows, runner.max_batch_sequences())) {}
 
 RequestId Scheduler::add(const SchedulerRequest& request) {
   runner_.check_tokens(request.prompt, 0, runner_.max_seq_len());
