@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -138,6 +139,33 @@ TEST(Assistant, ExportedAsGgufItDraftsTheCheckpointsBits) {
   auto be = make_backend("cpu");
   EXPECT_NE(test::error_of([&] { load_model(gguf, *be); }).find("give it as --draft_model"), std::string::npos);
   EXPECT_NE(test::error_of([&] { load_model(dir, *be); }).find("give it as --draft_model"), std::string::npos);
+}
+
+// The drafts a round default to the assistant's num_assistant_tokens (generation_config.json; in a
+// g4 export, g4.num_assistant_tokens), within what a round may hold, else 4; a value that is not a
+// positive integer is a clear error.
+TEST(Assistant, DraftsARoundComeFromItsGenerationConfig) {
+  auto be = make_backend("cpu");
+  const ModelConfig target = load_hf_config(kTargetDir + "/config.json");
+  EXPECT_EQ(load_assistant(kAssistantDir + "/hf", *be, target)->default_draft_tokens(), kDefaultDraftTokens);
+  const std::string dir = test::temp_dir("assistant-drafts");
+  for (const char* file : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(kAssistantDir + "/hf/" + file, dir + "/" + file);
+  auto with = [&](const std::string& generation_config) {
+    std::ofstream(dir + "/generation_config.json") << generation_config;
+  };
+  with(R"({"num_assistant_tokens": 6, "num_assistant_tokens_schedule": "constant"})");
+  EXPECT_EQ(load_assistant(dir, *be, target)->default_draft_tokens(), 6);
+  const std::string gguf = dir + "/assistant.gguf";
+  export_gguf(HfCheckpoint(dir, ModelRole::kAssistant), gguf, ExportOptions{});
+  EXPECT_EQ(load_assistant(gguf, *be, target)->default_draft_tokens(), 6);
+  with(R"({"num_assistant_tokens": 20})");  // transformers' own default: more than a round holds
+  EXPECT_EQ(load_assistant(dir, *be, target)->default_draft_tokens(), kMaxDraftTokens);
+  for (const char* bad : {R"({"num_assistant_tokens": 0})", R"({"num_assistant_tokens": 2.5})"}) {
+    with(bad);
+    EXPECT_NE(test::error_of([&] { load_assistant(dir, *be, target); }).find("num_assistant_tokens"), std::string::npos)
+        << bad;
+  }
 }
 
 TEST(Assistant, ReadsTheLastTargetLayerOfEachKind) {

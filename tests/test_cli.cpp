@@ -213,9 +213,9 @@ TEST(Cli, DraftModelOnRunAndBench) {
 
   for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
            {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "--draft_model synthetic goes with"},
-           {"bench --backend cpu --model_path '" + target + "' --draft_model '" + assistant + "' --draft_tokens 2 --draft_accept 3",
-            "at most --draft_tokens"},
-           {run + " --draft_model '" + assistant + "' --draft_tokens 0", "--draft_tokens must be in [1, 16]"},
+           {"bench --backend cpu --model_path '" + target + "' --prompt_len 20 --gen 8 --draft_model '" + assistant + "' --draft_tokens 2 --draft_accept 3",
+            "exceeds the 2 drafts a round"},
+           {run + " --draft_model '" + assistant + "' --draft_tokens 17", "--draft_tokens must be in [1, 16]"},
            {run + " --draft_model '" + target + "'", "num_kv_shared_layers"},
            {"run --prompt hi -n 2 --draft_model '" + assistant + "'", "does not belong"},
            {"serve --draft_model '" + assistant + "'", "does not belong"}}) {

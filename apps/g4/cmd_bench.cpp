@@ -50,7 +50,7 @@ struct BenchOptions {
   std::string json_schema;             // the continuous-batching bench's sequences constrained by this schema file
   KvTypeFlags kv;                      // the KV caches' types
   std::string draft_model;             // an MTP assistant ("synthetic": the 31B's): the single run also decodes in rounds
-  int64_t draft_tokens = 4;
+  int64_t draft_tokens = 0;            // 0: the assistant's num_assistant_tokens, else 4
   double draft_accept = -1;            // >= 0: the drafts that stand a round, forced (ForcedAcceptance)
 };
 
@@ -207,6 +207,11 @@ std::unique_ptr<Gemma4Assistant> bench_assistant(const BenchOptions& o, const Ge
 nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model, Backend& be, Session& s,
                                      const std::vector<int32_t>& prompt) {
   const std::unique_ptr<Gemma4Assistant> assistant = bench_assistant(o, model, be);
+  const int64_t k = o.draft_tokens > 0 ? o.draft_tokens : assistant->default_draft_tokens();
+  char accept[32];
+  std::snprintf(accept, sizeof accept, "%g", o.draft_accept);
+  G4_CHECK(o.draft_accept <= double(k), std::string("--draft_accept ") + accept + " exceeds the " + std::to_string(k) +
+                                            " drafts a round");
   GenerationRequest request;
   request.prompt = prompt;
   SamplingParams greedy;
@@ -219,12 +224,12 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
     s.reset();
     forced = ForcedAcceptance{generate(s, request).tokens, o.draft_accept};
   }
-  request.draft = DraftOptions{assistant.get(), o.draft_tokens, o.draft_accept >= 0 ? &forced : nullptr};
+  request.draft = DraftOptions{assistant.get(), k, o.draft_accept >= 0 ? &forced : nullptr};
   s.reset();
   const GenerationResult g = generate(s, request);
   const SpeculationStats& stats = *s.speculation_stats();
   nlohmann::json r = {{"draft_model", o.draft_model},
-                      {"draft_tokens", o.draft_tokens},
+                      {"draft_tokens", k},
                       {"drafted_decode_greedy_tok_s", double(g.tokens.size() - 1) / g.decode_seconds},
                       {"draft_rounds", stats.rounds},
                       {"draft_acceptance", stats.acceptance()},
@@ -312,11 +317,12 @@ std::shared_ptr<const grammar::CompiledGrammar> bench_grammar(const BenchOptions
 // The continuous-batching bench's report (bench_concurrency) on `model`.
 nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
   const std::unique_ptr<Gemma4Assistant> assistant = o.draft_model.empty() ? nullptr : bench_assistant(o, model, be);
+  const int64_t k = !assistant ? 0 : o.draft_tokens > 0 ? o.draft_tokens : assistant->default_draft_tokens();
   nlohmann::json r = bench_concurrency(model, be,
                                        {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph,
                                         o.kv.types(), o.profile_steps, bench_grammar(o, model.config()),
-                                        DraftOptions{assistant.get(), o.draft_tokens}});
-  if (assistant) r["draft_model"] = o.draft_model, r["draft_tokens"] = o.draft_tokens;
+                                        DraftOptions{assistant.get(), k}});
+  if (assistant) r["draft_model"] = o.draft_model, r["draft_tokens"] = k;
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
   r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
   r["load_s"] = load_s;
@@ -461,10 +467,9 @@ void run_bench(const BenchOptions& o) {
   G4_CHECK(o.draft_model.empty() || (!o.suite && o.tp == 1), "--draft_model runs with no --suite and no --tp");
   G4_CHECK(o.draft_model.empty() || (o.draft_model == "synthetic") == !o.synthetic.empty(),
            "--draft_model synthetic goes with --synthetic 31b (the 31B assistant's shape), a file with --model_path");
-  G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.concurrency.empty() && o.draft_accept <= double(o.draft_tokens)),
-           "--draft_accept needs --draft_model, one sequence and at most --draft_tokens drafts a round");
-  G4_CHECK(o.draft_tokens >= 1 && o.draft_tokens <= kMaxDraftTokens,
-           "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " + std::to_string(o.draft_tokens));
+  G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.concurrency.empty()),
+           "--draft_accept needs --draft_model and one sequence");
+  check_draft_tokens(o.draft_tokens);
   o.kv.types();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
   auto backend = make_backend(o.backend);
@@ -608,8 +613,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--draft_accept,--draft-accept", opts->draft_accept,
                   "Force this many drafts a round (a mean: 2.5 alternates 2 and 3) to stand: the rounds' drafts "
                   "replaced by the target's own greedy tokens, to measure a given acceptance");
-  cmd->add_option("--draft_tokens,--draft-tokens", opts->draft_tokens, "Tokens the assistant drafts a round")
-      ->capture_default_str();
+  cmd->add_option("--draft_tokens,--draft-tokens", opts->draft_tokens,
+                  "Tokens the assistant drafts a round (default: the assistant's num_assistant_tokens, else 4)");
   cmd->add_option("--tp", opts->tp,
                   "Split the model over this many ranks (tensor parallel: GPUs 0..N-1, or CPU threads): "
                   "prefill, decode (eager, and graph replay on CUDA) and the collectives' share of a step");

@@ -82,9 +82,9 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
   add_kv_type_flags(cmd, f.kv);
   cmd.add_option("--draft_model,--draft-model", f.draft_model,
                  "Gemma 4 MTP assistant (its checkpoint directory or gemma4-assistant .gguf) that drafts tokens for "
-                 "the model to verify: the same text, faster");
-  cmd.add_option("--draft_tokens,--draft-tokens", f.draft_tokens, "Tokens the assistant drafts a round")
-      ->capture_default_str();
+                 "the model to verify: greedy text is the model's own, sampled text has its distribution");
+  cmd.add_option("--draft_tokens,--draft-tokens", f.draft_tokens,
+                 "Tokens the assistant drafts a round (default: the assistant's num_assistant_tokens, else 4)");
 }
 
 LogitPenalties flag_penalties(const GenerationFlags& f) {
@@ -119,8 +119,7 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
   G4_CHECK(f.tp >= 1, "--tp must be at least 1, got " + std::to_string(f.tp));
   f.kv.types();
-  G4_CHECK(f.draft_tokens >= 1 && f.draft_tokens <= kMaxDraftTokens,
-           "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " + std::to_string(f.draft_tokens));
+  check_draft_tokens(f.draft_tokens);
 }
 
 void draw_seed_for_ranks(GenerationFlags& f) {

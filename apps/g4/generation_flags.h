@@ -30,7 +30,7 @@ struct GenerationFlags {
   bool cuda_graph = false;
   KvTypeFlags kv;
   std::string draft_model;  // an MTP assistant (--draft_model)
-  int64_t draft_tokens = 4;
+  int64_t draft_tokens = 0;  // 0: the assistant's num_assistant_tokens, else 4
   // The base seed --seed -1 drew before the ranks of a split model started (each rank must use the
   // same one); unset: effective_sampling draws it.
   std::optional<uint64_t> drawn_seed;

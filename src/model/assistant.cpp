@@ -63,8 +63,19 @@ DraftBuffers::DraftBuffers(const ModelConfig& c, Backend& be, int64_t max_rows) 
   logits_act = be.alloc(a, max_rows, c.vocab_size);
 }
 
-Gemma4Assistant::Gemma4Assistant(ModelConfig config, ModelWeights weights, const ModelConfig& target)
-    : config_(std::move(config)), weights_(std::move(weights)), cache_layers_(assistant_cache_layers(target, config_)) {}
+void check_draft_tokens(int64_t draft_tokens) {
+  G4_CHECK(draft_tokens >= 0 && draft_tokens <= kMaxDraftTokens,
+           "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) +
+               "] (0: the assistant's num_assistant_tokens, else " + std::to_string(kDefaultDraftTokens) + "), got " +
+               std::to_string(draft_tokens));
+}
+
+Gemma4Assistant::Gemma4Assistant(ModelConfig config, ModelWeights weights, const ModelConfig& target,
+                                 int64_t default_draft_tokens)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      cache_layers_(assistant_cache_layers(target, config_)),
+      default_draft_tokens_(default_draft_tokens) {}
 
 void Gemma4Assistant::layer(Backend& be, DraftBuffers& buf, int i, std::span<const DraftRow> rows,
                             const Tensor& positions, int64_t n) const {

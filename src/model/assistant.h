@@ -39,11 +39,21 @@ struct DraftRow {
   const std::vector<KvCache>* target_caches = nullptr;  // one per target layer
 };
 
+// Drafts a round when neither the user nor the assistant's files say otherwise, and the most a round
+// may hold (a verify forward of kMaxDraftTokens + 1 tokens).
+inline constexpr int64_t kDefaultDraftTokens = 4;
+inline constexpr int64_t kMaxDraftTokens = 16;
+// Throws unless `draft_tokens` is 0 (the assistant's default) or in [1, kMaxDraftTokens].
+void check_draft_tokens(int64_t draft_tokens);
+
 class Gemma4Assistant {
  public:
   // Throws (assistant_cache_layers) unless the assistant belongs to `target`'s config.
-  Gemma4Assistant(ModelConfig config, ModelWeights weights, const ModelConfig& target);
+  // default_draft_tokens: the drafts a round its files ask for (num_assistant_tokens).
+  Gemma4Assistant(ModelConfig config, ModelWeights weights, const ModelConfig& target,
+                  int64_t default_draft_tokens = kDefaultDraftTokens);
   const ModelConfig& config() const { return config_; }
+  int64_t default_draft_tokens() const { return default_draft_tokens_; }
   const ModelWeights& weights() const { return weights_; }
   const std::vector<int>& cache_layers() const { return cache_layers_; }
 
@@ -61,6 +71,7 @@ class Gemma4Assistant {
   ModelConfig config_;
   ModelWeights weights_;
   std::vector<int> cache_layers_;
+  int64_t default_draft_tokens_;
 };
 
 }  // namespace g4

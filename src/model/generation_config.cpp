@@ -18,6 +18,12 @@ constexpr const char* kTopK = "general.sampling.top_k";
 constexpr const char* kTopP = "general.sampling.top_p";
 constexpr const char* kMinP = "general.sampling.min_p";
 constexpr const char* kLegacyPrefix = "g4.generation.";
+constexpr const char* kNumAssistantTokens = "g4.num_assistant_tokens";
+
+int64_t checked_assistant_tokens(int64_t n, const std::string& where) {
+  G4_CHECK(n >= 1, where + ": num_assistant_tokens must be a positive integer, got " + std::to_string(n));
+  return n;
+}
 
 // The key holding a default: llama.cpp's, else its g4.generation.<name> predecessor; nullptr if neither.
 const char* key_of_default(const GgufMetadata& m, const char* key, const std::string& legacy_key) {
@@ -57,6 +63,24 @@ void write_generation_defaults(const GenerationDefaults& d, GgufMetadata& m) {
   if (d.top_p) m.set(kTopP, GgufValue(*d.top_p));
   if (d.min_p) m.set(kMinP, GgufValue(*d.min_p));
 }
+
+std::optional<int64_t> read_num_assistant_tokens(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "generation_config.json").string();
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  const nlohmann::json j = read_json_file(path);
+  G4_CHECK(j.is_object(), "'" + path + "' is not a JSON object");
+  const char* key = "num_assistant_tokens";
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  G4_CHECK(j[key].is_number_integer(), "'" + path + "': '" + key + "' must be an integer");
+  return checked_assistant_tokens(j[key].get<int64_t>(), path);
+}
+
+std::optional<int64_t> read_num_assistant_tokens(const GgufMetadata& m) {
+  if (!m.find(kNumAssistantTokens)) return std::nullopt;
+  return checked_assistant_tokens(m.get_int(kNumAssistantTokens), kNumAssistantTokens);
+}
+
+void write_num_assistant_tokens(int64_t tokens, GgufMetadata& m) { m.set(kNumAssistantTokens, GgufValue(uint32_t(tokens))); }
 
 GenerationDefaults read_generation_defaults(const GgufMetadata& m) {
   GenerationDefaults d;

@@ -21,4 +21,11 @@ GenerationDefaults read_generation_config(const std::string& dir);
 void write_generation_defaults(const GenerationDefaults& d, GgufMetadata& metadata);
 GenerationDefaults read_generation_defaults(const GgufMetadata& metadata);
 
+// An MTP assistant's drafts a round (transformers' num_assistant_tokens in DIR/generation_config.json;
+// in a model file, g4.num_assistant_tokens): empty when absent. Throws g4::Error for a value that
+// is not a positive integer.
+std::optional<int64_t> read_num_assistant_tokens(const std::string& dir);
+std::optional<int64_t> read_num_assistant_tokens(const GgufMetadata& metadata);
+void write_num_assistant_tokens(int64_t tokens, GgufMetadata& metadata);
+
 }  // namespace g4

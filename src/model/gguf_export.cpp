@@ -179,6 +179,8 @@ ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& outp
   std::vector<PlannedTensor> planned = plan_tensors(checkpoint, options);
   GgufMetadata metadata = gemma4_metadata(checkpoint.config(), result.program);
   write_generation_defaults(read_generation_config(checkpoint.dir()), metadata);
+  if (const std::optional<int64_t> drafts = read_num_assistant_tokens(checkpoint.dir()))
+    write_num_assistant_tokens(*drafts, metadata);
   if (auto tokenizer = read_tokenizer_json(checkpoint.dir())) {
     // g4 reads tokenizer.huggingface.json; llama.cpp reads the tokenizer.ggml.* keys.
     // A tokenizer llama.cpp's gemma4 one cannot express still travels for g4; the reason is kept.

@@ -1,9 +1,11 @@
 #include "model/loader.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "model/hf_checkpoint.h"
 #include "model/gguf_model.h"
+#include "model/generation_config.h"
 #include "model/gguf_tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -65,16 +67,18 @@ std::optional<std::string> model_tokenizer_json(const ModelImage& image) {
 
 std::unique_ptr<Gemma4Assistant> load_assistant(const std::string& path, Backend& backend, const ModelConfig& target) {
   G4_REQUIRE(kNotFound, std::filesystem::exists(path), "assistant path '" + path + "' does not exist");
-  auto load = [&](const ModelConfig& config, const TensorSource& source) {
+  // Its files' drafts a round, within what a round may hold.
+  auto load = [&](const ModelConfig& config, const TensorSource& source, std::optional<int64_t> draft_tokens) {
     assistant_cache_layers(target, config);  // before any weight is read
-    return std::make_unique<Gemma4Assistant>(config, load_weights(config, source, backend), target);
+    return std::make_unique<Gemma4Assistant>(config, load_weights(config, source, backend), target,
+                                             std::min(draft_tokens.value_or(kDefaultDraftTokens), kMaxDraftTokens));
   };
   if (std::filesystem::is_directory(path)) {
     const HfCheckpoint checkpoint(path, ModelRole::kAssistant);
-    return load(checkpoint.config(), checkpoint);
+    return load(checkpoint.config(), checkpoint, read_num_assistant_tokens(path));
   }
   const GgufModel file(path, ModelRole::kAssistant);
-  return load(file.config(), file);
+  return load(file.config(), file, read_num_assistant_tokens(file.file().metadata()));
 }
 
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {

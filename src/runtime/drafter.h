@@ -15,9 +15,6 @@
 
 namespace g4 {
 
-// The most drafts a round may hold (a verify forward of kMaxDraftTokens + 1 tokens).
-inline constexpr int64_t kMaxDraftTokens = 16;
-
 // A benchmark's control of acceptance (`g4 bench --draft_accept`): the assistant drafts as
 // always, then a greedy round's drafts are replaced so that a chosen number stand — the first ones by
 // the target's own greedy continuation, the next by a token that differs from it — round r taking
@@ -33,7 +30,7 @@ struct ForcedAcceptance {
 // Drafting for a generation: none without an assistant.
 struct DraftOptions {
   const Gemma4Assistant* assistant = nullptr;
-  int64_t draft_tokens = 4;  // K, the most drafts of a round
+  int64_t draft_tokens = kDefaultDraftTokens;  // K, the most drafts of a round
   const ForcedAcceptance* forced = nullptr;  // benchmarks, greedy only; null: the drafts stand as drafted
 };
 

@@ -58,11 +58,9 @@ Engine::Engine(const EngineOptions& options)
   // The assistant's weights before the runner: its KV pool takes what the device then has free.
   if (!options.draft_model.empty()) {
     G4_REQUIRE(kUnsupported, !comm_, "a draft model with a split model (--tp > 1) is not supported yet");
-    G4_CHECK(options.draft_tokens >= 1 && options.draft_tokens <= kMaxDraftTokens,
-             "--draft_tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " +
-                 std::to_string(options.draft_tokens));
+    check_draft_tokens(options.draft_tokens);
     assistant_ = load_assistant(options.draft_model, *backend_, config());
-    draft_tokens_ = options.draft_tokens;
+    draft_tokens_ = options.draft_tokens > 0 ? options.draft_tokens : assistant_->default_draft_tokens();
     // A scheduler's verify chunk draws every one of its rows in one forward.
     ro.max_batch_sequences = std::max<int64_t>(ro.max_batch_sequences, draft_tokens_ + 1);
   }
