@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 
 namespace g4::serve {
 
@@ -19,9 +20,17 @@ std::string header(const std::string& name, const char* type, const char* help) 
 
 std::string sample(const std::string& name, double value) { return name + " " + number(value) + "\n"; }
 
-// A metric of one unlabelled sample: its header and its value.
-std::string metric(const std::string& name, const char* type, const char* help, double value) {
-  return header(name, type, help) + sample(name, value);
+// Metrics of one unlabelled sample each: their headers and values.
+struct Sample {
+  const char* name;
+  const char* type;
+  const char* help;
+  double value;
+};
+std::string samples(std::initializer_list<Sample> list) {
+  std::string out;
+  for (const Sample& m : list) out += header(m.name, m.type, m.help) + sample(m.name, m.value);
+  return out;
 }
 
 // Label values here are route paths and status codes; escaped anyway, as the format asks.
@@ -91,56 +100,52 @@ std::string Metrics::render(const EngineGauges& engine) const {
   for (const auto& [key, count] : requests_)
     out += "g4_requests_total{endpoint=\"" + label_value(key.first) + "\",status=\"" + std::to_string(key.second) +
            "\"} " + std::to_string(count) + "\n";
-  out += metric("g4_prompt_tokens_total", "counter", "Prompt tokens of completed generations.", double(prompt_tokens_));
-  out += metric("g4_generated_tokens_total", "counter", "Tokens generated.", double(generated_tokens_));
-  out += metric("g4_queue_depth", "gauge", "Requests waiting to start or to resume.", double(engine.waiting));
-  out += metric("g4_running_sequences", "gauge", "Sequences generating now.", double(engine.running));
-  out += metric("g4_preempted_sequences", "gauge",
-                "Sequences preempted (KV pages swapped to host memory), waiting to resume.",
-                double(engine.preempted));
-  out += metric("g4_preemptions_total", "counter",
-                "Sequences preempted because running ones needed their KV pages.",
-                double(engine.preemptions));
-  out += metric("g4_kv_bytes_in_use", "gauge",
-                "KV-cache bytes of the pages live sequences hold.",
-                double(engine.kv_bytes_in_use));
-  out += metric("g4_kv_bytes_cached", "gauge",
-                "KV-cache bytes of cached prefix pages no sequence holds (reclaimable).",
-                double(engine.kv_bytes_cached));
-  out += metric("g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.", double(engine.kv_budget_bytes));
+  out +=
+      samples({{"g4_prompt_tokens_total", "counter", "Prompt tokens of completed generations.", double(prompt_tokens_)},
+               {"g4_generated_tokens_total", "counter", "Tokens generated.", double(generated_tokens_)},
+               {"g4_queue_depth", "gauge", "Requests waiting to start or to resume.", double(engine.waiting)},
+               {"g4_running_sequences", "gauge", "Sequences generating now.", double(engine.running)},
+               {"g4_preempted_sequences", "gauge",
+                "Sequences preempted (KV pages swapped to host memory), waiting to resume.", double(engine.preempted)},
+               {"g4_preemptions_total", "counter", "Sequences preempted because running ones needed their KV pages.",
+                double(engine.preemptions)},
+               {"g4_kv_bytes_in_use", "gauge", "KV-cache bytes of the pages live sequences hold.",
+                double(engine.kv_bytes_in_use)},
+               {"g4_kv_bytes_cached", "gauge", "KV-cache bytes of cached prefix pages no sequence holds (reclaimable).",
+                double(engine.kv_bytes_cached)},
+               {"g4_kv_bytes_budget", "gauge", "The KV pool's budget in bytes.", double(engine.kv_budget_bytes)}});
   out += header("g4_kv_bytes_per_token", "gauge",
                 "KV-cache bytes one position takes, K and V, in the full-attention or the sliding layers.");
   out += "g4_kv_bytes_per_token{layers=\"full\"} " + std::to_string(engine.kv_bytes_per_token.full) + "\n";
   out += "g4_kv_bytes_per_token{layers=\"sliding\"} " + std::to_string(engine.kv_bytes_per_token.sliding) + "\n";
-  out += metric("g4_kv_pages_total", "gauge", "The KV pool's pages.", double(engine.kv_pages_total));
-  out += metric("g4_kv_pages_in_use", "gauge", "KV pages live sequences hold.", double(engine.kv_pages_in_use));
-  out += metric("g4_kv_pages_shared", "gauge",
-                "KV pages two or more live sequences hold (a common prefix held once).",
-                double(engine.kv_pages_shared));
-  out += metric("g4_kv_pages_cached", "gauge",
-                "KV pages of cached prefixes no sequence holds (reclaimable).",
-                double(engine.kv_pages_cached));
-  out += metric("g4_kv_pages_free", "gauge", "KV pages that hold nothing.", double(engine.kv_pages_free));
+  out +=
+      samples({{"g4_kv_pages_total", "gauge", "The KV pool's pages.", double(engine.kv_pages_total)},
+               {"g4_kv_pages_in_use", "gauge", "KV pages live sequences hold.", double(engine.kv_pages_in_use)},
+               {"g4_kv_pages_shared", "gauge", "KV pages two or more live sequences hold (a common prefix held once).",
+                double(engine.kv_pages_shared)},
+               {"g4_kv_pages_cached", "gauge", "KV pages of cached prefixes no sequence holds (reclaimable).",
+                double(engine.kv_pages_cached)},
+               {"g4_kv_pages_free", "gauge", "KV pages that hold nothing.", double(engine.kv_pages_free)}});
   if (engine.drafting) {
     const SpeculationStats& s = engine.speculation;
-    out += metric("g4_draft_rounds_total", "counter",
-                  "Draft-and-verify rounds of the assistant (--draft_model).",
-                  double(s.rounds));
-    out += metric("g4_draft_tokens_total", "counter", "Tokens the assistant drafted.", double(s.drafted));
-    out += metric("g4_draft_tokens_accepted_total", "counter",
-                  "Drafted tokens the target accepted.",
-                  double(s.accepted));
-    out += metric("g4_draft_tokens_per_round", "gauge",
-                  "Mean tokens a round gives: its accepted drafts and the target's own token (1 without drafts).",
-                  s.tokens_per_round());
-    out += metric("g4_draft_seconds_total", "counter", "Time the assistant spent drafting.", s.draft_seconds);
-    out += metric("g4_verify_seconds_total", "counter", "Time of the forwards that verified drafts.", s.verify_seconds);
+    out += samples(
+        {{"g4_draft_rounds_total", "counter", "Draft-and-verify rounds of the assistant (--draft_model).",
+          double(s.rounds)},
+         {"g4_draft_tokens_total", "counter", "Tokens the assistant drafted.", double(s.drafted)},
+         {"g4_draft_tokens_accepted_total", "counter", "Drafted tokens the target accepted.", double(s.accepted)},
+         {"g4_draft_tokens_per_round", "gauge",
+          "Mean tokens a round gives: its accepted drafts and the target's own token (1 without drafts).",
+          s.tokens_per_round()},
+         {"g4_draft_seconds_total", "counter", "Time the assistant spent drafting.", s.draft_seconds},
+         {"g4_verify_seconds_total", "counter", "Time of the forwards that verified drafts.", s.verify_seconds}});
   }
   if (!engine.ranks.empty()) {
     out += header("g4_rank_running_sequences", "gauge", "Sequences generating now on each tensor-parallel rank.");
     for (size_t r = 0; r < engine.ranks.size(); ++r)
-      out += "g4_rank_running_sequences{rank=\"" + std::to_string(r) + "\"} " + std::to_string(engine.ranks[r].running) + "\n";
-    out += header("g4_rank_kv_bytes_in_use", "gauge", "KV-cache bytes held by live sequences on each tensor-parallel rank.");
+      out += "g4_rank_running_sequences{rank=\"" + std::to_string(r) + "\"} " +
+             std::to_string(engine.ranks[r].running) + "\n";
+    out += header("g4_rank_kv_bytes_in_use", "gauge",
+                  "KV-cache bytes held by live sequences on each tensor-parallel rank.");
     for (size_t r = 0; r < engine.ranks.size(); ++r)
       out += "g4_rank_kv_bytes_in_use{rank=\"" + std::to_string(r) + "\"} " +
              std::to_string(engine.ranks[r].kv_bytes_in_use) + "\n";
