@@ -436,17 +436,14 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int32_t> tokens = runner_.forward_and_sample(chunks, params, adjustments, masks, run);
 
-  // The logits and hidden rows, read back only where needed: sampled verify chunks and
-  // log-probabilities (logits), drafting sequences (hidden rows).
+  // The logits and hidden rows, read back only where needed: a sampled verify chunk's rows and a
+  // log-probability row (logits), drafting sequences' rows (hidden).
   const LogitsOutput ws = runner_.workspace_logits(int64_t(params.size()));
   const int64_t V = ws.logits.cols;
-  std::vector<float> logits;
   auto logits_rows = [&](int64_t first, int64_t n) {
-    if (logits.empty()) {
-      logits.resize(size_t(ws.logits.numel()));
-      runner_.download_result(ws.logits, logits.data());
-    }
-    return std::span<const float>(logits).subspan(size_t(first * V), size_t(n * V));
+    std::vector<float> rows(size_t(n * V));
+    runner_.download_result(ws.logits.rows_view(first, n), rows.data());
+    return rows;
   };
   std::vector<uint8_t> hidden;
   if (keeps_hidden) {
@@ -481,7 +478,7 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
       d.hidden.assign(hidden.begin() + at * int64_t(bytes), hidden.begin() + (at + 1) * int64_t(bytes));
     }
     if (c.top_logprobs >= 0) {  // as the draw saw them (after any logit bias and penalties)
-      const std::span<const float> r = logits_rows(row, 1);
+      const std::vector<float> r = logits_rows(row, 1);
       out.logits.resize(out.draws.size() * size_t(V));
       out.logits.insert(out.logits.end(), r.begin(), r.end());
     }
