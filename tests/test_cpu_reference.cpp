@@ -142,6 +142,21 @@ TEST(CpuBackendOps, AttentionOfTheChunksLastQueries) {
   EXPECT_THROW(be.attention(args_for(T - 2, q, cache)), Error);  // all T rows, but q_first says the last 2
 }
 
+// A draft chain's drawn tokens become the next step's ids; a row that drew none feeds id 0; the
+// types are checked.
+TEST(CpuBackendOps, TokensToIdsFeedZeroForAFailedDraw) {
+  CpuBackend be(1);
+  const std::vector<int64_t> tokens = {5, kNanLogitsToken, 262143};
+  Tensor t = be.alloc(DType::I64, 3, 1), ids = be.alloc(DType::I32, 3, 1);
+  be.upload(tokens.data(), t);
+  be.tokens_to_ids(t, ids);
+  std::vector<int32_t> got(3);
+  be.download(ids, got.data());
+  EXPECT_EQ(got, (std::vector<int32_t>{5, 0, 262143}));
+  EXPECT_THROW(be.tokens_to_ids(ids, t), Error);
+  EXPECT_THROW(be.tokens_to_ids(t, be.alloc(DType::I32, 2, 1)), Error);
+}
+
 TEST(CpuBackendOps, MatmulsAreOneMatmulPerWeight) {
   CpuBackend be(2);
   const std::vector<float> xv = {1, 2, 3, 4, -1, 0.5f, 2, -3};  // x [2, 4]

@@ -491,6 +491,22 @@ TEST_F(CudaOps, SampleAndAdvanceStepMatchTheCpu) {
   EXPECT_EQ(position, 42);
 }
 
+// A draft chain's drawn tokens become the next step's ids on the device; a row that drew none
+// (kNanLogitsToken) feeds id 0.
+TEST_F(CudaOps, TokensToIdsMatchTheCpu) {
+  const std::vector<int64_t> tokens = {5, kNanLogitsToken, 262143, 0, 77};
+  Both t = raw(DType::I64, 5, 1, tokens.data());
+  Both ids{cpu_.alloc(DType::I32, 5, 1), gpu_->alloc(DType::I32, 5, 1)};
+  cpu_.tokens_to_ids(t.cpu, ids.cpu);
+  gpu_->tokens_to_ids(t.gpu, ids.gpu);
+  std::vector<int32_t> want(5), got(5);
+  cpu_.download(ids.cpu, want.data());
+  gpu_->download(ids.gpu, got.data());
+  EXPECT_EQ(want, (std::vector<int32_t>{5, 0, 262143, 0, 77}));
+  EXPECT_EQ(got, want);
+  EXPECT_THROW(gpu_->tokens_to_ids(ids.gpu, t.gpu), Error) << "I32 tokens";
+}
+
 TEST_F(CudaOps, TooLargeAllocationIsAClearError) {
   try {
     gpu_->alloc(DType::BF16, int64_t(1) << 22, int64_t(1) << 20);  // 8 TiB

@@ -40,6 +40,12 @@ KvCache one_page_kv_cache(Backend& backend, DType dtype, int64_t capacity, int64
   return one_page_kv_cache(backend, backend.alloc(dtype, capacity, kv_cols), backend.alloc(dtype, capacity, kv_cols));
 }
 
+void Backend::check_tokens_to_ids(const Tensor& tokens, const Tensor& ids) {
+  G4_CHECK(tokens.dtype == DType::I64 && ids.dtype == DType::I32 && tokens.cols == 1 && ids.cols == 1 &&
+               tokens.rows == ids.rows,
+           "tokens_to_ids: I64 tokens and I32 ids, one column of the same rows each");
+}
+
 void Backend::check_concat_cols(std::span<const Tensor> parts, const Tensor& out) {
   int64_t cols = 0;
   for (const Tensor& p : parts) {

@@ -334,6 +334,12 @@ class Backend {
   // The step advance that ends a captured step: ids[0] = int32(token[0]); positions[0] += 1. After
   // a kNanLogitsToken the ids are no token: the caller must not replay again (DecodeGraph::next).
   virtual void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) = 0;
+  // Drawn tokens as the next step's inputs, on the device: ids[r] = int32(tokens[r]) for tokens I64
+  // [n, 1] and ids I32 [n, 1]; a row that drew no token (kNanLogitsToken) gets id 0, so that a
+  // chain of steps runs on (the caller discards what follows that row's failed draw).
+  virtual void tokens_to_ids(const Tensor& tokens, const Tensor& ids) = 0;
+  // What every backend's tokens_to_ids checks first: I64 and I32 columns of one row count.
+  static void check_tokens_to_ids(const Tensor& tokens, const Tensor& ids);
 };
 
 }  // namespace g4

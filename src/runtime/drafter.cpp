@@ -23,7 +23,7 @@ Drafter::Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t 
   positions_ = be.alloc(DType::I32, max_rows, 1);
   h_ = be.alloc(be.activation_dtype(), max_rows, runner.config().hidden_size);
   logits_ = be.alloc(DType::F32, max_rows, runner.config().vocab_size);
-  tokens_ = be.alloc(DType::I64, max_rows, 1);
+  tokens_ = be.alloc(DType::I64, kMaxDraftTokens * max_rows, 1);
   params_ = be.alloc_sampling_rows(max_rows);
 }
 
@@ -54,34 +54,44 @@ void Drafter::draft_group(std::span<const DraftRequest> requests, std::span<Draf
     rows[size_t(r)] = DraftRow{q.caches};
     steps = std::max(steps, q.drafts);
   }
-  const Tensor ids_n = ids_.rows_view(0, n), h = h_.rows_view(0, n), logits = logits_.rows_view(0, n),
-               tokens = tokens_.rows_view(0, n);
+  const Tensor ids_n = ids_.rows_view(0, n), h = h_.rows_view(0, n), logits = logits_.rows_view(0, n);
+  auto step_tokens = [&](int64_t i) { return tokens_.rows_view(i * n, n); };  // step i's draws
   be.upload(positions.data(), positions_.rows_view(0, n));
   be.upload(hidden.data(), h);
-  std::vector<bool> drafting(count, true);  // until its count is reached or its logits hold a NaN
+  be.upload(ids.data(), ids_n);
+  // Greedy rows need no host work between steps: each step's draws become the next step's ids on
+  // the device, and every step's tokens come back at the end. A sampled row's logits come back
+  // after each step (the acceptance rule weighs them).
+  const bool sampled = std::any_of(requests.begin(), requests.end(), [](const DraftRequest& q) { return !is_greedy(q.params); });
   std::vector<SamplingParams> params(count);
-  std::vector<int64_t> drawn(count);
+  std::vector<std::vector<float>> step_logits(count);  // sampled rows: every step's logits
   for (int64_t i = 0; i < steps; ++i) {
-    be.upload(ids.data(), ids_n);
+    if (i > 0) be.tokens_to_ids(step_tokens(i - 1), ids_n);
     assistant_.step(be, buf_, runner_.model(), rows, ids_n, positions_.rows_view(0, n), h, logits, h);
-    for (int64_t r = 0; r < n; ++r) {
-      params[size_t(r)] = requests[size_t(r)].params;
-      params[size_t(r)].seed += uint64_t(i);
-    }
-    be.upload_sampling_rows(params, params_);
-    be.sample(logits, params_.first(n), tokens);
-    runner_.download_result(tokens, drawn.data());
-    for (int64_t r = 0; r < n; ++r) {
-      const DraftRequest& q = requests[size_t(r)];
-      drafting[size_t(r)] = drafting[size_t(r)] && i < q.drafts && drawn[size_t(r)] != kNanLogitsToken;
-      if (!drafting[size_t(r)]) continue;  // its row still runs (fed its last token); its results are unused
-      Drafts& d = out[size_t(r)];
-      d.tokens.push_back(int32_t(drawn[size_t(r)]));
-      ids[size_t(r)] = d.tokens.back();
-      if (!is_greedy(q.params)) {
-        d.logits.resize(d.tokens.size() * size_t(V));
-        be.download(logits.rows_view(r, 1), d.logits.data() + (d.tokens.size() - 1) * size_t(V));
+    if (i == 0 || sampled) {  // a greedy draw does not read its seed
+      for (int64_t r = 0; r < n; ++r) {
+        params[size_t(r)] = requests[size_t(r)].params;
+        params[size_t(r)].seed += uint64_t(i);
       }
+      be.upload_sampling_rows(params, params_);
+    }
+    be.sample(logits, params_.first(n), step_tokens(i));
+    for (int64_t r = 0; r < n && sampled; ++r) {
+      if (is_greedy(requests[size_t(r)].params)) continue;
+      std::vector<float>& kept = step_logits[size_t(r)];
+      kept.resize(size_t(i + 1) * size_t(V));
+      runner_.download_result(logits.rows_view(r, 1), kept.data() + size_t(i) * size_t(V));
+    }
+  }
+  std::vector<int64_t> drawn(size_t(steps) * count);
+  runner_.download_result(tokens_.rows_view(0, steps * n), drawn.data());
+  for (int64_t r = 0; r < n; ++r) {  // a row's drafts: its count, or up to a draw from NaN logits
+    Drafts& d = out[size_t(r)];
+    for (int64_t i = 0; i < requests[size_t(r)].drafts && drawn[size_t(i * n + r)] != kNanLogitsToken; ++i)
+      d.tokens.push_back(int32_t(drawn[size_t(i * n + r)]));
+    if (!step_logits[size_t(r)].empty()) {
+      d.logits = std::move(step_logits[size_t(r)]);
+      d.logits.resize(d.tokens.size() * size_t(V));
     }
   }
 }

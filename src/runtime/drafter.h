@@ -76,7 +76,8 @@ class Drafter {
   const Gemma4Assistant& assistant_;
   ModelRunner& runner_;
   DraftBuffers buf_;
-  Tensor ids_, positions_, h_, logits_, tokens_;
+  Tensor ids_, positions_, h_, logits_;
+  Tensor tokens_;  // each step's draws: [kMaxDraftTokens][max_rows]
   SamplingRows params_;
 };
 

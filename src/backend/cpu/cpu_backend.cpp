@@ -336,4 +336,12 @@ void CpuBackend::advance_step(const Tensor& token, const Tensor& ids, const Tens
   positions.as<int32_t>()[0] += 1;
 }
 
+void CpuBackend::tokens_to_ids(const Tensor& tokens, const Tensor& ids) {
+  check_tokens_to_ids(tokens, ids);
+  for (int64_t r = 0; r < tokens.rows; ++r) {
+    const int64_t t = tokens.as<int64_t>()[r];
+    ids.as<int32_t>()[r] = t >= 0 ? int32_t(t) : 0;
+  }
+}
+
 }  // namespace g4

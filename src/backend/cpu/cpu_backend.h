@@ -50,6 +50,7 @@ class CpuBackend : public Backend {
   void end_capture(std::unique_ptr<RecordedStep>& step) override;
   void replay(const RecordedStep& step) override;
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override;
+  void tokens_to_ids(const Tensor& tokens, const Tensor& ids) override;
 
  private:
   // In place on x [T*heads, head_dim]: RMSNorm of each head with `weight`, then RoPE.

@@ -724,6 +724,10 @@ class CudaBackend final : public Backend {
     dequantize_must_wait_ = true;  // a captured forward may use the dequantized scratches
   }
 
+  void tokens_to_ids(const Tensor& tokens, const Tensor& ids) override {
+    check_tokens_to_ids(tokens, ids);
+    launch_tokens_to_ids(ptr<int64_t>(tokens), ptr<int32_t>(ids), tokens.rows, stream_);
+  }
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override {
     launch_advance_step(ptr<int64_t>(token), ptr<int32_t>(ids), ptr<int32_t>(positions), stream_);
   }

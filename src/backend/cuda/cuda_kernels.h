@@ -59,6 +59,7 @@ void launch_mask_logits(float* logits, int64_t rows, int64_t vocab, const uint32
                         const int32_t* row_mask, cudaStream_t stream);
 // ids[0] = int32(token[0]); positions[0] += 1 (the device-side step advance of graph decode).
 void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions, cudaStream_t stream);
+void launch_tokens_to_ids(const int64_t* tokens, int32_t* ids, int64_t rows, cudaStream_t stream);
 // Uniform values in [center - spread, center + spread] from a counter hash of (seed, index).
 void launch_fill_uniform(bf16* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);
 void launch_fill_uniform(float* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream);

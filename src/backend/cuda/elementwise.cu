@@ -346,6 +346,11 @@ __global__ void advance_step_kernel(const int64_t* token, int32_t* ids, int32_t*
   positions[0] += 1;
 }
 
+__global__ void tokens_to_ids_kernel(const int64_t* tokens, int32_t* ids, int64_t rows) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x)
+    ids[r] = tokens[r] >= 0 ? int32_t(tokens[r]) : 0;
+}
+
 template <typename T>
 __global__ void fill_uniform_kernel(T* dst, int64_t n, float center, float spread, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -438,6 +443,11 @@ void launch_convert_weight(const void* src, DType src_dtype, int64_t rows, int64
 
 void launch_advance_step(const int64_t* token, int32_t* ids, int32_t* positions, cudaStream_t stream) {
   launch_kernel("advance_step_kernel", advance_step_kernel, 1, 1, 0, stream, Pdl::kOff, token, ids, positions);
+}
+
+void launch_tokens_to_ids(const int64_t* tokens, int32_t* ids, int64_t rows, cudaStream_t stream) {
+  launch_kernel("tokens_to_ids_kernel", tokens_to_ids_kernel, blocks_for(rows, 1), kThreads, 0, stream, Pdl::kOff,
+                tokens, ids, rows);
 }
 
 void launch_fill_uniform(bf16* dst, int64_t n, float center, float spread, uint64_t seed, cudaStream_t stream) {
