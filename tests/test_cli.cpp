@@ -173,7 +173,8 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
 // --kv_type and --kv_sliding_type on the commands that run the model: the caches they ask for (the
 // report's bytes a token), and a clear error before anything loads for a type that does not exist.
 // --draft_model on g4 run (the same greedy ids as without it, and the rounds reported) and g4
-// bench (the drafted decode's figures); where it cannot run, a clear error.
+// bench (the drafted decode's figures); `--draft_model demo`, the assistant linked into g4 beside the
+// demo; where it cannot run, a clear error.
 TEST(Cli, DraftModelOnRunAndBench) {
   const std::string target = std::string(G4_FIXTURES_DIR) + "/demo/hf", assistant = std::string(G4_FIXTURES_DIR) + "/assistant/hf";
   const std::string run = "run -m '" + target + "' --prompt_tokens 2,105,738,611 --temperature 0 -n 12 --print_token_ids";
@@ -211,8 +212,18 @@ TEST(Cli, DraftModelOnRunAndBench) {
   EXPECT_EQ(b["generated_tokens"].get<int64_t>(), 48) << b.dump();
   EXPECT_GT(b["draft_rounds"].get<int64_t>(), 0) << b.dump();
 
+  // The embedded pair, from the binary alone: the demo's greedy text, its rounds reported.
+  const std::string demo_run = "run --prompt 'What is the capital of Italy?' --temperature 0 -n 24 --print_token_ids";
+  const test::CommandResult demo_plain = test::run_g4(demo_run + " 2>/dev/null");
+  const test::CommandResult demo_drafted = test::run_g4(demo_run + " --draft_model demo 2>&1");
+  ASSERT_EQ(demo_drafted.exit_code, 0) << demo_drafted.output;
+  EXPECT_EQ(demo_drafted.output.substr(0, demo_drafted.output.find('\n')),
+            demo_plain.output.substr(0, demo_plain.output.find('\n')));
+  EXPECT_NE(demo_drafted.output.find("drafting: 4 tokens a round;"), std::string::npos) << demo_drafted.output;
+
   for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
            {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "--draft_model synthetic goes with"},
+           {run + " --draft_model demo", "does not belong"},
            {"bench --backend cpu --model_path '" + target + "' --prompt_len 20 --gen 8 --draft_model '" + assistant + "' --draft_tokens 2 --draft_accept 3",
             "exceeds the 2 drafts a round"},
            {run + " --draft_model '" + assistant + "' --draft_tokens 17", "--draft_tokens must be in [1, 16]"},
@@ -223,6 +234,18 @@ TEST(Cli, DraftModelOnRunAndBench) {
     EXPECT_NE(r.exit_code, 0) << command;
     EXPECT_NE(r.output.find(message), std::string::npos) << command << "\n" << r.output;
   }
+}
+
+// --ignore_eos: the demo's short reply ends at <turn|> without it; with it every -n token comes.
+TEST(Cli, IgnoreEosGeneratesEveryToken) {
+  const std::string run = "run --prompt 'Hello! Who are you?' --temperature 0 -n 40 --print_token_ids";
+  const test::CommandResult stopped = test::run_g4(run + " 2>&1"), full = test::run_g4(run + " --ignore_eos 2>&1");
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_NE(stopped.output.find("(stopped at a stop token)"), std::string::npos) << stopped.output;
+  EXPECT_NE(full.output.find("generated tokens: 40\n"), std::string::npos) << full.output;
+  const std::string reply = stopped.output.substr(0, stopped.output.find('\n'));
+  EXPECT_EQ(full.output.substr(0, reply.size()), reply);  // the same reply, then more
 }
 
 TEST(Cli, KvTypesOnEveryCommand) {

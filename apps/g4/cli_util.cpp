@@ -8,9 +8,12 @@
 #include "util/error.h"
 #include "util/files.h"
 
-// Bounds of models/demo.gguf, placed in the executable by the assembler file CMake generates.
+// Bounds of models/demo.gguf and models/demo-assistant.gguf, placed in the executable by the
+// assembler file CMake generates.
 extern "C" const uint8_t g4_demo_gguf_begin[];
 extern "C" const uint8_t g4_demo_gguf_end[];
+extern "C" const uint8_t g4_demo_assistant_gguf_begin[];
+extern "C" const uint8_t g4_demo_assistant_gguf_end[];
 
 namespace g4::cli {
 
@@ -50,6 +53,16 @@ std::string describe_drafting(const SpeculationStats& s, int64_t draft_tokens) {
 void use_model_or_demo(EngineOptions& options, const std::string& model_path) {
   options.model_path = model_path;
   if (model_path.empty()) options.model_image = demo_model();
+}
+
+ModelImage demo_assistant() {
+  return {{g4_demo_assistant_gguf_begin, size_t(g4_demo_assistant_gguf_end - g4_demo_assistant_gguf_begin)},
+          "the embedded demo assistant"};
+}
+
+void use_draft_model(EngineOptions& options, const std::string& draft_model) {
+  options.draft_model = draft_model;
+  if (draft_model == kDemoDraftModel) options.draft_image = demo_assistant();
 }
 
 WeightTypes weight_types(const GgufFile& file) {

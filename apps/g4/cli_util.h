@@ -19,6 +19,13 @@ namespace g4::cli {
 ModelImage demo_model();
 // The model the sub-commands run: `model_path`, or the embedded demo model when it is empty.
 void use_model_or_demo(EngineOptions& options, const std::string& model_path);
+// The demo model's MTP assistant (models/demo-assistant.gguf at build time), linked in beside it.
+ModelImage demo_assistant();
+// What --draft_model names for the embedded demo assistant instead of a path.
+inline constexpr const char* kDemoDraftModel = "demo";
+// The assistant the sub-commands draft with: `draft_model` (none when empty), or the embedded demo
+// assistant when it is kDemoDraftModel.
+void use_draft_model(EngineOptions& options, const std::string& draft_model);
 
 // The tensor types of a GGUF file: per type the tensor count, weights and bytes, and the file's
 // bits per weight (g4 inspect prints them; g4 run and chat say which types they load).

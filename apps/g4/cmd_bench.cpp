@@ -192,9 +192,10 @@ DecodeResult time_decode(Session& s, Backend& be, std::span<const int32_t> promp
   return {double(gen - 1) / secs, secs / double(gen - 1) * 1e3};
 }
 
-// The assistant of o.draft_model: a file, or with --synthetic 31b the 31B assistant's shape with
-// random weights of --weights' type.
+// The assistant of o.draft_model: a file, the embedded demo assistant, or with --synthetic 31b the
+// 31B assistant's shape with random weights of --weights' type.
 std::unique_ptr<Gemma4Assistant> bench_assistant(const BenchOptions& o, const Gemma4& model, Backend& be) {
+  if (o.draft_model == kDemoDraftModel) return load_assistant(demo_assistant(), be, model.config());
   if (o.draft_model != "synthetic") return load_assistant(o.draft_model, be, model.config());
   ModelConfig c = gemma4_31b_assistant_config();
   ModelWeights w = synthetic_weights(c, be, o.seed + 1, o.weights);
@@ -609,7 +610,8 @@ void add_bench_command(CLI::App& app) {
   add_kv_type_flags(*cmd, opts->kv);
   cmd->add_option("--draft_model,--draft-model", opts->draft_model,
                   "Also decode greedily in draft rounds with this MTP assistant (drafted tok/s, acceptance, draft and "
-                  "verify time); 'synthetic' with --synthetic 31b: the 31B assistant's shape, random weights");
+                  "verify time); 'demo': the demo model's; 'synthetic' with --synthetic 31b: the 31B assistant's "
+                  "shape, random weights");
   cmd->add_option("--draft_accept,--draft-accept", opts->draft_accept,
                   "Force this many drafts a round (a mean: 2.5 alternates 2 and 3) to stand: the rounds' drafts "
                   "replaced by the target's own greedy tokens, to measure a given acceptance");

@@ -24,7 +24,7 @@ struct RunOptions {
   GenerationFlags gen;
   std::string prompt, prompt_file, prompt_tokens;
   CLI::Option *prompt_flag = nullptr, *prompt_file_flag = nullptr, *prompt_tokens_flag = nullptr;
-  bool raw_prompt = false, print_token_ids = false;
+  bool raw_prompt = false, print_token_ids = false, ignore_eos = false;
 };
 
 // Exactly one prompt source: a second one would silently lose the other.
@@ -87,7 +87,8 @@ void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string
   const ResolvedSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
   request.sampler = sampling.sampler;
   request.max_new_tokens = flags.max_new_tokens;
-  request.stop_ids = stop_ids(flags, engine);
+  if (!o.ignore_eos) request.stop_ids = stop_ids(flags, engine);
+  else request.stop_ids.clear();
   request.graph = flags.cuda_graph;
   request.penalties = flag_penalties(flags);
   request.draft = engine.draft_options();
@@ -140,6 +141,8 @@ void add_run_command(CLI::App& app) {
   add_generation_flags(*cmd, o->gen);
   cmd->add_flag("--raw_prompt,--raw-prompt", o->raw_prompt, "Do not apply the chat template");
   cmd->add_flag("--print_token_ids,--print-token-ids", o->print_token_ids, "Print the generated ids (one line) instead of text");
+  cmd->add_flag("--ignore_eos,--ignore-eos", o->ignore_eos,
+                "No token ends the reply: generate all --max_new_tokens (for measuring, as llama.cpp's --ignore-eos)");
   cmd->callback([o] { run(*o); });
 }
 

@@ -81,8 +81,9 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
       ->capture_default_str();
   add_kv_type_flags(cmd, f.kv);
   cmd.add_option("--draft_model,--draft-model", f.draft_model,
-                 "Gemma 4 MTP assistant (its checkpoint directory or gemma4-assistant .gguf) that drafts tokens for "
-                 "the model to verify: greedy text is the model's own, sampled text has its distribution");
+                 "Gemma 4 MTP assistant (its checkpoint directory or gemma4-assistant .gguf; 'demo': the demo model's) "
+                 "that drafts tokens for the model to verify: greedy text is the model's own, sampled text has its "
+                 "distribution");
   cmd.add_option("--draft_tokens,--draft-tokens", f.draft_tokens,
                  "Tokens the assistant drafts a round (default: the assistant's num_assistant_tokens, else 4)");
 }
@@ -136,7 +137,7 @@ EngineOptions engine_options(const GenerationFlags& f) {
   eo.threads = f.threads;
   eo.tp = f.tp;
   eo.kv_types = f.kv.types();
-  eo.draft_model = f.draft_model;
+  use_draft_model(eo, f.draft_model);
   eo.draft_tokens = f.draft_tokens;
   return eo;
 }

@@ -65,20 +65,35 @@ std::optional<std::string> model_tokenizer_json(const ModelImage& image) {
   return GgufModel(GgufFile(image.bytes, nullptr, image.name)).tokenizer_json();
 }
 
+namespace {
+
+// The assistant of `config` from `source`; `draft_tokens`: its files' drafts a round, kept within
+// what a round may hold.
+std::unique_ptr<Gemma4Assistant> assistant_from(const ModelConfig& config, const TensorSource& source,
+                                                std::optional<int64_t> draft_tokens, Backend& backend,
+                                                const ModelConfig& target) {
+  assistant_cache_layers(target, config);  // before any weight is read
+  return std::make_unique<Gemma4Assistant>(config, load_weights(config, source, backend), target,
+                                           std::min(draft_tokens.value_or(kDefaultDraftTokens), kMaxDraftTokens));
+}
+
+std::unique_ptr<Gemma4Assistant> assistant_from(const GgufModel& file, Backend& backend, const ModelConfig& target) {
+  return assistant_from(file.config(), file, read_num_assistant_tokens(file.file().metadata()), backend, target);
+}
+
+}  // namespace
+
 std::unique_ptr<Gemma4Assistant> load_assistant(const std::string& path, Backend& backend, const ModelConfig& target) {
   G4_REQUIRE(kNotFound, std::filesystem::exists(path), "assistant path '" + path + "' does not exist");
-  // Its files' drafts a round, within what a round may hold.
-  auto load = [&](const ModelConfig& config, const TensorSource& source, std::optional<int64_t> draft_tokens) {
-    assistant_cache_layers(target, config);  // before any weight is read
-    return std::make_unique<Gemma4Assistant>(config, load_weights(config, source, backend), target,
-                                             std::min(draft_tokens.value_or(kDefaultDraftTokens), kMaxDraftTokens));
-  };
   if (std::filesystem::is_directory(path)) {
     const HfCheckpoint checkpoint(path, ModelRole::kAssistant);
-    return load(checkpoint.config(), checkpoint, read_num_assistant_tokens(path));
+    return assistant_from(checkpoint.config(), checkpoint, read_num_assistant_tokens(path), backend, target);
   }
-  const GgufModel file(path, ModelRole::kAssistant);
-  return load(file.config(), file, read_num_assistant_tokens(file.file().metadata()));
+  return assistant_from(GgufModel(path, ModelRole::kAssistant), backend, target);
+}
+
+std::unique_ptr<Gemma4Assistant> load_assistant(const ModelImage& image, Backend& backend, const ModelConfig& target) {
+  return assistant_from(GgufModel(GgufFile(image.bytes, nullptr, image.name), ModelRole::kAssistant), backend, target);
 }
 
 std::unique_ptr<Gemma4> load_model(const std::string& path, Backend& backend) {

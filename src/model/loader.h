@@ -48,5 +48,6 @@ struct ModelImage {
 };
 LoadedProgram load_program(const ModelImage& image, Backend& backend, Communicator* comm = nullptr);
 std::optional<std::string> model_tokenizer_json(const ModelImage& image);
+std::unique_ptr<Gemma4Assistant> load_assistant(const ModelImage& image, Backend& backend, const ModelConfig& target);
 
 }  // namespace g4

@@ -56,10 +56,11 @@ Engine::Engine(const EngineOptions& options)
   ro.kv_budget_sequences = options.kv_budget_sequences;
   ro.kv_types = options.kv_types;
   // The assistant's weights before the runner: its KV pool takes what the device then has free.
-  if (!options.draft_model.empty()) {
+  if (!options.draft_model.empty() || options.draft_image) {
     G4_REQUIRE(kUnsupported, !comm_, "a draft model with a split model (--tp > 1) is not supported yet");
     check_draft_tokens(options.draft_tokens);
-    assistant_ = load_assistant(options.draft_model, *backend_, config());
+    assistant_ = options.draft_image ? load_assistant(*options.draft_image, *backend_, config())
+                                     : load_assistant(options.draft_model, *backend_, config());
     draft_tokens_ = options.draft_tokens > 0 ? options.draft_tokens : assistant_->default_draft_tokens();
     // A scheduler's verify chunk draws every one of its rows in one forward.
     ro.max_batch_sequences = std::max<int64_t>(ro.max_batch_sequences, draft_tokens_ + 1);

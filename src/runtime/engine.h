@@ -35,6 +35,7 @@ struct EngineOptions {
   // sessions (runtime/speculation.h) and schedulers (SchedulerOptions::draft); empty: none. The
   // runner then draws at least draft_tokens + 1 rows a forward.
   std::string draft_model;
+  std::optional<ModelImage> draft_image;  // loaded instead of draft_model when set
   int64_t draft_tokens = 0;  // 0: the assistant's num_assistant_tokens, else kDefaultDraftTokens
   int64_t max_batch_sequences = 16;  // sequences one forward samples (a scheduler's decode batch)
   // Tensor parallel (docs/DESIGN.md, "Tensor parallel"): the model split over `tp` ranks, one

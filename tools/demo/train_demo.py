@@ -191,6 +191,25 @@ def stop_at(tok, ids):
     return tok.decode(ids, skip_special_tokens=False)
 
 
+def demo_config(vocab_size):
+    """The demo model's transformers config (docs/DESIGN.md §6, "Demo model"); checks that each full
+    layer gets head_dim 128 and one K=V head in per_layer_config, as config.json will say
+    (tools/fixtures/make_fixtures.py's HEADS_31B gives layer_types the same way)."""
+    cfg = Gemma4TextConfig(
+        vocab_size=vocab_size, hidden_size=512, intermediate_size=1024,
+        num_hidden_layers=len(LAYER_TYPES), layer_types=LAYER_TYPES, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=128,
+        final_logit_softcapping=30.0, max_position_embeddings=2048, hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=VOCAB, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)
+    saved = cfg.to_dict()
+    full_layers = {str(i) for i, t in enumerate(LAYER_TYPES) if t == "full_attention"}
+    if saved.get("layer_types") != LAYER_TYPES or {str(k) for k in (saved.get("per_layer_config") or {})} != full_layers:
+        raise SystemExit(f"unexpected config: layer_types {saved.get('layer_types')}, per_layer_config "
+                         f"{saved.get('per_layer_config')}; the full layers {sorted(full_layers)} need head_dim 128")
+    return cfg
+
+
 def main():
     corpus_dir, out_dir = sys.argv[1], sys.argv[2]
     old_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "..", "..", "tests",
@@ -234,20 +253,8 @@ def main():
     val_fortunes = fits_both(["<bos>" + body + "<eos>" for _, body in val_items])
     val_chat_texts = fits_both([ex["text"] for ex in val_chats])
 
-    cfg = Gemma4TextConfig(
-        vocab_size=len(json.loads(tok_json)["model"]["vocab"]), hidden_size=512, intermediate_size=1024,
-        num_hidden_layers=len(LAYER_TYPES), layer_types=LAYER_TYPES, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=128,
-        final_logit_softcapping=30.0, max_position_embeddings=2048, hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=VOCAB, tie_word_embeddings=True, rms_norm_eps=1e-6,
-        bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)
-    # What config.json will say (tools/fixtures/make_fixtures.py's HEADS_31B gives layer_types the same way):
-    # each full layer gets head_dim 128 and one K=V head in per_layer_config.
+    cfg = demo_config(len(json.loads(tok_json)["model"]["vocab"]))
     saved = cfg.to_dict()
-    full_layers = {str(i) for i, t in enumerate(LAYER_TYPES) if t == "full_attention"}
-    if saved.get("layer_types") != LAYER_TYPES or {str(k) for k in (saved.get("per_layer_config") or {})} != full_layers:
-        raise SystemExit(f"unexpected config: layer_types {saved.get('layer_types')}, per_layer_config "
-                         f"{saved.get('per_layer_config')}; the full layers {sorted(full_layers)} need head_dim 128")
     model = Gemma4ForCausalLM(cfg).to(device)
     log("parameters", sum(p.numel() for p in model.parameters()), "per_layer_config", saved["per_layer_config"])
     for name, p in model.named_parameters():
