@@ -231,7 +231,11 @@ void EngineWorker::run() {
   const Error stopping(ErrorKind::kUnavailable, "the server is stopping");
   fail_all(stopping);
   for (auto& [request, channel] : submitted_) channel->fail(stopping);
-  if (ranks_ && failure().empty()) publish(SchedulerInputs{.stop = true});
+  if (ranks_ && failure().empty()) {
+    SchedulerInputs stop;
+    stop.stop = true;
+    publish(std::move(stop));
+  }
 }
 
 // A request that failed alone (SequenceEvent::error, e.g. NaN logits) fails with that message, an
