@@ -34,7 +34,7 @@ measured by g4); the state with the best mean over the three sets is kept.
 OUT_DIR receives hf/ (config.json, generation_config.json, model.safetensors in float32) and
 summary.json: the checks, the training figures and the validation agreement per step.
 """
-import json, math, os, random, struct, sys, time
+import json, math, os, random, sys, time
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 
 from demo_chat_corpus import CHAT_SEED, chat_examples, fortune_example, render  # noqa: E402
 from gemma_style_tokenizer import tokenizer_spec  # noqa: E402
-from make_assistant_fixture import assistant_config  # noqa: E402
+from make_assistant_fixture import assistant_config, write_safetensors  # noqa: E402
 from train_demo import SEQ, demo_config, make_batches  # noqa: E402
 
 SEED = 20261207
@@ -526,22 +526,6 @@ def train(assistant, target, data, val_sets, device, t_start):
 
 # ---------------------------------------------------------------------------------------------
 
-def write_safetensors(path, tensors):
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name in sorted(tensors):
-        data = tensors[name].numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 def main():
     target_path, out_dir = sys.argv[1], sys.argv[2]
     t_start = time.time()
@@ -604,7 +588,8 @@ def main():
         json.dump({"num_assistant_tokens": DRAFTS, "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0},
                   f, indent=2)
         f.write("\n")
-    write_safetensors(os.path.join(hf, "model.safetensors"), assistant.checkpoint())
+    write_safetensors(os.path.join(hf, "model.safetensors"), {k: v.numpy() for k, v in assistant.checkpoint().items()},
+                      "F32")
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")
