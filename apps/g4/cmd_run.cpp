@@ -87,8 +87,7 @@ void run_on(const RunOptions& o, const GenerationFlags& flags, const std::string
   const ResolvedSampling sampling = effective_sampling(flags, engine.generation_defaults(), speaks);
   request.sampler = sampling.sampler;
   request.max_new_tokens = flags.max_new_tokens;
-  if (!o.ignore_eos) request.stop_ids = stop_ids(flags, engine);
-  else request.stop_ids.clear();
+  request.stop_ids = o.ignore_eos ? std::vector<int32_t>{} : stop_ids(flags, engine);
   request.graph = flags.cuda_graph;
   request.penalties = flag_penalties(flags);
   request.draft = engine.draft_options();
