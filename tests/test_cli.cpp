@@ -223,6 +223,7 @@ TEST(Cli, DraftModelOnRunAndBench) {
 
   for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
            {"bench --backend cpu --synthetic 31b --draft_model '" + assistant + "'", "--draft_model synthetic goes with"},
+           {"bench --backend cpu --synthetic 31b --draft_model demo", "a file or demo with --model_path"},
            {run + " --draft_model demo", "does not belong"},
            {"bench --backend cpu --model_path '" + target + "' --prompt_len 20 --gen 8 --draft_model '" + assistant + "' --draft_tokens 2 --draft_accept 3",
             "exceeds the 2 drafts a round"},

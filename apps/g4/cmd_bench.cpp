@@ -467,7 +467,7 @@ void run_bench(const BenchOptions& o) {
   G4_CHECK(o.prompt_len >= 1 && o.gen >= 2, "--prompt_len must be >= 1 and --gen >= 2");
   G4_CHECK(o.draft_model.empty() || (!o.suite && o.tp == 1), "--draft_model runs with no --suite and no --tp");
   G4_CHECK(o.draft_model.empty() || (o.draft_model == "synthetic") == !o.synthetic.empty(),
-           "--draft_model synthetic goes with --synthetic 31b (the 31B assistant's shape), a file with --model_path");
+           "--draft_model synthetic goes with --synthetic 31b (the 31B assistant's shape), a file or demo with --model_path");
   G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.concurrency.empty()),
            "--draft_accept needs --draft_model and one sequence");
   check_draft_tokens(o.draft_tokens);
