@@ -5,9 +5,8 @@
 #
 #   tools/gpu/gpu_draft_side_by_side.sh KIT_DIR
 #
-# KIT_DIR holds llama-src.tar.xz (a slim copy of llama.cpp's source, the recipe in
-# tools/gpu/gpu_side_by_side.sh, keeping examples/speculative-simple and a CMakeLists.txt in pocs/)
-# and gen_gemma4_gguf.py (copies of ../shared/tools/llamacpp; never committed). The script builds
+# KIT_DIR is what tools/gpu/make_draft_kit.sh makes here (a slim llama-src.tar.xz that builds
+# llama-speculative-simple, and the kit's gen_gemma4_gguf.py; never committed). The script builds
 # llama-speculative-simple (CUDA, sm_90a) and g4 side by side, writes the 31B-shaped target
 # (gen_gemma4_gguf.py) and a random assistant of the 31B assistant's shape for it
 # (tools/fixtures/gen_assistant_gguf.py), then for each K in KS: llama.cpp drafting K a round
@@ -32,7 +31,6 @@ mkdir -p "$OUT"
 src=/tmp/llama-src/src
 export LLAMA_SRC=$src PYTHONPATH=$src/gguf-py
 [ -f "$src/CMakeLists.txt" ] || { mkdir -p /tmp/llama-src && tar xJf "$kit/llama-src.tar.xz" -C /tmp/llama-src; }
-mkdir -p "$src/pocs" && touch "$src/pocs/CMakeLists.txt"
 LLAMA_BUILD=${LLAMA_BUILD:-/tmp/llama-build}
 G4=${G4:-$root/build-gpu/g4}
 if [ "$BACKEND" = cuda ]; then
