@@ -3,6 +3,7 @@
 // the contracts of backend ops that the fixtures alone would not pin down.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -13,6 +14,8 @@
 #include "format/safetensors.h"
 #include "model/loader.h"
 #include "runtime/session.h"
+#include "sampling/speculative.h"
+#include "support/draft_cases.h"
 #include "support/fixtures.h"
 
 namespace g4 {
@@ -155,6 +158,38 @@ TEST(CpuBackendOps, TokensToIdsFeedZeroForAFailedDraw) {
   EXPECT_EQ(got, (std::vector<int32_t>{5, 0, 262143}));
   EXPECT_THROW(be.tokens_to_ids(ids, t), Error);
   EXPECT_THROW(be.tokens_to_ids(t, be.alloc(DType::I32, 2, 1)), Error);
+}
+
+// The CPU backend's verdict is judge_drafts's on the drafts gathered from a drafter's rows (here
+// request 2 of 3); drafts the rule cannot judge are judge_drafts's errors.
+TEST(CpuBackendOps, JudgeDraftsIsTheReferenceVerdictOnADraftersRows) {
+  CpuBackend be(1);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  int stood = 0, fell = 0;
+  for (uint32_t s = 0; s < 30; ++s) {
+    p.seed = 77 + 10 * s;
+    const test::DraftCase c = test::make_draft_case(4, 300, 2, 3, p, 0.6f, s);
+    std::vector<int32_t> drafts;
+    std::vector<float> q;
+    for (int64_t i = 0; i < c.k; ++i) {
+      const int64_t row = c.first + i * c.step;
+      drafts.push_back(int32_t(c.draft_tokens[size_t(row)]));
+      q.insert(q.end(), c.draft_logits.begin() + row * c.vocab, c.draft_logits.begin() + (row + 1) * c.vocab);
+    }
+    const DraftVerdict want = judge_drafts(c.target, q, drafts, c.vocab, p);
+    EXPECT_EQ(test::judge_on(be, c), (test::DraftCaseVerdict{want.accepted, want.token})) << "seed " << p.seed;
+    ++(want.accepted == c.k ? stood : fell);
+  }
+  EXPECT_GT(stood, 0);
+  EXPECT_GT(fell, 0);
+  test::DraftCase nan = test::make_draft_case(2, 50, 0, 1, p, 0.6f, 1);
+  nan.draft_logits[7] = std::nanf("");
+  EXPECT_NE(test::error_of([&] { test::judge_on(be, nan); }).find("the drafter's logits hold a NaN"), std::string::npos);
+  EXPECT_THROW(be.judge_drafts(be.alloc(DType::F32, 2, 50), DraftRows{be.alloc(DType::I64, 2, 1), be.alloc(DType::F32, 2, 50), 0, 1, 2},
+                               be.alloc_sampling_rows(3), be.alloc(DType::I64, 2, 1)),
+               Error) << "K + 1 target rows";
 }
 
 TEST(CpuBackendOps, MatmulsAreOneMatmulPerWeight) {

@@ -25,6 +25,8 @@
 #include "format/tensor_source.h"
 #include "runtime/session.h"
 #include "sampling/sampling_params.h"
+#include "sampling/speculative.h"
+#include "support/draft_cases.h"
 #include "support/cuda_vs_cpu.h"
 #include "support/demo_engine.h"
 #include "support/fixtures.h"
@@ -505,6 +507,49 @@ TEST_F(CudaOps, TokensToIdsMatchTheCpu) {
   EXPECT_EQ(want, (std::vector<int32_t>{5, 0, 262143, 0, 77}));
   EXPECT_EQ(got, want);
   EXPECT_THROW(gpu_->tokens_to_ids(ids.gpu, t.gpu), Error) << "I32 tokens";
+}
+
+// The speculative verdict on the device is the CPU's, bit for bit: for greedy and sampled draws with
+// each cut, drafts that stand and drafts that fall, a drafter's strided rows, both vocabulary sizes
+// (the 31B's: the whole-row cuts at full width); a NaN target row draws no token; drafts the rule
+// cannot judge give the codes that turn into the CPU's errors.
+TEST_F(CudaOps, JudgeDraftsMatchTheCpu) {
+  auto params = [](float temperature, float top_p, float min_p, int32_t top_k) {
+    SamplingParams p;
+    p.temperature = temperature, p.top_p = top_p, p.min_p = min_p, p.top_k = top_k;
+    return p;
+  };
+  const SamplingParams settings[] = {params(0.0f, 1.0f, 0.0f, 0), params(1.0f, 1.0f, 0.0f, 0), params(0.7f, 0.9f, 0.0f, 0),
+                                     params(1.3f, 1.0f, 0.05f, 40), params(1.0f, 0.95f, 0.0f, 64)};
+  for (const int64_t vocab : {1000, 262144}) {
+    int stood = 0, fell = 0;
+    const int trials = vocab > 1000 ? 20 : 60;
+    for (int t = 0; t < trials; ++t) {
+      SamplingParams p = settings[t % 5];
+      p.seed = 1000 + 17 * uint64_t(t);
+      const test::DraftCase c = test::make_draft_case(4, vocab, 1, 3, p, 0.4f, uint32_t(t));
+      const test::DraftCaseVerdict want = test::judge_on(cpu_, c), got = test::judge_on(*gpu_, c);
+      EXPECT_EQ(got, want) << "vocab " << vocab << ", trial " << t << ": accepted " << want.accepted << ", token "
+                           << want.token << " on the CPU";
+      ++(want.accepted == c.k ? stood : fell);
+    }
+    EXPECT_GT(stood, 0) << "vocab " << vocab;
+    EXPECT_GT(fell, 0) << "vocab " << vocab;
+  }
+  SamplingParams p = settings[1];
+  test::DraftCase nan_target = test::make_draft_case(3, 1000, 0, 1, p, 0.0f, 5);  // p = q: every draft stands
+  nan_target.target[size_t(2 * 1000 + 3)] = std::nanf("");
+  EXPECT_EQ(test::judge_on(*gpu_, nan_target), (test::DraftCaseVerdict{2, kNanLogitsToken}));
+  EXPECT_EQ(test::judge_on(cpu_, nan_target), (test::DraftCaseVerdict{2, kNanLogitsToken}));
+  test::DraftCase nan_draft = nan_target;
+  nan_draft.target = test::make_draft_case(3, 1000, 0, 1, p, 0.0f, 5).target;
+  nan_draft.draft_logits[size_t(1000 + 9)] = std::nanf("");
+  EXPECT_EQ(test::judge_on(*gpu_, nan_draft), (test::DraftCaseVerdict{1, kDraftLogitsNan}));
+  EXPECT_THROW(test::judge_on(cpu_, nan_draft), Error);
+  test::DraftCase not_a_token = nan_draft;
+  not_a_token.draft_tokens[0] = 1000;
+  EXPECT_EQ(test::judge_on(*gpu_, not_a_token), (test::DraftCaseVerdict{0, kDraftNotAToken}));
+  EXPECT_NE(test::error_of([] { verdict_from(0, kDraftNotAToken); }).find("is not a token id"), std::string::npos);
 }
 
 TEST_F(CudaOps, TooLargeAllocationIsAClearError) {

@@ -161,7 +161,7 @@ double two_sample_chi_square(const TokenCounts& a, const TokenCounts& b, int* bi
 // fed the pending token and the drafts, and the bonus token drawn from its logits.
 std::vector<int32_t> every_draft_standing(const Models& m, Session& s, const std::vector<int32_t>& prompt,
                                           const Sampler& sampler, int64_t n, int64_t max_drafts) {
-  Drafter drafter(*m.assistant, s.runner(), 1);
+  Drafter drafter(*m.assistant, s.runner(), 1, max_drafts, DraftLogits::kBackend);
   const Tensor normed = s.runner().workspace_logits(1).normed;  // the hidden row of the last draw
   std::vector<uint8_t> hidden(normed.row_size());
   s.start(prompt);
@@ -372,6 +372,16 @@ TEST(CudaSpeculativeSession, DraftStepsFollowTheCpuAndGreedyTextIsTheTargetsOwn)
               generate_with(plain, prompt, greedy(), 32, DraftOptions{}).tokens)
         << "draft tokens " << k;
   }
+  // Sampled rounds judge on the device (Backend::judge_drafts; CudaOps.JudgeDraftsMatchTheCpu holds
+  // it to the CPU's verdict): a seed gives one text, every token of it.
+  std::vector<Generated> runs;
+  for (int run = 0; run < 2; ++run) {
+    Session drafted(*target, *gpu);
+    runs.push_back(generate_with(drafted, prompt, seeded(42), 32, DraftOptions{assistant.get(), 4}));
+  }
+  EXPECT_EQ(runs[0].tokens.size(), 32u);
+  EXPECT_GT(runs[0].stats.rounds, 0);
+  EXPECT_EQ(runs[1].tokens, runs[0].tokens);
 }
 
 }  // namespace

@@ -202,11 +202,12 @@ std::unique_ptr<Gemma4Assistant> bench_assistant(const BenchOptions& o, const Ge
   return std::make_unique<Gemma4Assistant>(std::move(c), std::move(w), model.config());
 }
 
-// Greedy decode of --gen tokens after `prompt` in draft-and-verify rounds with the assistant at
-// o.draft_model (runtime/speculation.h): tokens a second and where the rounds' time goes. With
-// --draft_accept, the rounds keep that many drafts of the target's own greedy text on average.
+// Decode of --gen tokens after `prompt` in draft-and-verify rounds with the assistant at
+// o.draft_model (runtime/speculation.h), greedy and with `sampled`: tokens a second and where the
+// rounds' time goes. With --draft_accept, the greedy rounds keep that many drafts of the target's
+// own greedy text on average.
 nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model, Backend& be, Session& s,
-                                     const std::vector<int32_t>& prompt) {
+                                     const std::vector<int32_t>& prompt, const SamplingParams& sampled) {
   const std::unique_ptr<Gemma4Assistant> assistant = bench_assistant(o, model, be);
   const int64_t k = o.draft_tokens > 0 ? o.draft_tokens : assistant->default_draft_tokens();
   char accept[32];
@@ -240,6 +241,18 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
                       {"draft_step_ms", stats.drafted > 0 ? stats.draft_seconds / double(stats.drafted) * 1e3 : 0.0},
                       {"verify_ms", stats.rounds > 0 ? stats.verify_seconds / double(stats.rounds) * 1e3 : 0.0}};
   if (o.draft_accept >= 0) r["draft_accept"] = o.draft_accept;
+  // Sampled rounds: the verdict's acceptance rule runs on the backend (Backend::judge_drafts).
+  request.sampler = Sampler(sampled);
+  request.draft.forced = nullptr;
+  s.reset();
+  const GenerationResult g_sampled = generate(s, request);
+  const SpeculationStats& sampled_stats = *s.speculation_stats();
+  r["drafted_decode_topk_topp_tok_s"] = double(g_sampled.tokens.size() - 1) / g_sampled.decode_seconds;
+  r["draft_tokens_per_round_topk_topp"] = sampled_stats.tokens_per_round();
+  r["verify_topk_topp_ms"] =
+      sampled_stats.rounds > 0 ? sampled_stats.verify_seconds / double(sampled_stats.rounds) * 1e3 : 0.0;
+  r["draft_step_topk_topp_ms"] =
+      sampled_stats.drafted > 0 ? sampled_stats.draft_seconds / double(sampled_stats.drafted) * 1e3 : 0.0;
   return r;
 }
 
@@ -563,7 +576,7 @@ void run_bench(const BenchOptions& o) {
       {"sampling_pct_of_step", 100.0 * sample_s / (graph_sampled.step_ms * 1e-3)},
   };
   r.update(kv_cache_json(s.runner().kv_pool()));
-  if (!o.draft_model.empty()) r.update(drafted_decode_report(o, *model, be, s, prompt));
+  if (!o.draft_model.empty()) r.update(drafted_decode_report(o, *model, be, s, prompt, topk_topp));
   std::printf("%s\n", r.dump(1).c_str());
 }
 

@@ -9,9 +9,13 @@ constexpr int64_t kWordsPerRow = int64_t(sizeof(SamplingParams) / 4);
 static_assert(sizeof(SamplingParams) % 4 == 0, "SamplingParams is stored as whole I32 words");
 }  // namespace
 
-SamplingRows SamplingRows::first(int64_t n) const {
-  G4_ASSERT(n >= 0 && n <= rows, "sampling rows: " + std::to_string(n) + " of " + std::to_string(rows));
-  return SamplingRows{storage.rows_view(0, n), n};
+SamplingRows SamplingRows::first(int64_t n) const { return slice(0, n); }
+
+SamplingRows SamplingRows::slice(int64_t first_row, int64_t n) const {
+  G4_ASSERT(first_row >= 0 && n >= 0 && first_row + n <= rows,
+            "sampling rows: [" + std::to_string(first_row) + ", " + std::to_string(first_row + n) + ") of " +
+                std::to_string(rows));
+  return SamplingRows{storage.rows_view(first_row, n), n};
 }
 
 int64_t kv_cache_cols(DType dtype, int kv_heads, int head_dim) {
@@ -44,6 +48,20 @@ void Backend::check_tokens_to_ids(const Tensor& tokens, const Tensor& ids) {
   G4_CHECK(tokens.dtype == DType::I64 && ids.dtype == DType::I32 && tokens.cols == 1 && ids.cols == 1 &&
                tokens.rows == ids.rows,
            "tokens_to_ids: I64 tokens and I32 ids, one column of the same rows each");
+}
+
+void Backend::check_judge_drafts(const Tensor& target_logits, const DraftRows& drafts, const SamplingRows& params,
+                                 const Tensor& verdict) {
+  const int64_t k = drafts.count, last = drafts.first + (k - 1) * drafts.step;
+  G4_CHECK(target_logits.dtype == DType::F32 && target_logits.rows == k + 1,
+           "judge_drafts: F32 target logits of K + 1 rows for K drafts");
+  G4_CHECK(k >= 1 && drafts.first >= 0 && drafts.step >= 1 && drafts.tokens.dtype == DType::I64 &&
+               drafts.tokens.cols == 1 && last < drafts.tokens.rows,
+           "judge_drafts: at least one draft, each a row of I64 tokens");
+  G4_CHECK(drafts.logits.dtype == DType::F32 && drafts.logits.cols == target_logits.cols && last < drafts.logits.rows,
+           "judge_drafts: each draft's F32 logits row, as wide as the target's");
+  G4_CHECK(params.rows >= k + 1, "judge_drafts: one SamplingParams per verify row");
+  G4_CHECK(verdict.dtype == DType::I64 && verdict.numel() == 2, "judge_drafts: an I64 verdict of two values");
 }
 
 void Backend::check_concat_cols(std::span<const Tensor> parts, const Tensor& out) {

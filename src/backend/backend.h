@@ -23,13 +23,22 @@ namespace g4 {
 struct HostTensor;  // format/tensor_source.h
 class Backend;
 
+// One verify chunk's K drafts where a drafter left them: draft i (i < count) is row first + i·step
+// of `tokens` (I64 [*, 1]) and was drawn from the same row of `logits` (F32 [*, V]; unread for
+// greedy draws).
+struct DraftRows {
+  Tensor tokens, logits;
+  int64_t first = 0, step = 1, count = 0;
+};
+
 // Per-row sampling parameters in backend memory: `rows` SamplingParams, the one layout host and
 // device share (sampling/sampling_params.h). Made by Backend::alloc_sampling_rows and written by
 // Backend::upload_sampling_rows; Backend::sample reads row r for output row r.
 struct SamplingRows {
   Tensor storage;  // its bytes, as whole I32 words
   int64_t rows = 0;
-  SamplingRows first(int64_t n) const;  // the first n rows (n <= rows)
+  SamplingRows first(int64_t n) const;                   // the first n rows (n <= rows)
+  SamplingRows slice(int64_t first_row, int64_t n) const;  // rows [first_row, first_row + n)
   template <typename T>
   T* as() const {
     static_assert(std::is_same_v<std::remove_const_t<T>, SamplingParams>, "sampling rows hold SamplingParams");
@@ -340,6 +349,17 @@ class Backend {
   virtual void tokens_to_ids(const Tensor& tokens, const Tensor& ids) = 0;
   // What every backend's tokens_to_ids checks first: I64 and I32 columns of one row count.
   static void check_tokens_to_ids(const Tensor& tokens, const Tensor& ids);
+  // The speculative verdict on one verify chunk (sampling/speculative.h's judge_drafts, on backend
+  // memory): target_logits F32 [K + 1, V] are the chunk's rows; params row i is verify row i's draw
+  // (seed + i: row 0's seed is the first draft's). Writes I64 verdict [2, 1]: the drafts that stand,
+  // then the token after them (kNanLogitsToken for NaN target logits) or, for drafts the rule
+  // cannot judge, a speculative.h code (verdict_from turns it into judge_drafts's error; a backend
+  // may throw that error at once instead).
+  virtual void judge_drafts(const Tensor& target_logits, const DraftRows& drafts, const SamplingRows& params,
+                            const Tensor& verdict) = 0;
+  // What every backend's judge_drafts checks first: the shapes and dtypes above.
+  static void check_judge_drafts(const Tensor& target_logits, const DraftRows& drafts, const SamplingRows& params,
+                                 const Tensor& verdict);
 };
 
 }  // namespace g4

@@ -346,7 +346,9 @@ SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
 StepExecutor::StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOptions& draft, int64_t draft_rows)
     : runner_(runner),
       graphs_(cuda_graphs ? std::make_unique<DecodeBatchGraphs>(runner) : nullptr),
-      drafter_(draft.assistant ? std::make_unique<Drafter>(*draft.assistant, runner, draft_rows) : nullptr) {}
+      drafter_(draft.assistant
+                   ? std::make_unique<Drafter>(*draft.assistant, runner, draft_rows, draft.draft_tokens, DraftLogits::kHost)
+                   : nullptr) {}
 
 StepResult StepExecutor::run(const StepPlan& plan, StepPlanner& sequences) {
   const auto drafts = draft(plan, sequences);

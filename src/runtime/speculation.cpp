@@ -10,7 +10,7 @@ namespace g4 {
 
 Speculation::Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t draft_tokens,
                          int64_t max_chunk)
-    : runner_(runner), k_(draft_tokens), drafter_(assistant, runner, 1) {
+    : runner_(runner), k_(draft_tokens), drafter_(assistant, runner, 1, draft_tokens, DraftLogits::kBackend) {
   G4_CHECK(k_ >= 1 && k_ + 1 <= max_chunk, "--draft_tokens must be in [1, " + std::to_string(max_chunk - 1) +
                                                "] (the drafts and the pending token run in one forward of at most " +
                                                std::to_string(max_chunk) + " tokens), got " + std::to_string(k_));
@@ -25,6 +25,7 @@ Speculation::Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, 
   verify_act_ = be.alloc(act, k_ + 1, c.vocab_size);
   verify_logits_ = be.alloc(DType::F32, k_ + 1, c.vocab_size);
   verify_tokens_ = be.alloc(DType::I64, k_ + 1, 1);
+  verify_verdict_ = be.alloc(DType::I64, 2, 1);
   verify_params_ = be.alloc_sampling_rows(k_ + 1);
 }
 
@@ -33,24 +34,24 @@ void Speculation::take_hidden(const Tensor& normed_row) {
   runner_.download_result(normed_row, hidden_.data());
 }
 
-// Greedy: the target's own greedy draws of the verify's rows (only their ids leave the device).
-DraftVerdict Speculation::judge_greedy(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts) {
-  Backend& be = runner_.backend();
+void Speculation::upload_verify_params(const Sampler& sampler, int64_t j, int64_t n) {
   std::vector<SamplingParams> params;
   for (int64_t i = 0; i < n; ++i) params.push_back(sampler.for_token(j + i));
-  be.upload_sampling_rows(params, verify_params_);
-  be.sample(verify_logits_.rows_view(0, n), verify_params_.first(n), verify_tokens_.rows_view(0, n));
+  runner_.backend().upload_sampling_rows(params, verify_params_);
+}
+
+DraftVerdict Speculation::judge_by_target_draws(int64_t n, std::span<const int32_t> drafts) {
+  runner_.backend().sample(verify_logits_.rows_view(0, n), verify_params_.first(n), verify_tokens_.rows_view(0, n));
   std::vector<int64_t> drawn(static_cast<size_t>(n));
   runner_.download_result(verify_tokens_.rows_view(0, n), drawn.data());
   return judge_greedy_draws(std::vector<int32_t>(drawn.begin(), drawn.end()), drafts);
 }
 
-// Sampled: the acceptance rule on the verify's logits and the drafts' on the host.
-DraftVerdict Speculation::judge_sampled(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts,
-                                        const Drafts& drafted) {
-  std::vector<float> target(size_t(n * runner_.config().vocab_size));
-  runner_.download_result(verify_logits_.rows_view(0, n), target.data());
-  return judge_drafts(target, drafted.logits, drafts, runner_.config().vocab_size, sampler.for_token(j));
+DraftVerdict Speculation::judge_sampled(int64_t n, const Drafts& drafted) {
+  runner_.backend().judge_drafts(verify_logits_.rows_view(0, n), drafted.rows, verify_params_.first(n), verify_verdict_);
+  int64_t verdict[2];
+  runner_.download_result(verify_verdict_, verdict);
+  return verdict_from(verdict[0], verdict[1]);
 }
 
 std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const Sampler& sampler, int64_t j,
@@ -79,7 +80,9 @@ std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const S
   runner_.forward(std::span(&chunk, 1), LogitsOutput{verify_normed_.rows_view(0, n), verify_act_.rows_view(0, n),
                                                      verify_logits_.rows_view(0, n)});
   const std::span<const int32_t> drafts(tokens.data() + 1, size_t(n - 1));
-  const DraftVerdict verdict = sampler.greedy() ? judge_greedy(sampler, j, n, drafts) : judge_sampled(sampler, j, n, drafts, drafted);
+  upload_verify_params(sampler, j, n);
+  const DraftVerdict verdict =
+      sampler.greedy() || drafts.empty() ? judge_by_target_draws(n, drafts) : judge_sampled(n, drafted);
   kv.truncate(P + verdict.accepted + 1);
   take_hidden(verify_normed_.rows_view(verdict.accepted, 1));
   stats_.verify_seconds += seconds_since(t0);

@@ -41,9 +41,12 @@ class Speculation {
 
  private:
   // The verdict on the verify's n rows (in verify_logits_) for `drafts`, drawn with token indices j....
-  DraftVerdict judge_greedy(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts);
-  DraftVerdict judge_sampled(const Sampler& sampler, int64_t j, int64_t n, std::span<const int32_t> drafts,
-                             const Drafts& drafted);
+  // Greedy (or no drafts): from the target's own draws of the rows, only their ids leave the device.
+  DraftVerdict judge_by_target_draws(int64_t n, std::span<const int32_t> drafts);
+  // Sampled: the acceptance rule on the device (Backend::judge_drafts), only the verdict leaves it.
+  DraftVerdict judge_sampled(int64_t n, const Drafts& drafted);
+  // Uploads the draws of verify rows 0..n-1 (token indices j....) into verify_params_.
+  void upload_verify_params(const Sampler& sampler, int64_t j, int64_t n);
 
   ModelRunner& runner_;
   int64_t k_;
@@ -51,6 +54,7 @@ class Speculation {
   std::vector<uint8_t> hidden_;  // take_hidden's row
   const ForcedAcceptance* forced_ = nullptr;
   Tensor verify_normed_, verify_act_, verify_logits_, verify_tokens_;  // [K + 1, ...]
+  Tensor verify_verdict_;                                              // I64 [2, 1]
   SamplingRows verify_params_;                                         // K + 1 rows
   SpeculationStats stats_;
 };

@@ -33,6 +33,15 @@ struct DraftVerdict {
 DraftVerdict judge_drafts(std::span<const float> target_logits, std::span<const float> draft_logits,
                           std::span<const int32_t> drafts, int64_t vocab, const SamplingParams& params);
 
+// A backend's verdict (Backend::judge_drafts) holds, in place of the token, one of these codes for
+// drafts the rule cannot judge, where judge_drafts throws.
+inline constexpr int64_t kDraftNotAToken = -2;               // a draft id outside the vocabulary
+inline constexpr int64_t kDraftLogitsNan = -3;               // the drafter's logits hold a NaN
+inline constexpr int64_t kDraftOutsideItsDistribution = -4;  // a draft its own distribution could not give
+inline constexpr int64_t kNoResidualMass = -5;               // a rejection left no mass to draw from
+// A backend's verdict {accepted, token}: judge_drafts's error for a code, else the verdict.
+DraftVerdict verdict_from(int64_t accepted, int64_t token);
+
 // The greedy verdict from the target's own greedy draws at the K + 1 positions (kNanLogitsToken for
 // a position whose logits hold a NaN): the longest prefix of drafts equal to them, then the target's
 // token after it. judge_drafts's greedy verdict, without the logits on the host.

@@ -14,6 +14,7 @@
 #include "quant/random_blocks.h"
 #include "sampling/cpu_sampler.h"
 #include "sampling/sampling_params.h"
+#include "sampling/speculative.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/host_memory.h"
@@ -342,6 +343,25 @@ void CpuBackend::tokens_to_ids(const Tensor& tokens, const Tensor& ids) {
     const int64_t t = tokens.as<int64_t>()[r];
     ids.as<int32_t>()[r] = t >= 0 ? int32_t(t) : 0;
   }
+}
+
+// The reference verdict itself, on the drafts gathered into rows of their own.
+void CpuBackend::judge_drafts(const Tensor& target_logits, const DraftRows& drafts, const SamplingRows& params,
+                              const Tensor& verdict) {
+  check_judge_drafts(target_logits, drafts, params, verdict);
+  const int64_t k = drafts.count, V = target_logits.cols;
+  std::vector<int32_t> tokens(static_cast<size_t>(k));
+  std::vector<float> draft_logits(static_cast<size_t>(k * V));
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t row = drafts.first + i * drafts.step;
+    const int64_t token = drafts.tokens.as<int64_t>()[row];
+    tokens[size_t(i)] = token >= 0 && token < V ? int32_t(token) : -1;  // judge_drafts refuses it
+    std::memcpy(draft_logits.data() + i * V, drafts.logits.as<float>() + row * V, size_t(V) * sizeof(float));
+  }
+  const DraftVerdict v = g4::judge_drafts(std::span(target_logits.as<const float>(), size_t((k + 1) * V)), draft_logits,
+                                          tokens, V, params.as<const SamplingParams>()[0]);
+  verdict.as<int64_t>()[0] = v.accepted;
+  verdict.as<int64_t>()[1] = v.token;
 }
 
 }  // namespace g4

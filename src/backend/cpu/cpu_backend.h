@@ -51,6 +51,8 @@ class CpuBackend : public Backend {
   void replay(const RecordedStep& step) override;
   void advance_step(const Tensor& token, const Tensor& ids, const Tensor& positions) override;
   void tokens_to_ids(const Tensor& tokens, const Tensor& ids) override;
+  void judge_drafts(const Tensor& target_logits, const DraftRows& drafts, const SamplingRows& params,
+                    const Tensor& verdict) override;
 
  private:
   // In place on x [T*heads, head_dim]: RMSNorm of each head with `weight`, then RoPE.

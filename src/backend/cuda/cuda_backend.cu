@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_workspace.h"
+#include "backend/cuda/draft_verdict.h"
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/q4_0_records.h"
 #include "backend/cuda/quantized_kv_kernels.h"
@@ -648,7 +649,6 @@ class CudaBackend final : public Backend {
     expect_dtype(logits, DType::F32, "sample logits");
     G4_CHECK(logits.rows == tokens.rows || logits.rows == 1, "sample: one logits row per token, or one for all");
     G4_CHECK(params.rows >= tokens.rows, "sample: one SamplingParams per row");
-    if (!sampler_ || sampler_->max_vocab() < logits.cols) sampler_ = std::make_unique<CudaSampler>(logits.cols);
     CudaSampleBatch batch;
     batch.logits = ptr<float>(logits);
     batch.logits_row_stride = logits.rows == 1 ? 0 : logits.cols;
@@ -657,7 +657,49 @@ class CudaBackend final : public Backend {
     batch.params = params.as<SamplingParams>();
     batch.tokens = ptr<int64_t>(tokens);
     batch.advance_seed = capturing_;
-    sampler_->sample(batch, stream_);
+    sampler_for(logits.cols).sample(batch, stream_);
+  }
+
+  // The bonus draw of the last row into verdict[1], the distributions of the target's and the
+  // drafter's rows (CudaSampler::describe), then the verdict kernel (draft_verdict.h).
+  void judge_drafts(const Tensor& target_logits, const DraftRows& drafts, const SamplingRows& params,
+                    const Tensor& verdict) override {
+    check_judge_drafts(target_logits, drafts, params, verdict);
+    const int64_t k = drafts.count, V = target_logits.cols;
+    const CudaSampler& sampler = sampler_for(V);
+    const size_t distribution_bytes = size_t(2 * k) * sizeof(RowDistribution);
+    if (distributions_.bytes() < distribution_bytes) distributions_ = DeviceBuffer(distribution_bytes);
+    RowDistribution* p = distributions_.as<RowDistribution>();
+    auto* rows = params.as<SamplingParams>();
+    int64_t* out = ptr<int64_t>(verdict);
+    CudaSampleBatch batch;
+    batch.vocab = V;
+    batch.logits = ptr<float>(target_logits) + k * V;
+    batch.rows = 1;
+    batch.params = rows + k;
+    batch.tokens = out + 1;
+    sampler.sample(batch, stream_);
+    batch.logits = ptr<float>(target_logits);
+    batch.logits_row_stride = V;
+    batch.rows = k;
+    batch.params = rows;
+    sampler.describe(batch, p, stream_);
+    batch.logits = ptr<float>(drafts.logits) + drafts.first * V;
+    batch.logits_row_stride = drafts.step * V;
+    sampler.describe(batch, p + k, stream_);
+    DraftVerdictLaunch a;
+    a.target = ptr<float>(target_logits);
+    a.draft = batch.logits;
+    a.draft_stride = batch.logits_row_stride;
+    a.vocab = V;
+    a.drafts = ptr<int64_t>(drafts.tokens) + drafts.first;
+    a.draft_step = drafts.step;
+    a.count = int(k);
+    a.params = rows;
+    a.p = p;
+    a.q = p + k;
+    a.verdict = out;
+    launch_draft_verdict(a, stream_);
   }
 
   void adjust_logits(const Tensor& logits, const AdjustmentRows& rows) override {
@@ -1089,7 +1131,13 @@ class CudaBackend final : public Backend {
   cudaEvent_t chunk_ready_[2] = {}, chunk_read_[2] = {}, stream_point_ = nullptr;
   bool dequantize_must_wait_ = false;
   bool fusion_ = true;  // set_fusion
+  // The sampler, made for the widest logits rows seen (sample, judge_drafts).
+  const CudaSampler& sampler_for(int64_t vocab) {
+    if (!sampler_ || sampler_->max_vocab() < vocab) sampler_ = std::make_unique<CudaSampler>(vocab);
+    return *sampler_;
+  }
   std::unique_ptr<CudaSampler> sampler_;
+  DeviceBuffer distributions_;  // judge_drafts: the rows' RowDistribution
   MemoryMeter memory_;
   bool capturing_ = false;
   uint64_t allocations_ = 0;  // alloc() calls so far (CudaGraph::allocations)

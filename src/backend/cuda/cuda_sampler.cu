@@ -63,6 +63,13 @@ void CudaSampler::sample_chunk(const CudaSampleBatch& batch, CUstream_st* stream
   launch_cluster_kernel(batch, buffers.fallback + 1, buffers.fallback, pdl, stream);
 }
 
+void CudaSampler::describe(const CudaSampleBatch& rows, RowDistribution* out, CUstream_st* stream) const {
+  G4_CHECK(rows.vocab >= 1 && rows.vocab <= max_vocab_,
+           "CUDA sampler: vocab " + std::to_string(rows.vocab) + " exceeds the prepared " + std::to_string(max_vocab_));
+  G4_CHECK(rows.rows >= 1 && rows.rows <= 65535, "CUDA sampler: " + std::to_string(rows.rows) + " rows out of range");
+  launch_describe_kernel(rows, out, stream);
+}
+
 int64_t CudaSampler::cluster_kernel_rows(CUstream_st* stream) const {
   int count = 0;
   G4_CUDA(cudaMemcpyAsync(&count, fallback_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream));

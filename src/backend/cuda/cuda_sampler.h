@@ -12,6 +12,7 @@
 
 #include "backend/cuda/device_buffer.h"
 #include "sampling/sampling_params.h"
+#include "sampling/speculative_math.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
@@ -25,6 +26,14 @@ struct CudaSampleBatch {
   SamplingParams* params = nullptr; // device, [rows]; params[r].seed is row r's seed for this draw
   int64_t* tokens = nullptr;        // device, [rows] sampled ids (kNanLogitsToken: NaN logits)
   bool advance_seed = false;        // after the draw: params[r].seed += 1 (for graph replays)
+};
+
+// A row's distribution as a draw from it sees it, for weighing given tokens (the speculative
+// verdict, draft_verdict.h): sampled rows' kept set with its total; every row's argmax.
+struct RowDistribution {
+  sampling::KeptSet kept;  // sampled rows without NaN
+  uint64_t best_rank = 0;  // the argmax's rank (sampling_math.h: rank_of)
+  int32_t has_nan = 0;     // then nothing else holds
 };
 
 class CudaSampler {
@@ -41,6 +50,10 @@ class CudaSampler {
   // Parameters must be valid (a Sampler validated them). A row with NaN logits gets
   // kNanLogitsToken (its seed advances like any row's).
   void sample(const CudaSampleBatch& batch, CUstream_st* stream) const;
+
+  // Enqueues the distribution of every row of `rows` (its logits, stride, rows, vocab and params;
+  // tokens and advance_seed unused) into out[r] (device memory): the kept set sample() draws from.
+  void describe(const CudaSampleBatch& rows, RowDistribution* out, CUstream_st* stream) const;
 
   int64_t max_vocab() const { return max_vocab_; }
 

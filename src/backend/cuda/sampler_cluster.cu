@@ -267,12 +267,11 @@ __device__ uint64_t select_cut(RowContext& row, uint64_t target) {
   return rank_of(key, id);
 }
 
-// Step 4 of the file comment (a row with finite logits and temperature > 0): the top_k cut, Q_k,
-// the top_p cut and the draw, each over the whole row.
-__device__ uint32_t sample_whole_row(RowContext& row, const SamplingParams& params, int64_t vocab) {
+// The rank cut of top_k and then top_p over the whole row (a row with finite logits and
+// temperature > 0): the tokens ranked at or above it, with min_p's floor, are the kept set.
+__device__ uint64_t whole_row_cut(RowContext& row, const SamplingParams& params, int64_t vocab) {
   uint64_t cut = kKeepAllRanks;
   if (params.top_k > 0 && params.top_k < vocab) cut = select_cut<false>(row, uint64_t(params.top_k));
-
   if (params.top_p < 1.0f) {
     uint64_t local = 0;
     for_each_logit(row, [&](float z, uint32_t id) {
@@ -282,16 +281,19 @@ __device__ uint32_t sample_whole_row(RowContext& row, const SamplingParams& para
     const uint64_t top_k_weight = gathered_sum(row, kClusterBlocks);
     cut = select_cut<true>(row, top_p_target(params.top_p, top_k_weight));
   }
+  return cut;
+}
 
-  const uint64_t weight_floor = min_p_floor(params.min_p);
-  const float z_max = row.z_max, inv_temperature = row.inv_temperature;
+// The kept set's description without its total (kept_weight reads no total).
+__device__ KeptSet kept_set_of(const RowContext& row, const SamplingParams& params, uint64_t cut) {
+  return KeptSet{cut, min_p_floor(params.min_p), 0, row.z_max, row.inv_temperature};
+}
+
+// Step 4 of the file comment: the whole-row cut, then the draw over the whole row.
+__device__ uint32_t sample_whole_row(RowContext& row, const SamplingParams& params, int64_t vocab) {
+  const KeptSet kept = kept_set_of(row, params, whole_row_cut(row, params, vocab));
   return find_first_reaching(
-      row,
-      [=](float z, uint32_t id) -> uint64_t {
-        if (rank_of(logit_key(z), id) < cut) return 0;
-        const uint64_t weight = token_weight(z, z_max, inv_temperature);
-        return weight >= weight_floor ? weight : 0;
-      },
+      row, [=](float z, uint32_t id) -> uint64_t { return kept_weight(kept, z, id); },
       [seed = params.seed](uint64_t kept_weight) { return draw_target(seed, kept_weight); });
 }
 
@@ -422,34 +424,21 @@ __device__ uint32_t sample_filtered(RowContext& row, const CandidateStorage& sto
   return sample_whole_row(row, params, vocab);
 }
 
-// What the cluster kernel reads and writes besides the row index (device pointers).
-struct ClusterTask {
-  const float* logits;
-  int64_t row_stride, vocab;
-  int slice;
-  SamplingParams* params;
-  int64_t* tokens;
-  bool advance_seed;
+struct RowExtremes {
+  uint64_t best_rank;  // the argmax's rank (largest logit, lowest id)
+  bool has_nan;
 };
 
-// One row, by the whole cluster; ends with a cluster barrier, so the cluster can go on to another
-// row with the same shared memory. Not inlined: inlined into the kernel's loop over rows it spilled
-// ~100 bytes per thread under the 64-register budget of 1024-thread blocks; called, it spills none.
-__device__ __noinline__ void sample_row_in_cluster(const ClusterTask& task, int64_t row_index, SharedState& shared,
-                                      float4* slice_storage) {
-  const float* logits = task.logits;
-  const int64_t row_stride = task.row_stride, vocab = task.vocab;
-  const int slice = task.slice;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int block = int(cluster.block_rank());
-  const SamplingParams p = task.params[row_index];
-
+// Copies this block's slice of the row at `source` into shared memory (slice_storage, row.values)
+// once and finds the row's extremes over the cluster; fills row's slice, key range, z_max and
+// inverse temperature (for params).
+__device__ RowExtremes load_row(RowContext& row, const float* row_source, int slice, int64_t vocab,
+                                const SamplingParams& params, float4* slice_storage) {
+  float* values = reinterpret_cast<float*>(slice_storage);  // row.values
+  const int block = int(cg::this_cluster().block_rank());
   const int64_t first = int64_t(block) * slice;
   const int count = int(max(int64_t(0), min(int64_t(slice), vocab - first)));
-  float* values = reinterpret_cast<float*>(slice_storage);
-  const float* source = logits + row_index * row_stride + first;
-
-  // Load the slice once; meanwhile: largest rank, smallest key, NaN.
+  const float* source = row_source + first;
   uint64_t best_rank = 0, inverted_min_key = 0;  // max of ~key = min key; NaN in bit 32
   auto observe = [&](float z, int i) {
     const uint32_t key = logit_key(z);
@@ -470,24 +459,48 @@ __device__ __noinline__ void sample_row_in_cluster(const ClusterTask& task, int6
       observe(z, i);
     }
   }
-  RowContext row{shared, values, count, uint32_t(first)};
-  cluster_gather(row, block_reduce<kThreads, true>(best_rank, shared.scratch));
-  for (int b = 0; b < kClusterBlocks; ++b) best_rank = max(best_rank, shared.gathered[b]);
-  cluster_gather(row, block_reduce<kThreads, true>(inverted_min_key, shared.scratch));
-  for (int b = 0; b < kClusterBlocks; ++b) inverted_min_key = max(inverted_min_key, shared.gathered[b]);
+  row.count = count;
+  row.first_id = uint32_t(first);
+  cluster_gather(row, block_reduce<kThreads, true>(best_rank, row.shared.scratch));
+  for (int b = 0; b < kClusterBlocks; ++b) best_rank = max(best_rank, row.shared.gathered[b]);
+  cluster_gather(row, block_reduce<kThreads, true>(inverted_min_key, row.shared.scratch));
+  for (int b = 0; b < kClusterBlocks; ++b) inverted_min_key = max(inverted_min_key, row.shared.gathered[b]);
+  row.max_key = uint32_t(best_rank >> 32);
+  row.min_key = ~uint32_t(inverted_min_key);
+  row.z_max = key_logit(row.max_key);
+  row.inv_temperature = inverse_temperature(params.temperature);
+  return {best_rank, (inverted_min_key >> 32) != 0};
+}
 
-  const bool has_nan = (inverted_min_key >> 32) != 0;
+// What the cluster kernel reads and writes besides the row index (device pointers).
+struct ClusterTask {
+  const float* logits;
+  int64_t row_stride, vocab;
+  int slice;
+  SamplingParams* params;
+  int64_t* tokens;
+  bool advance_seed;
+};
+
+// One row, by the whole cluster; ends with a cluster barrier, so the cluster can go on to another
+// row with the same shared memory. Not inlined: inlined into the kernel's loop over rows it spilled
+// ~100 bytes per thread under the 64-register budget of 1024-thread blocks; called, it spills none.
+__device__ __noinline__ void sample_row_in_cluster(const ClusterTask& task, int64_t row_index, SharedState& shared,
+                                      float4* slice_storage) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int block = int(cluster.block_rank());
+  const SamplingParams p = task.params[row_index];
+
+  RowContext row{shared, reinterpret_cast<float*>(slice_storage), 0, 0};
+  const RowExtremes extremes = load_row(row, task.logits + row_index * task.row_stride, task.slice, task.vocab, p,
+                                        slice_storage);
   int64_t token;
-  if (has_nan) {
+  if (extremes.has_nan) {
     token = kNanLogitsToken;
   } else if (is_greedy(p)) {
-    token = rank_id(best_rank);
+    token = rank_id(extremes.best_rank);
   } else {
-    row.max_key = uint32_t(best_rank >> 32);
-    row.min_key = ~uint32_t(inverted_min_key);
-    row.z_max = key_logit(row.max_key);
-    row.inv_temperature = inverse_temperature(p.temperature);
-    token = sample_filtered(row, carve_candidate_storage(slice_storage + slice / 4), p, vocab);
+    token = sample_filtered(row, carve_candidate_storage(slice_storage + task.slice / 4), p, task.vocab);
   }
   cluster.sync();  // no block may exit or go on while another reads its shared memory
   if (block == 0 && threadIdx.x == 0) {
@@ -508,6 +521,46 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   for (int j = blockIdx.y; j < *row_count; j += gridDim.y) {  // the same count in every block of a cluster
     sample_row_in_cluster(task, row_list[j], shared, slice_storage);
   }
+}
+
+// What the describe kernel reads and writes (device pointers).
+struct DescribeTask {
+  const float* logits;
+  int64_t row_stride, vocab, rows;
+  int slice;
+  const SamplingParams* params;
+  RowDistribution* out;
+};
+
+// One row's distribution, by the whole cluster (the whole-row cut: exact for every row).
+__device__ __noinline__ void describe_row_in_cluster(const DescribeTask& task, int64_t row_index, SharedState& shared,
+                                                     float4* slice_storage) {
+  const SamplingParams p = task.params[row_index];
+  RowContext row{shared, reinterpret_cast<float*>(slice_storage), 0, 0};
+  const RowExtremes extremes = load_row(row, task.logits + row_index * task.row_stride, task.slice, task.vocab, p,
+                                        slice_storage);
+  RowDistribution d;
+  d.best_rank = extremes.best_rank;
+  d.has_nan = extremes.has_nan;
+  if (!extremes.has_nan && !is_greedy(p)) {
+    d.kept = kept_set_of(row, p, whole_row_cut(row, p, task.vocab));
+    uint64_t local = 0;
+    for_each_logit(row, [&](float z, uint32_t id) { local += kept_weight(d.kept, z, id); });
+    cluster_gather(row, block_reduce<kThreads, false>(local, shared.scratch));
+    d.kept.total = gathered_sum(row, kClusterBlocks);
+  }
+  cg::this_cluster().sync();  // no block may go on while another reads its shared memory
+  if (cg::this_cluster().block_rank() == 0 && threadIdx.x == 0) task.out[row_index] = d;
+}
+
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 1)
+    describe_rows_kernel(DescribeTask task) {
+  extern __shared__ float4 slice_storage[];
+  __shared__ SharedState shared;
+  pdl_launch_dependents();
+  pdl_wait();
+#pragma unroll 1
+  for (int64_t r = blockIdx.y; r < task.rows; r += gridDim.y) describe_row_in_cluster(task, r, shared, slice_storage);
 }
 
 // The logits slice (a multiple of 16 bytes), then the candidate path's arrays.
@@ -535,6 +588,14 @@ void launch_cluster_kernel(const CudaSampleBatch& batch, const int* row_list, co
   const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
   launch_kernel("sample_rows_kernel", sample_rows_kernel, clusters, kThreads, dynamic_shared_bytes(batch.vocab), stream,
                 pdl, cluster_task, row_list, row_count);
+}
+
+void launch_describe_kernel(const CudaSampleBatch& batch, RowDistribution* out, cudaStream_t stream) {
+  const DescribeTask task{batch.logits, batch.logits_row_stride, batch.vocab, batch.rows, int(slice_length(batch.vocab)),
+                          batch.params, out};
+  const dim3 clusters(kClusterBlocks, unsigned(std::min<int64_t>(batch.rows, kFallbackClusters)));
+  launch_kernel("describe_rows_kernel", describe_rows_kernel, clusters, kThreads,
+                size_t(slice_length(batch.vocab)) * sizeof(float), stream, Pdl::kOff, task);
 }
 
 }  // namespace g4

@@ -40,5 +40,7 @@ void check_cluster_kernel_fits(int64_t max_vocab);
 // Enqueues the cluster kernel over the rows row_list[0, *row_count) of batch.
 void launch_cluster_kernel(const CudaSampleBatch& batch, const int* row_list, const int* row_count, Pdl pdl,
                            cudaStream_t stream);
+// Enqueues the description of every row of batch (logits, stride, rows, vocab, params) into out.
+void launch_describe_kernel(const CudaSampleBatch& batch, RowDistribution* out, cudaStream_t stream);
 
 }  // namespace g4
