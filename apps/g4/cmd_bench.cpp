@@ -241,18 +241,20 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
                       {"draft_step_ms", stats.drafted > 0 ? stats.draft_seconds / double(stats.drafted) * 1e3 : 0.0},
                       {"verify_ms", stats.rounds > 0 ? stats.verify_seconds / double(stats.rounds) * 1e3 : 0.0}};
   if (o.draft_accept >= 0) r["draft_accept"] = o.draft_accept;
-  // Sampled rounds: the verdict's acceptance rule runs on the backend (Backend::judge_drafts).
+  // Sampled rounds: the verdict's acceptance rule runs on the backend (Backend::judge_drafts). The
+  // session's counts hold every generation's rounds: this run's are those after the greedy ones.
   request.sampler = Sampler(sampled);
   request.draft.forced = nullptr;
+  const SpeculationStats greedy_rounds = stats;
   s.reset();
   const GenerationResult g_sampled = generate(s, request);
-  const SpeculationStats& sampled_stats = *s.speculation_stats();
+  const SpeculationStats sampled_rounds = s.speculation_stats()->since(greedy_rounds);
   r["drafted_decode_topk_topp_tok_s"] = double(g_sampled.tokens.size() - 1) / g_sampled.decode_seconds;
-  r["draft_tokens_per_round_topk_topp"] = sampled_stats.tokens_per_round();
+  r["draft_tokens_per_round_topk_topp"] = sampled_rounds.tokens_per_round();
   r["verify_topk_topp_ms"] =
-      sampled_stats.rounds > 0 ? sampled_stats.verify_seconds / double(sampled_stats.rounds) * 1e3 : 0.0;
+      sampled_rounds.rounds > 0 ? sampled_rounds.verify_seconds / double(sampled_rounds.rounds) * 1e3 : 0.0;
   r["draft_step_topk_topp_ms"] =
-      sampled_stats.drafted > 0 ? sampled_stats.draft_seconds / double(sampled_stats.drafted) * 1e3 : 0.0;
+      sampled_rounds.drafted > 0 ? sampled_rounds.draft_seconds / double(sampled_rounds.drafted) * 1e3 : 0.0;
   return r;
 }
 

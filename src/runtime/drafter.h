@@ -40,6 +40,11 @@ struct SpeculationStats {
   // Tokens a round gives on average: its accepted drafts and the verdict's token.
   double tokens_per_round() const { return rounds > 0 ? double(accepted + rounds) / double(rounds) : 0.0; }
   double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  // The rounds after `earlier` (an earlier copy of these counts).
+  SpeculationStats since(const SpeculationStats& earlier) const {
+    return {rounds - earlier.rounds, drafted - earlier.drafted, accepted - earlier.accepted,
+            draft_seconds - earlier.draft_seconds, verify_seconds - earlier.verify_seconds};
+  }
 };
 
 // One sequence's round of drafts.
