@@ -1,5 +1,5 @@
 // Long-context key-value recall under each KV cache type: the model of tools/fixtures/train_recall.py
-// finds the record "KEY k1 k2 k3 VAL v1 v2" that a prompt's final "ASK k1 k2 k3 VAL" asks among
+// finds the record "KEY k1 k2 k3 VAL v…" that a prompt's final "ASK k1 k2 k3 VAL" asks among
 // random filler, 15 other records and two near misses. For every KV type (full/sliding) and prompt
 // length, each case is prefilled and its answer decoded greedily; the JSON printed gives exact
 // recall (cases whose whole answer is right), per-token accuracy, the margins of the expected ids

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/row_routing.h"
 #include "quant/quantize.h"
 #include "model/loader.h"
 #include "format/tensor_source.h"
@@ -205,6 +206,52 @@ struct AttentionCase {
   // AttentionArgs::reads_cache_only): keys below it, nothing stored, the next chunk unaffected.
   bool cache_only_queries = false;
 };
+
+// A short chunk of decode-step rows (a verify chunk) runs on the decode kernels (row_routing.h:
+// chunk_on_decode_kernels): each of its rows gets exactly the bits a decode step at that position gives, over a ring (a 31B sliding layer's
+// shape) and a flat cache (a full layer's, many splits), after a prompt on the prefill kernel.
+TEST_F(CudaOps, ShortChunksGiveTheDecodeStepsBits) {
+  struct Case {
+    int heads, kv_heads, head_dim, window;
+    int64_t capacity, prompt;
+  };
+  for (const Case c : {Case{32, 16, 256, 128, 256, 300}, Case{32, 4, 512, 0, 1400, 1000}}) {
+    const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;
+    for (const int64_t T : {int64_t(2), int64_t(5), kMaxChunkRowsOnDecodeKernels}) {
+      ASSERT_TRUE(chunk_on_decode_kernels(T, 0, c.window, c.capacity));
+      KvCache chunked = one_page_kv_cache(*gpu_, DType::BF16, c.capacity, kv_cols);
+      KvCache stepped = one_page_kv_cache(*gpu_, DType::BF16, c.capacity, kv_cols);
+      auto args = [&](KvCache& cache, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                      const Tensor& out) {
+        AttentionArgs a;
+        a.cache = &cache;
+        a.heads = c.heads, a.kv_heads = c.kv_heads, a.head_dim = c.head_dim, a.window = c.window;
+        a.scale = 1.0f / std::sqrt(float(c.head_dim)) * 4.0f;
+        a.q = q, a.k_new = k, a.v_new = v, a.positions = positions, a.out = out;
+        a.rows_as_decode_steps = true;  // a verify chunk's rows (the prompt's run on the prefill kernel regardless)
+        return a;
+      };
+      std::vector<int32_t> p(size_t(c.prompt + T));
+      for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t(i);
+      const Tensor prompt_positions = raw(DType::I32, c.prompt, 1, p.data()).gpu;
+      Both q = activation(c.prompt, q_cols), k = activation(c.prompt, kv_cols), v = activation(c.prompt, kv_cols);
+      const Tensor prompt_out = gpu_->alloc(DType::BF16, c.prompt, q_cols);
+      for (KvCache* cache : {&chunked, &stepped})
+        gpu_->attention(args(*cache, q.gpu, k.gpu, v.gpu, prompt_positions, prompt_out));
+      const Tensor positions = raw(DType::I32, T, 1, p.data() + c.prompt).gpu;
+      Both qc = activation(T, q_cols), kc = activation(T, kv_cols), vc = activation(T, kv_cols);
+      const Tensor chunk_out = gpu_->alloc(DType::BF16, T, q_cols), step_out = gpu_->alloc(DType::BF16, T, q_cols);
+      gpu_->attention(args(chunked, qc.gpu, kc.gpu, vc.gpu, positions, chunk_out));
+      for (int64_t z = 0; z < T; ++z)
+        gpu_->attention(args(stepped, qc.gpu.rows_view(z, 1), kc.gpu.rows_view(z, 1), vc.gpu.rows_view(z, 1),
+                             positions.rows_view(z, 1), step_out.rows_view(z, 1)));
+      std::vector<uint16_t> chunk_bits(size_t(T * q_cols)), step_bits(chunk_bits.size());
+      gpu_->download(chunk_out, chunk_bits.data());
+      gpu_->download(step_out, step_bits.data());
+      EXPECT_EQ(chunk_bits, step_bits) << "head dim " << c.head_dim << ", window " << c.window << ", T " << T;
+    }
+  }
+}
 
 TEST_F(CudaOps, AttentionChunksOverRingAndFlatCaches) {
   const std::vector<AttentionCase> cases = {

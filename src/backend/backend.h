@@ -127,6 +127,11 @@ struct AttentionArgs {
   // empty and nothing is stored; query row t at positions[t] reads the cached keys p with
   // p < positions[0] (and positions[t] - p < window), which must be at least one.
   bool reads_cache_only = false;
+  // Every row of the chunk is read out (a speculative verify chunk: each row's hidden state decides a
+  // token), so each row is attended as a decode step at its position would be; a backend may run such
+  // short chunks on its decode kernels (CUDA: row_routing.h), giving each row a decode step's result.
+  // Prompt chunks keep their own kernels, whose rows do not depend on how a prompt is chunked.
+  bool rows_as_decode_steps = false;
 };
 
 // The attention block's per-head norms, in place on [tokens*heads, head_dim] views (row r of a

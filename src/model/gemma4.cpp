@@ -115,6 +115,7 @@ void Gemma4::attention_block(Backend& be, ForwardBuffers& buf, int layer, std::s
     arg.out = head(buf.attn, out_rows, q_cols).rows_view(q_from - first, nq);
     arg.q_first = q_from - a;
     arg.last_position = s.last_position;
+    arg.rows_as_decode_steps = s.out_rows == s.rows;
   }
   if (out_rows == 0) return be.normed_attention_batch(norms, args);
 

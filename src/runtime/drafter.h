@@ -73,7 +73,8 @@ struct Drafts {
 // Where the logits a sampled draft was drawn from go for the verdict: kept in backend memory, every
 // step's rows of a group (K × rows × vocab floats: sessions, one row), or copied to the host after
 // each step (continuous batching: a step may draft for more sequences than one group, and K rows of
-// 262 144 floats for each would take a gigabyte at 64 sequences).
+// 262 144 floats for each, 256 MiB for 64 sequences at K = 4, would have to be reserved before the KV
+// pool; docs/DESIGN.md §7).
 enum class DraftLogits { kBackend, kHost };
 
 class Drafter {

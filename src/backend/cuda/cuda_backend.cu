@@ -443,6 +443,11 @@ class CudaBackend final : public Backend {
   void attention(const AttentionArgs& args) override {
     if (is_quantized_kv(args.cache->k.dtype)) return quantized_attention(args);
     const AttentionLaunch a = attention_launch(args);
+    if (args.rows_as_decode_steps && !a.cache_only && chunk_on_decode_kernels(a.T, a.q_first, a.window, a.capacity())) {
+      reserve_decode_attention(a.heads, a.head_dim, a.T);
+      return launch_chunk_on_decode_kernels(a, ptr<float>(workspace_.attention_partials), kDecodeSplits, stream_,
+                                            splits_bound(std::span(&args, 1)));
+    }
     if (a.T > 1) return launch_prefill_attention(a, stream_);
     launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,
                             splits_bound(std::span(&args, 1)));
@@ -953,7 +958,8 @@ class CudaBackend final : public Backend {
   }
 
   void reserve_forward(const ForwardReservation& r) override {
-    reserve_decode_attention(r.heads, r.head_dim, r.decode_sequences);
+    const int64_t chunk_rows = std::min(r.rows, kMaxChunkRowsOnDecodeKernels);  // attention()'s short chunks
+    reserve_decode_attention(r.heads, r.head_dim, std::max(r.decode_sequences, chunk_rows));
     workspace_.reserve_up(up_values(r.rows, r.intermediate));
     workspace_.reserve_rope_table(rope_table_floats(r.rows, r.head_dim));
   }

@@ -58,7 +58,19 @@ struct SplitPartials {
   int max_splits;
   int launched;         // splits this launch may fill (the grid may stop short of max_splits)
   int blocks_per_head;  // P: a split block takes splits y, y + P, ... of its (kv head, sequence)
+  // The split grid is (sequence, kv head, y) rather than (kv head, y, sequence): the blocks of a
+  // chunk's rows, which read the same keys, start side by side (launch_chunk_on_decode_kernels).
+  bool sequences_fastest;
 };
+
+// A split block's sequence, kv head and y (splits y, y + P, ...).
+struct SplitBlock {
+  int sequence, kvh, y;
+};
+__device__ inline SplitBlock split_block(const SplitPartials& p) {
+  if (p.sequences_fastest) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  return {int(blockIdx.z), int(blockIdx.x), int(blockIdx.y)};
+}
 
 // Partials a block that took all of its cache's splits merges itself: at most this many floats
 // (a thread's 64 float4 loads, under the time the merge kernel's launch would take; a sliding
@@ -432,7 +444,7 @@ struct Tile {
   }
 };
 
-// Block (kv head, y, sequence): splits y, y + P, ... (P = gridDim.y) of the sequence's keys, one
+// Block (kv head, y, sequence) (split_block): splits y, y + P, ... of the sequence's keys, one
 // after another, each scored for every query head of the GQA group at once on the tensor cores
 // (mma.sync: S^T = K·Q^T with the heads as the mma's 8 columns, then O^T += V^T·P^T), tile by tile
 // through shared memory; leaves each split's per-head softmax state (m, l) and unnormalised output
@@ -444,10 +456,11 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
     decode_split_kernel(AttentionLaunch batch, DecodeCaches caches, SplitPartials batch_parts, uint4* planes) {
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t decode_smem[];
-  const AttentionLaunch a = sequence_launch(batch, caches, int(blockIdx.z));
-  const SplitPartials parts = sequence_partials(batch_parts, batch, int(blockIdx.z));
+  const SplitBlock block = split_block(batch_parts);
+  const AttentionLaunch a = sequence_launch(batch, caches, block.sequence);
+  const SplitPartials parts = sequence_partials(batch_parts, batch, block.sequence);
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvh = blockIdx.x, y = blockIdx.y;
+  const int kvh = block.kvh, y = block.y;
   const DecodeSmem<kHeadTiles> lay(D);
   bf16* ks = reinterpret_cast<bf16*>(decode_smem + lay.k);
   bf16* vs = reinterpret_cast<bf16*>(decode_smem + lay.v);
@@ -463,7 +476,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   const int split_keys = split_keys_at(pos, a.window, parts.max_splits);
   if (first + y * split_keys > pos) return;  // empty splits only: the merge does not read them
   const int used = used_splits(pos, a.window, split_keys);
-  const SplitTiles walk{first, split_keys, pos + 1, int(gridDim.y), used};
+  const SplitTiles walk{first, split_keys, pos + 1, parts.blocks_per_head, used};
   // The next tile is computed where it is needed: held in a variable across the loop, it cost 30
   // registers (4 blocks a multiprocessor instead of 5).
   Tile tile = Tile::first_of(walk, y);
@@ -476,7 +489,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   stage(a.k_cache, tile, ks);  // in flight while the queries (and the new K/V) are read
   stage(a.v_cache, tile, vs);
   load_queries<kHeadTiles>(a, pos, kvh, qs, lay.ld);
-  if (!a.cache_only && (used - 1 - y) % int(gridDim.y) == 0)
+  if (!a.cache_only && (used - 1 - y) % parts.blocks_per_head == 0)
     make_fresh_row(a, pos, kvh, fresh_k, fresh_v);  // the last split is ours
   __syncthreads();  // the new K/V rows (normed by two warps) visible to place_fresh_row's threads
   const float scale_log2 = a.scale * 1.4426950408889634f;
@@ -606,8 +619,12 @@ int decode_attention_splits(int64_t position, int window, int max_splits) {
   return used_splits(pos, window, split_keys_at(pos, window, max_splits));
 }
 
-void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
-                             uint4* planes, cudaStream_t stream, int splits_bound) {
+namespace {
+
+// The split kernel over caches.sequences sequences (grid order: SplitPartials::sequences_fastest),
+// then the merge unless the split blocks merge themselves.
+void launch_splits_and_merge(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
+                             uint4* planes, cudaStream_t stream, int splits_bound, bool sequences_fastest) {
   check_attention_shape(a);
   G4_CHECK(!planes || (caches.sequences == 1 && a.head_dim % packed::kBlock == 0),
            "decode attention: quantized planes need one sequence and heads of whole blocks");
@@ -619,6 +636,7 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   parts.max_splits = max_splits;
   parts.acc = partials;
   parts.ml = reinterpret_cast<float2*>(partials + int64_t(a.heads) * max_splits * a.head_dim);
+  parts.sequences_fastest = sequences_fastest;
   // Keys a query can see span at most the window (ring) or the capacity (flat cache); a split
   // holds at least one tile of them (split_keys_at).
   const int64_t span = a.window ? a.window : a.capacity();
@@ -632,8 +650,8 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
     const int64_t heads = int64_t(a.kv_heads) * caches.sequences, blocks = int64_t(splits) * heads;
     const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), kSplitThreads, smem);
     parts.blocks_per_head = blocks <= resident ? splits : int(ceil_div(splits, ceil_div(blocks, resident)));
-    launch_kernel("decode_split_kernel", kernel,
-                  dim3(unsigned(a.kv_heads), unsigned(parts.blocks_per_head), unsigned(caches.sequences)),
+    const unsigned kv_heads = unsigned(a.kv_heads), p = unsigned(parts.blocks_per_head), z = unsigned(caches.sequences);
+    launch_kernel("decode_split_kernel", kernel, sequences_fastest ? dim3(z, kv_heads, p) : dim3(kv_heads, p, z),
                   kSplitThreads, smem, stream, Pdl::kOn, a, caches, parts, planes);
   };
   if (group <= 8) launch_split(decode_split_kernel<1>, DecodeSmem<1>(a.head_dim).total);
@@ -644,6 +662,31 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
                 dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))),
                      unsigned(caches.sequences)),
                 kMergeColumns * kMergeLanes, 0, stream, Pdl::kOn, a, caches, parts, planes);
+}
+
+}  // namespace
+
+void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
+                             uint4* planes, cudaStream_t stream, int splits_bound) {
+  launch_splits_and_merge(a, caches, partials, max_splits, planes, stream, splits_bound, false);
+}
+
+void launch_chunk_on_decode_kernels(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream,
+                                    int splits_bound) {
+  G4_CHECK(a.T >= 2 && a.T <= kMaxDecodeSequences && a.q_first == 0 && !a.cache_only && !a.norm_inputs,
+           "decode kernels: a chunk of 2 to " + std::to_string(kMaxDecodeSequences) +
+               " normed query rows with keys of their own");
+  G4_CHECK(a.window == 0 || a.T <= a.capacity() - a.window,
+           "decode kernels: the chunk's keys would overwrite keys its first rows still see");
+  launch_store_kv(a, stream);
+  DecodeCaches caches;  // every row reads the one cache (its own keys stored by now)
+  caches.sequences = int(a.T);
+  for (int z = 0; z < caches.sequences; ++z) {
+    caches.k[z] = a.k_cache;
+    caches.v[z] = a.v_cache;
+    caches.table[z] = a.page_table;
+  }
+  launch_splits_and_merge(a, caches, partials, max_splits, nullptr, stream, splits_bound, true);
 }
 
 }  // namespace g4

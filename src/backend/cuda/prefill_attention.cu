@@ -311,6 +311,10 @@ void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream) {
     else
       launch_prefill_tiles<512>(args, stream);
   }
+  launch_store_kv(a, stream);
+}
+
+void launch_store_kv(const AttentionLaunch& a, cudaStream_t stream) {
   const int64_t vecs = std::min(a.T, a.capacity()) * a.kv_heads * a.head_dim / 8;
   launch_kernel("store_kv_kernel", store_kv_kernel, unsigned(std::min<int64_t>(ceil_div(vecs, 256), 4096)), 256, 0,
                 stream, Pdl::kOff, a);

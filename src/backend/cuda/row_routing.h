@@ -1,5 +1,5 @@
 // Which CUDA kernel takes how many rows of a matmul: the bounds of the decode GEMVs and of the
-// tensor-core packed matmul, and the rule between them. Host-only (no CUDA header), so tests built
+// tensor-core packed matmul, and the rule between them; and which attention kernels take a chunk. Host-only (no CUDA header), so tests built
 // without CUDA choose their tolerances by the same rule the backend follows.
 #pragma once
 #include <cstdint>
@@ -25,6 +25,20 @@ inline constexpr int64_t kPackedMatmulFromRows = 5;
 // Whether T rows of a K-wide packed weight run the GEMV (else the packed matmul or a larger path).
 inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
   return T <= kMaxGemvTokens && (batch_invariant || T < kPackedMatmulFromRows || !packed_matmul_fits(T, K));
+}
+
+// Rows up to which a chunk whose rows are decode steps (AttentionArgs::rows_as_decode_steps: a
+// speculative verify chunk) runs its attention over a bf16 cache on the decode kernels, split over
+// the context, rather than on the prefill kernel, whose blocks (one per kv head and 16-query tile: 4
+// for a 31B full layer) each walk the whole context: the verify of K + 1 = 5 rows took 1.27 times a
+// decode step at 512 positions that way, 1.245 times on the decode kernels (docs/PERF.md). A backend
+// reserves decode partials for this many rows.
+inline constexpr int64_t kMaxChunkRowsOnDecodeKernels = 8;
+// Whether a chunk of T rows whose queries start at q_first, over a cache of `capacity` key rows with
+// `window` (0: none), runs on the decode kernels: its keys are stored before its rows read them, so
+// they must fit beside a window of older keys.
+inline bool chunk_on_decode_kernels(int64_t T, int64_t q_first, int64_t window, int64_t capacity) {
+  return T >= 2 && T <= kMaxChunkRowsOnDecodeKernels && q_first == 0 && (window == 0 || T <= capacity - window);
 }
 
 }  // namespace g4
