@@ -161,7 +161,7 @@ double two_sample_chi_square(const TokenCounts& a, const TokenCounts& b, int* bi
 // fed the pending token and the drafts, and the bonus token drawn from its logits.
 std::vector<int32_t> every_draft_standing(const Models& m, Session& s, const std::vector<int32_t>& prompt,
                                           const Sampler& sampler, int64_t n, int64_t max_drafts) {
-  Drafter drafter(*m.assistant, s.runner(), 1, max_drafts, DraftLogits::kBackend);
+  Drafter drafter(*m.assistant, s.runner(), 1, 1, max_drafts);
   const Tensor normed = s.runner().workspace_logits(1).normed;  // the hidden row of the last draw
   std::vector<uint8_t> hidden(normed.row_size());
   s.start(prompt);

@@ -624,8 +624,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   add_kv_type_flags(*cmd, opts->kv);
   cmd->add_option("--draft_model,--draft-model", opts->draft_model,
-                  "Also decode greedily in draft rounds with this MTP assistant (drafted tok/s, acceptance, draft and "
-                  "verify time); 'demo': the demo model's; 'synthetic' with --synthetic 31b: the 31B assistant's "
+                  "Also decode in draft rounds with this MTP assistant, greedily and sampled (drafted tok/s, "
+                  "acceptance, draft and verify time); 'demo': the demo model's; 'synthetic' with --synthetic 31b: the 31B assistant's "
                   "shape, random weights");
   cmd->add_option("--draft_accept,--draft-accept", opts->draft_accept,
                   "Force this many drafts a round (a mean: 2.5 alternates 2 and 3) to stand: the rounds' drafts "

@@ -62,42 +62,33 @@ struct Drafts {
   // The drafted tokens, at most DraftRequest::drafts: fewer when the assistant's logits held a NaN
   // (the drafts stop before it).
   std::vector<int32_t> tokens;
-  // Where the drafts and the logits they were drawn from lie in backend memory (DraftLogits::kBackend;
-  // until the next draft()): Backend::judge_drafts reads them there.
+  // Where the drafts and the logits each was drawn from lie in backend memory, until the drafter's
+  // next draft(): Backend::judge_drafts reads them there.
   DraftRows rows;
-  // Sampled requests with DraftLogits::kHost: the assistant's logits each draft was drawn from,
-  // [tokens.size()][vocab] (the acceptance rule weighs them); empty otherwise.
-  std::vector<float> logits;
 };
-
-// Where the logits a sampled draft was drawn from go for the verdict: kept in backend memory, every
-// step's rows of a group (K × rows × vocab floats: sessions, one row), or copied to the host after
-// each step (continuous batching: a step may draft for more sequences than one group, and K rows of
-// 262 144 floats for each, 256 MiB for 64 sequences at K = 4, would have to be reserved before the KV
-// pool; docs/DESIGN.md §7).
-enum class DraftLogits { kBackend, kHost };
 
 class Drafter {
  public:
-  // Runs up to max_rows sequences in one assistant step (more run in groups), up to max_drafts steps.
-  Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t max_rows, int64_t max_drafts,
-          DraftLogits logits_at);
+  // Runs up to max_rows sequences in one assistant step (more run in groups), up to max_requests in
+  // one draft() call, up to max_drafts steps. Every step's logits rows stay in backend memory for the
+  // verdict: max_drafts × max_requests rows of the vocabulary (4 MiB a sequence for the 31B at K = 4).
+  Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t max_rows, int64_t max_requests,
+          int64_t max_drafts);
   const Gemma4Assistant& assistant() const { return assistant_; }
   // The drafts of every request, in order.
   std::vector<Drafts> draft(std::span<const DraftRequest> requests);
 
  private:
-  void draft_group(std::span<const DraftRequest> requests, std::span<Drafts> out);
+  void draft_group(std::span<const DraftRequest> requests, int64_t first, int64_t steps);
 
   const Gemma4Assistant& assistant_;
   ModelRunner& runner_;
   DraftBuffers buf_;
-  int64_t max_drafts_;
-  DraftLogits logits_at_;
+  int64_t max_requests_, max_drafts_;
   Tensor ids_, positions_, h_;
-  Tensor logits_;  // step i's logits at rows [i·n, (i + 1)·n) (kBackend; kHost: every step at rows [0, n))
-  Tensor tokens_;  // each step's draws: [max_drafts][max_rows]
-  SamplingRows params_;  // each step's draws: [max_drafts][max_rows]
+  // Request r's step i: row i·max_requests + r of each.
+  Tensor logits_, tokens_;
+  SamplingRows params_;
 };
 
 }  // namespace g4

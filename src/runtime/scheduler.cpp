@@ -346,33 +346,79 @@ SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
 StepExecutor::StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOptions& draft, int64_t draft_rows)
     : runner_(runner),
       graphs_(cuda_graphs ? std::make_unique<DecodeBatchGraphs>(runner) : nullptr),
-      drafter_(draft.assistant
-                   ? std::make_unique<Drafter>(*draft.assistant, runner, draft_rows, draft.draft_tokens, DraftLogits::kHost)
-                   : nullptr) {}
+      // A forward draws at most max_batch_sequences rows, two or more for each verify chunk.
+      drafter_(draft.assistant ? std::make_unique<Drafter>(*draft.assistant, runner, draft_rows,
+                                                           std::max<int64_t>(1, runner.max_batch_sequences() / 2),
+                                                           draft.draft_tokens)
+                               : nullptr) {
+  if (!drafter_) return;
+  Backend& be = runner.backend();
+  const int64_t rows = runner.max_batch_sequences();  // a forward's verify rows
+  verdict_params_ = be.alloc_sampling_rows(rows);
+  verdicts_ = be.alloc(DType::I64, rows, 1);  // two a verify chunk of two or more rows
+}
+
+std::vector<std::optional<DraftVerdict>> StepExecutor::judge_sampled_chunks(
+    const PlannedForward& forward, std::span<const SequenceChunk> chunks, const Tensor& logits,
+    const std::vector<std::pair<RequestId, Drafts>>& drafts) {
+  std::vector<std::optional<DraftVerdict>> out(forward.chunks.size());
+  std::vector<size_t> judged;          // the chunks, in order
+  std::vector<int64_t> first_rows;     // each one's first logits row
+  std::vector<SamplingParams> params;  // their rows' draws, one after another
+  int64_t row = 0;
+  for (size_t i = 0; i < forward.chunks.size(); ++i) {
+    const PlannedChunk& c = forward.chunks[i];
+    if (!c.draw) continue;
+    if (c.drafts > 0 && !is_greedy(*c.draw) && chunks[i].out_rows > 1) {
+      judged.push_back(i);
+      first_rows.push_back(row);
+      for (int64_t r = 0; r < chunks[i].out_rows; ++r) {
+        params.push_back(*c.draw);
+        params.back().seed += uint64_t(r);
+      }
+    }
+    row += chunks[i].out_rows;
+  }
+  if (judged.empty()) return out;
+  Backend& be = runner_.backend();
+  be.upload_sampling_rows(params, verdict_params_);
+  int64_t param_row = 0;
+  for (size_t j = 0; j < judged.size(); ++j) {
+    const PlannedChunk& c = forward.chunks[judged[j]];
+    const auto it = std::find_if(drafts.begin(), drafts.end(), [&](const auto& d) { return d.first == c.id; });
+    G4_ASSERT(it != drafts.end(), "the drafts of request " + std::to_string(c.id));
+    const int64_t rows = chunks[judged[j]].out_rows;
+    be.judge_drafts(logits.rows_view(first_rows[j], rows), it->second.rows, verdict_params_.slice(param_row, rows),
+                    verdicts_.rows_view(2 * int64_t(j), 2));
+    param_row += rows;
+  }
+  std::vector<int64_t> verdicts(2 * judged.size());
+  runner_.download_result(verdicts_.rows_view(0, int64_t(verdicts.size())), verdicts.data());
+  for (size_t j = 0; j < judged.size(); ++j) out[judged[j]] = verdict_from(verdicts[2 * j], verdicts[2 * j + 1]);
+  return out;
+}
 
 StepResult StepExecutor::run(const StepPlan& plan, StepPlanner& sequences) {
-  const auto drafts = draft(plan, sequences);
   StepResult result;
   for (size_t f = 0; f < plan.forwards.size(); ++f)
-    result.forwards.push_back(run_forward(int64_t(f), plan.forwards[f], sequences, drafts));
+    result.forwards.push_back(run_forward(int64_t(f), plan.forwards[f], sequences, draft(plan.forwards[f], sequences)));
   return result;
 }
 
-std::vector<std::pair<RequestId, Drafts>> StepExecutor::draft(const StepPlan& plan, StepPlanner& sequences) {
+std::vector<std::pair<RequestId, Drafts>> StepExecutor::draft(const PlannedForward& forward, StepPlanner& sequences) {
   std::vector<RequestId> ids;
   std::vector<DraftRequest> requests;
-  for (const PlannedForward& forward : plan.forwards)
-    for (const PlannedChunk& c : forward.chunks) {
-      if (c.drafts == 0) continue;
-      G4_ASSERT(drafter_ && c.decode && c.draw, "a verify chunk needs an assistant and a pending token to draw after");
-      // Its pages and tables as the verify will use them: a resumed sequence's tables, and those
-      // that shed pages, are uploaded here, before the assistant reads through them.
-      KvSequence& kv = sequences.kv(c.id);
-      runner_.kv_pool().prepare(kv, c.rows());
-      ids.push_back(c.id);
-      requests.push_back(DraftRequest{&kv.caches(), c.tokens[0], c.position, sequences.draft_hidden(c.id), *c.draw,
-                                      c.drafts});
-    }
+  for (const PlannedChunk& c : forward.chunks) {
+    if (c.drafts == 0) continue;
+    G4_ASSERT(drafter_ && c.decode && c.draw, "a verify chunk needs an assistant and a pending token to draw after");
+    // Its pages and tables as the verify will use them: a resumed sequence's tables, and those
+    // that shed pages, are uploaded here, before the assistant reads through them.
+    KvSequence& kv = sequences.kv(c.id);
+    runner_.kv_pool().prepare(kv, c.rows());
+    ids.push_back(c.id);
+    requests.push_back(DraftRequest{&kv.caches(), c.tokens[0], c.position, sequences.draft_hidden(c.id), *c.draw,
+                                    c.drafts});
+  }
   std::vector<std::pair<RequestId, Drafts>> out;
   if (requests.empty()) return out;
   const auto t0 = std::chrono::steady_clock::now();
@@ -438,9 +484,12 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int32_t> tokens = runner_.forward_and_sample(chunks, params, adjustments, masks, run);
 
-  // The logits and hidden rows, read back only where needed: a sampled verify chunk's rows and a
-  // log-probability row (logits), drafting sequences' rows (hidden).
+  // The logits and hidden rows, read back only where needed: a log-probability row (logits),
+  // drafting sequences' rows (hidden); sampled verify chunks are judged where their logits are.
   const LogitsOutput ws = runner_.workspace_logits(int64_t(params.size()));
+  const std::vector<std::optional<DraftVerdict>> sampled_verdicts =
+      verifies ? judge_sampled_chunks(forward, chunks, ws.logits, drafts)
+               : std::vector<std::optional<DraftVerdict>>(forward.chunks.size());
   const int64_t V = ws.logits.cols;
   auto logits_rows = [&](int64_t first, int64_t n) {
     std::vector<float> rows(size_t(n * V));
@@ -461,10 +510,10 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     int64_t at = row;  // the row that drew d.token
     if (c.drafts > 0) {
       const std::span<const int32_t> drafted(fed[i].data() + 1, size_t(rows - 1));
-      const DraftVerdict verdict =
-          is_greedy(*c.draw)
-              ? judge_greedy_draws(std::span(tokens).subspan(size_t(row), size_t(rows)), drafted)
-              : judge_drafts(logits_rows(row, rows), drafts_of(c.id).logits, drafted, V, *c.draw);
+      // Greedy (or no draft): from the target's own draws of the rows.
+      const DraftVerdict verdict = sampled_verdicts[i]
+                                       ? *sampled_verdicts[i]
+                                       : judge_greedy_draws(std::span(tokens).subspan(size_t(row), size_t(rows)), drafted);
       d.accepted_drafts.assign(drafted.begin(), drafted.begin() + verdict.accepted);
       d.token = int32_t(verdict.token);
       d.drafted = rows - 1;

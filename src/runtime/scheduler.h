@@ -29,6 +29,7 @@
 #include "sampling/logit_penalties.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
+#include "sampling/speculative.h"
 
 namespace g4 {
 
@@ -203,10 +204,10 @@ class StepPlanner {
 // tokens and the logits rows that asked for log-probabilities. The caches advance with the forward;
 // nothing else of the scheduler's state changes here.
 //
-// Verify chunks (PlannedChunk::drafts): before the step's forwards, the assistant drafts for all of
-// them at once (Drafter, groups of at most `draft_rows` sequences); each forward then draws every
-// row of its verify chunks, and the acceptance rule (sampling/speculative.h) decides each round:
-// greedy from the draws, sampled from the logits.
+// Verify chunks (PlannedChunk::drafts): before each forward, the assistant drafts for all of its
+// verify chunks at once (Drafter, groups of at most `draft_rows` sequences); the forward then draws
+// every row of them, and the acceptance rule (sampling/speculative.h) decides each round: greedy
+// from the draws, sampled on the backend from the logits (Backend::judge_drafts).
 class StepExecutor {
  public:
   StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOptions& draft, int64_t draft_rows);
@@ -214,14 +215,23 @@ class StepExecutor {
   const SpeculationStats& speculation_stats() const { return speculation_; }
 
  private:
-  // The drafts of the plan's verify chunks, by request.
-  std::vector<std::pair<RequestId, Drafts>> draft(const StepPlan& plan, StepPlanner& sequences);
+  // The drafts of the forward's verify chunks, by request (valid until the next call: the drafter
+  // keeps them in backend memory for the verdicts).
+  std::vector<std::pair<RequestId, Drafts>> draft(const PlannedForward& forward, StepPlanner& sequences);
   ForwardDraws run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences,
                            const std::vector<std::pair<RequestId, Drafts>>& drafts);
+  // The verdicts of the forward's sampled verify chunks (by chunk; others empty), judged on the backend
+  // over their rows of `logits` and read back together.
+  std::vector<std::optional<DraftVerdict>> judge_sampled_chunks(const PlannedForward& forward,
+                                                                std::span<const SequenceChunk> chunks,
+                                                                const Tensor& logits,
+                                                                const std::vector<std::pair<RequestId, Drafts>>& drafts);
 
   ModelRunner& runner_;
   std::unique_ptr<DecodeBatchGraphs> graphs_;  // with SchedulerOptions::cuda_graphs
   std::unique_ptr<Drafter> drafter_;           // with SchedulerOptions::draft
+  SamplingRows verdict_params_;                // the verify rows' draws of a forward's sampled chunks
+  Tensor verdicts_;                            // I64: their verdicts, two numbers each
   SpeculationStats speculation_;               // since the executor was made
 };
 

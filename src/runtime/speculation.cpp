@@ -10,7 +10,7 @@ namespace g4 {
 
 Speculation::Speculation(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t draft_tokens,
                          int64_t max_chunk)
-    : runner_(runner), k_(draft_tokens), drafter_(assistant, runner, 1, draft_tokens, DraftLogits::kBackend) {
+    : runner_(runner), k_(draft_tokens), drafter_(assistant, runner, 1, 1, draft_tokens) {
   G4_CHECK(k_ >= 1 && k_ + 1 <= max_chunk, "--draft_tokens must be in [1, " + std::to_string(max_chunk - 1) +
                                                "] (the drafts and the pending token run in one forward of at most " +
                                                std::to_string(max_chunk) + " tokens), got " + std::to_string(k_));
