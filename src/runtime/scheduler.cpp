@@ -343,6 +343,16 @@ SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
 
 // ---- StepExecutor ----
 
+namespace {
+
+const Drafts& drafts_of(const std::vector<std::pair<RequestId, Drafts>>& drafts, RequestId id) {
+  const auto it = std::find_if(drafts.begin(), drafts.end(), [id](const auto& d) { return d.first == id; });
+  G4_ASSERT(it != drafts.end(), "the drafts of request " + std::to_string(id));
+  return it->second;
+}
+
+}  // namespace
+
 StepExecutor::StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOptions& draft, int64_t draft_rows)
     : runner_(runner),
       graphs_(cuda_graphs ? std::make_unique<DecodeBatchGraphs>(runner) : nullptr),
@@ -385,10 +395,8 @@ std::vector<std::optional<DraftVerdict>> StepExecutor::judge_sampled_chunks(
   int64_t param_row = 0;
   for (size_t j = 0; j < judged.size(); ++j) {
     const PlannedChunk& c = forward.chunks[judged[j]];
-    const auto it = std::find_if(drafts.begin(), drafts.end(), [&](const auto& d) { return d.first == c.id; });
-    G4_ASSERT(it != drafts.end(), "the drafts of request " + std::to_string(c.id));
     const int64_t rows = chunks[judged[j]].out_rows;
-    be.judge_drafts(logits.rows_view(first_rows[j], rows), it->second.rows, verdict_params_.slice(param_row, rows),
+    be.judge_drafts(logits.rows_view(first_rows[j], rows), drafts_of(drafts, c.id).rows, verdict_params_.slice(param_row, rows),
                     verdicts_.rows_view(2 * int64_t(j), 2));
     param_row += rows;
   }
@@ -430,11 +438,6 @@ std::vector<std::pair<RequestId, Drafts>> StepExecutor::draft(const PlannedForwa
 
 ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forward, StepPlanner& sequences,
                                        const std::vector<std::pair<RequestId, Drafts>>& drafts) {
-  auto drafts_of = [&](RequestId id) -> const Drafts& {
-    const auto it = std::find_if(drafts.begin(), drafts.end(), [id](const auto& d) { return d.first == id; });
-    G4_ASSERT(it != drafts.end(), "the drafts of request " + std::to_string(id));
-    return it->second;
-  };
   std::vector<std::vector<int32_t>> fed(forward.chunks.size());  // each chunk's tokens, a verify chunk's drafts too
   std::vector<SequenceChunk> chunks;
   std::vector<SamplingParams> params;
@@ -449,7 +452,7 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
                                                std::to_string(c.position));
     fed[i] = c.tokens;
     if (c.drafts > 0) {
-      const std::vector<int32_t>& d = drafts_of(c.id).tokens;
+      const std::vector<int32_t>& d = drafts_of(drafts, c.id).tokens;
       fed[i].insert(fed[i].end(), d.begin(), d.end());
       verifies = true;
     }
