@@ -2,6 +2,7 @@
 // defaults, and g4 tokenize / detokenize with a model's own tokenizer.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -202,6 +203,12 @@ TEST(Cli, DraftModelOnRunAndBench) {
   const nlohmann::json f = nlohmann::json::parse(forced.output);
   EXPECT_EQ(f["draft_rounds"].get<int64_t>(), 10) << f.dump();  // 24 tokens after the first, 2.5 a round
   EXPECT_DOUBLE_EQ(f["draft_tokens_per_round"].get<double>(), 2.4) << f.dump();  // the last round cut by -n
+  // The sampled run's rounds are its own (not added to the greedy run's): they give its 24 tokens
+  // after the first, but for a last one drawn by a plain step when a round could hold no draft.
+  EXPECT_GT(f["drafted_decode_topk_topp_tok_s"].get<double>(), 0);
+  const double sampled_round_tokens =
+      f["draft_rounds_topk_topp"].get<double>() * f["draft_tokens_per_round_topk_topp"].get<double>();
+  EXPECT_TRUE(std::abs(sampled_round_tokens - 23.0) < 1e-9 || std::abs(sampled_round_tokens - 24.0) < 1e-9) << f.dump();
 
   // --concurrency with --draft_model: the sequences decode in rounds through the scheduler.
   const test::CommandResult batched =

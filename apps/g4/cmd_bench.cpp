@@ -250,6 +250,7 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
   const GenerationResult g_sampled = generate(s, request);
   const SpeculationStats sampled_rounds = s.speculation_stats()->since(greedy_rounds);
   r["drafted_decode_topk_topp_tok_s"] = double(g_sampled.tokens.size() - 1) / g_sampled.decode_seconds;
+  r["draft_rounds_topk_topp"] = sampled_rounds.rounds;
   r["draft_tokens_per_round_topk_topp"] = sampled_rounds.tokens_per_round();
   r["verify_topk_topp_ms"] =
       sampled_rounds.rounds > 0 ? sampled_rounds.verify_seconds / double(sampled_rounds.rounds) * 1e3 : 0.0;
