@@ -98,6 +98,7 @@ TEST_P(GgufExport, ConfigSurvivesTheRoundTrip) {
   EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
   EXPECT_EQ(b.bos_id, a.bos_id);
   EXPECT_EQ(b.eos_ids, a.eos_ids);
+  EXPECT_EQ(b.pad_id, a.pad_id);
   EXPECT_EQ(b.rms_norm_eps, double(float(a.rms_norm_eps)));  // GGUF stores it as F32
   EXPECT_EQ(b.final_logit_softcap, a.final_logit_softcap);
   ASSERT_EQ(b.num_layers(), a.num_layers());
@@ -271,6 +272,7 @@ TEST(GgufLayout, LlamaCppNamesDimsAndKeys) {
   EXPECT_EQ(m.get_float("gemma4.final_logit_softcapping"), 30.0);
   EXPECT_EQ(m.get_int("gemma4.attention.shared_kv_layers"), 0);
   EXPECT_EQ(m.get_int("gemma4.embedding_length_per_layer_input"), 0);
+  EXPECT_EQ(m.get_int("tokenizer.ggml.padding_token_id"), 0);  // config.json's pad_token_id
   EXPECT_FALSE(m.get_bool("g4.use_sampling"));
   EXPECT_EQ(m.get_int("g4.max_seq_len"), 256);      // min(max_position_embeddings 256, 4096)
   EXPECT_EQ(m.get_int("g4.max_prefill_chunk"), 16);  // min(255, 2 * window 8)

@@ -86,6 +86,7 @@ TEST(InputSafety, ConfigNumbersAreRangeChecked) {
       {"sliding_window", int64_t(1) << 33},  {"max_position_embeddings", -1},
       {"rms_norm_eps", -1e-6},               {"rms_norm_eps", 0},
       {"final_logit_softcapping", -30.0},    {"bos_token_id", 512},
+      {"pad_token_id", 512},                 {"pad_token_id", -1},
       {"eos_token_id", 1e12},                {"eos_token_id", json::array({1, -7})},
       {"num_key_value_heads", 3},            {"num_key_value_heads", 0},
   };

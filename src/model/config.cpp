@@ -213,6 +213,7 @@ ModelConfig parse_hf_config(const json& root, ModelRole role) {
   c.max_position_embeddings = optional_int(t, "max_position_embeddings", 131072, 2, kMaxPositions);
   c.tie_word_embeddings = optional<bool>(t, "tie_word_embeddings", optional<bool>(root, "tie_word_embeddings", true));
   c.bos_id = int(optional_int(t, "bos_token_id", 2, 0, c.vocab_size - 1));
+  c.pad_id = int(optional_int(t.contains("pad_token_id") ? t : root, "pad_token_id", 0, 0, c.vocab_size - 1));
   const json& eos = t.contains("eos_token_id") ? t["eos_token_id"] : root.value("eos_token_id", json(1));
   c.eos_ids.clear();
   if (eos.is_array()) {
@@ -270,6 +271,7 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   check_int(c.sliding_window, 1, kMaxPositions, "sliding_window");
   check_int(c.max_position_embeddings, 2, kMaxPositions, "max_position_embeddings");
   check_int(c.bos_id, 0, c.vocab_size - 1, "bos token id");
+  check_int(c.pad_id, 0, c.vocab_size - 1, "pad token id");
   for (int id : c.eos_ids) check_int(id, 0, c.vocab_size - 1, "eos token id");
   // Written as negated comparisons so that NaN fails them.
   G4_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0 && c.rms_norm_eps < 1,

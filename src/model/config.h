@@ -36,6 +36,7 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   int bos_id = 2;
   std::vector<int> eos_ids{1};
+  int pad_id = 0;  // the padding token (pad_token_id): llama.cpp's tokenizer.ggml.padding_token_id
   std::vector<LayerConfig> layers;
   // An MTP assistant's (model/assistant.h): the hidden size of the target it drafts for, which its
   // input and output projections map from and to; 0 for a model of its own. An assistant's layers

@@ -256,6 +256,7 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
   m.set(key("embedding_length_per_layer_input"), uint32_t(0));
   m.set("tokenizer.ggml.bos_token_id", u32(c.bos_id, "bos_token_id"));
   if (!c.eos_ids.empty()) m.set("tokenizer.ggml.eos_token_id", u32(c.eos_ids.front(), "eos_token_id"));
+  m.set("tokenizer.ggml.padding_token_id", u32(c.pad_id, "pad_token_id"));
   m.set(gguf_key::kEosTokenIds, GgufValue::array_of(std::vector<int32_t>(c.eos_ids.begin(), c.eos_ids.end())));
   m.set(gguf_key::kUseSampling, flags.use_sampling);
   m.set(gguf_key::kMaxSeqLen, u32(flags.max_seq_len, "max_seq_len"));
@@ -294,6 +295,7 @@ ModelConfig gemma4_config(const GgufFile& file, ModelRole role) {
            "GGUF metadata '" + key("vocab_size") + "' disagrees with token_embd.weight");
   c.tie_word_embeddings = file.find_tensor(gguf_tensor_name("lm_head.weight")) == nullptr;
   c.bos_id = to_int32(optional_int(m, "tokenizer.ggml.bos_token_id", c.bos_id), "tokenizer.ggml.bos_token_id");
+  c.pad_id = to_int32(optional_int(m, "tokenizer.ggml.padding_token_id", c.pad_id), "tokenizer.ggml.padding_token_id");
   if (m.find(gguf_key::kEosTokenIds)) {
     c.eos_ids.clear();
     for (int64_t id : m.get_int_array(gguf_key::kEosTokenIds)) c.eos_ids.push_back(to_int32(id, gguf_key::kEosTokenIds));
