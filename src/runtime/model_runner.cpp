@@ -173,6 +173,8 @@ AdjustmentRows ModelRunner::stage_adjustments(std::span<const std::vector<LogitA
   constexpr int64_t kWords = int64_t(sizeof(LogitAdjustment) / 4);
   if (adjustments_.entries.rows < int64_t(entries.size()))
     adjustments_.entries = backend_.alloc(DType::I32, int64_t(entries.size()), kWords);
+  if (adjustments_.offsets.rows < int64_t(offsets.size()))  // a verify chunk's rows (runtime/speculation.h)
+    adjustments_.offsets = backend_.alloc(DType::I32, int64_t(offsets.size()), 1);
   const AdjustmentRows staged{adjustments_.entries.rows_view(0, int64_t(entries.size())),
                               adjustments_.offsets.rows_view(0, int64_t(offsets.size())), int64_t(rows.size())};
   backend_.upload(entries.data(), staged.entries);

@@ -90,8 +90,8 @@ class ModelRunner {
                                           std::span<const std::vector<LogitAdjustment>> adjustments,
                                           std::span<const DrawMask* const> masks,
                                           const std::function<void(const std::function<void()>& work)>& run);
-  // Uploads per-row logit adjustments (at most max_batch_sequences rows) into the runner's buffer,
-  // valid until the next call; rows 0 (nothing to apply) when every list is empty.
+  // Uploads per-row logit adjustments into the runner's buffer (grown as a call needs), valid until
+  // the next call; rows 0 (nothing to apply) when every list is empty.
   AdjustmentRows stage_adjustments(std::span<const std::vector<LogitAdjustment>> rows);
   // Uploads per-row token masks (null: none; at most max_batch_sequences rows) into the runner's
   // buffer, computing each on the host; rows 0 (nothing to apply) when every row is null.

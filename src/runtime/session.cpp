@@ -158,8 +158,6 @@ void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, 
                                DraftOptions draft) {
   G4_CHECK(position() > 0, "begin_generation: prefill a prompt first");
   check_penalties(penalties, vocab_size());
-  G4_REQUIRE(kUnsupported, !draft.assistant || penalties.empty(),
-             "logit bias and penalties are not supported with a draft model yet");
   end_generation();
   if (draft.assistant && (!speculation_ || &speculation_->assistant() != draft.assistant ||
                           speculation_->draft_tokens() != draft.draft_tokens))
@@ -218,7 +216,7 @@ int32_t Session::next_drafted(int64_t j) {
       return token;
     }
     check_input(std::span<const int32_t>(&pending_, 1));
-    const std::vector<int32_t> tokens = speculation_->round(kv_, pending_, generation_->sampler(), j, k);
+    const std::vector<int32_t> tokens = speculation_->round(kv_, pending_, generation_->sampler(), j, k, penalties_);
     round_.assign(tokens.begin(), tokens.end());
   }
   const int32_t token = round_.front();

@@ -54,8 +54,20 @@ DraftVerdict Speculation::judge_sampled(int64_t n, const Drafts& drafted) {
   return verdict_from(verdict[0], verdict[1]);
 }
 
+void Speculation::adjust_verify_logits(const PenaltyState& penalties, std::span<const int32_t> drafts, int64_t n) {
+  if (penalties.empty()) return;
+  std::vector<std::vector<LogitAdjustment>> rows;
+  PenaltyState state = penalties;
+  for (int64_t i = 0; i < n; ++i) {
+    rows.push_back(state.adjustments());
+    if (i < int64_t(drafts.size())) state.record(drafts[size_t(i)]);
+  }
+  const AdjustmentRows staged = runner_.stage_adjustments(rows);
+  if (staged.rows > 0) runner_.backend().adjust_logits(verify_logits_.rows_view(0, n), staged);
+}
+
 std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const Sampler& sampler, int64_t j,
-                                        int64_t k) {
+                                        int64_t k, const PenaltyState& penalties) {
   G4_CHECK(k >= 1 && k <= k_, "a draft round of " + std::to_string(k) + " tokens (at most " + std::to_string(k_) + ")");
   const int64_t P = kv.position(), V = runner_.config().vocab_size;
 
@@ -80,6 +92,7 @@ std::vector<int32_t> Speculation::round(KvSequence& kv, int32_t pending, const S
   runner_.forward(std::span(&chunk, 1), LogitsOutput{verify_normed_.rows_view(0, n), verify_act_.rows_view(0, n),
                                                      verify_logits_.rows_view(0, n)});
   const std::span<const int32_t> drafts(tokens.data() + 1, size_t(n - 1));
+  adjust_verify_logits(penalties, drafts, n);
   upload_verify_params(sampler, j, n);
   const DraftVerdict verdict =
       sampler.greedy() || drafts.empty() ? judge_by_target_draws(n, drafts) : judge_sampled(n, drafted);

@@ -16,6 +16,7 @@
 #include "model/assistant.h"
 #include "runtime/drafter.h"
 #include "runtime/model_runner.h"
+#include "sampling/logit_penalties.h"
 #include "sampling/sampler.h"
 #include "sampling/speculative.h"
 
@@ -34,9 +35,14 @@ class Speculation {
   // the position whose logits drew the pending token.
   void take_hidden(const Tensor& normed_row);
   // One round of k <= draft_tokens() drafts for `kv`, whose next position is the pending token's;
-  // the drafts are token indices j, j + 1, ... of `sampler` (the pending token's is j - 1). Returns
-  // the accepted drafts, then the verdict's token (checked_token: NaN logits throw).
-  std::vector<int32_t> round(KvSequence& kv, int32_t pending, const Sampler& sampler, int64_t j, int64_t k);
+  // the drafts are token indices j, j + 1, ... of `sampler` (the pending token's is j - 1), and
+  // `penalties` (the generation's logit bias and penalties, over its tokens up to the pending one)
+  // adjust each verify row's logits as the draw at that position would see them: row i's after
+  // drafts 1..i too. The drafts themselves come from the assistant's unadjusted logits, which the
+  // verdict weighs as drawn. Returns the accepted drafts, then the verdict's token (checked_token:
+  // NaN logits throw).
+  std::vector<int32_t> round(KvSequence& kv, int32_t pending, const Sampler& sampler, int64_t j, int64_t k,
+                             const PenaltyState& penalties);
   const SpeculationStats& stats() const { return stats_; }
 
  private:
@@ -47,6 +53,8 @@ class Speculation {
   DraftVerdict judge_sampled(int64_t n, const Drafts& drafted);
   // Uploads the draws of verify rows 0..n-1 (token indices j....) into verify_params_.
   void upload_verify_params(const Sampler& sampler, int64_t j, int64_t n);
+  // The penalties of verify rows 0..n-1 applied to verify_logits_ (row i: after drafts[0, i)).
+  void adjust_verify_logits(const PenaltyState& penalties, std::span<const int32_t> drafts, int64_t n);
 
   ModelRunner& runner_;
   int64_t k_;
