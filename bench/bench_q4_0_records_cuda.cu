@@ -1,5 +1,5 @@
 // The Q4_0 records matmul (backend/cuda/q4_0_records.cu, docs/DESIGN.md §7) at the 31B's shapes and
-// 1 to 64 tokens: µs per matrix and TB/s of weights, after checking sampled rows against a host sum
+// 1 to 256 tokens: µs per matrix, TB/s of weights and TFLOP/s, after checking sampled rows against a host sum
 // over the same weights and activations, and that tokens of an 8- and a 64-token run have the bits
 // they have alone. Weights rotate through 600 MB so that L2 holds none. Compare with
 // `bench_packed_gemv_cuda q4_0 T` on the same machine. (The lab kernels this one was chosen from —
@@ -28,7 +28,7 @@ using g4::bench::check;
 namespace records = g4::records;
 
 constexpr size_t kRotationBytes = size_t(600) << 20;
-constexpr int kReps = 40, kMaxT = 64;
+constexpr int kReps = 40, kMaxT = 256;
 
 struct Shape {
   const char* name;
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     auto launch = [&](const uint8_t* weights, const __nv_bfloat16* in, __nv_bfloat16* out, int T) {
       g4::launch_q4_0_records_matmul(weights, in, out, T, shape.N, shape.K, workspace, workspace_bytes, nullptr);
     };
-    for (int T : {1, 2, 8, 16, 32, 64}) {
+    for (int T : {1, 2, 8, 16, 32, 64, 128, 256}) {
       launch(w[0], x, y, T);
       check(cudaDeviceSynchronize(), "records matmul");
       const std::vector<uint16_t> got = read_bits(y, size_t(T) * shape.N);
@@ -129,9 +129,10 @@ int main(int argc, char** argv) {
         other_bits += std::equal(one.begin(), one.end(), got.begin() + size_t(t) * shape.N) ? 0 : 1;
       }
       const double us = 1e3 * g4::bench::ms_per_launch([&](int i) { launch(w[size_t(i) % copies], x, y, T); }, 3, kReps);
-      std::printf("%-7s [%6lld, %5lld] T=%-2d %8.2f us  %5.2f TB/s  max error %.2e%s%s\n", shape.name,
-                  static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, us,
-                  double(bytes) / (us * 1e-6) / 1e12, worst, worst < 1e-2 ? "" : "  WRONG",
+      std::printf("%-7s [%6lld, %5lld] T=%-3d %8.2f us  %5.2f TB/s  %6.1f TFLOP/s  max error %.2e%s%s\n",
+                  shape.name, static_cast<long long>(shape.N), static_cast<long long>(shape.K), T, us,
+                  double(bytes) / (us * 1e-6) / 1e12, 2.0 * double(T) * double(shape.N * shape.K) / (us * 1e-6) / 1e12,
+                  worst, worst < 1e-2 ? "" : "  WRONG",
                   T == 1 ? "" : other_bits == 0 ? "  same bits as alone" : "  OTHER BITS than alone");
     }
     for (uint8_t* p : w) cudaFree(p);

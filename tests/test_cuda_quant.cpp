@@ -103,12 +103,12 @@ class CudaQuant : public test::CudaVsCpu {
 // (5, 8) the tensor-core packed matmul where K is a multiple of 128 (the GEMV otherwise), and its
 // 16-, 32- and 64-column tiles, full and not (9, 16, 17, 37, 64; K not a multiple of 128: the
 // dequantized path), with its slices of K added by the second kernel (1000 rows are 4 row tiles);
-// and the dequantized prefill path (65).
+// and the dequantized prefill path (65, 200, 300).
 TEST_F(CudaQuant, MatmulOfEveryTypeByGemvAndPrefill) {
   for (DType type : kBlockTypes)
     for (int64_t K : row_lengths(type)) {
       const Both w = weight(1000, K, type);
-      for (int64_t T : {1, 2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65})
+      for (int64_t T : {1, 2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65, 200, 300})
         check_matmul(w, T, dtype_name(type) + " K=" + std::to_string(K));
     }
 }
@@ -132,14 +132,15 @@ TEST_F(CudaQuant, PackedMatmulGivesATokenTheSameBitsInAnyBatch) {
   }
 }
 
-// With batch invariance asked for, a token's row of a matmul or gated GELU over 9 to 64 tokens
-// has the bits it has alone (the GEMV's): the batch GEMV for every type but Q6_K, whose batches run
-// the GEMV 8 rows at a time as bf16 weights' do (docs/DESIGN.md §7). The shapes give the batch GEMV 32, 8 and 1 runs of
+// With batch invariance asked for, a token's row of a matmul or gated GELU over 9 to 256 tokens
+// has the bits it has alone (the GEMV's): the batch GEMV for every type but Q6_K (64 rows at a
+// time past 64), whose batches run the GEMV 8 rows at a time as bf16 weights' do (docs/DESIGN.md §7). The shapes give the batch GEMV 32, 8 and 1 runs of
 // classes (1 000, 5 000 and 40 000 rows), classes without blocks (24 or 11 blocks a row), and for
 // the 32-weight types rows whose params are only 2-byte aligned.
 TEST_F(CudaQuant, BatchesGiveEachTokenItsBitsAlone) {
   gpu_->set_batch_invariant(true);
-  ASSERT_EQ(gpu_->batch_invariant_rows(), 64);
+  constexpr int64_t kAll = kMaxBatchInvariantRows;
+  ASSERT_EQ(gpu_->batch_invariant_rows(), kAll);
   std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
   types.push_back(DType::BF16);  // the bf16 GEMV 8 rows at a time
   for (DType type : types) {
@@ -149,27 +150,27 @@ TEST_F(CudaQuant, BatchesGiveEachTokenItsBitsAlone) {
       const std::string what = dtype_name(type) + " [" + std::to_string(rows) + ", " + std::to_string(K) + "]";
       const Both w = type == DType::BF16 ? weight(rows, K, type) : random_weight(type, rows, K);
       const Both up = type == DType::BF16 ? weight(rows, K, type) : random_weight(type, rows, K);
-      const Both x = activation(64, K, 2.0f);
-      const Tensor all = gpu_->alloc(DType::BF16, 64, rows), gated_all = gpu_->alloc(DType::BF16, 64, rows);
+      const Both x = activation(kAll, K, 2.0f);
+      const Tensor all = gpu_->alloc(DType::BF16, kAll, rows), gated_all = gpu_->alloc(DType::BF16, kAll, rows);
       gpu_->matmul(x.gpu, w.gpu, all);
       gpu_->gated_gelu(x.gpu, w.gpu, up.gpu, gated_all);
       const std::vector<float> want = read(*gpu_, all), gated_want = read(*gpu_, gated_all);
       const Tensor one = gpu_->alloc(DType::BF16, 1, rows);
-      for (int64_t t : {0, 13, 63}) {
+      for (int64_t t : {int64_t(0), int64_t(13), int64_t(63), int64_t(64), kAll - 1}) {
         const auto row = [&](const std::vector<float>& v) {
           return std::vector<float>(v.begin() + t * rows, v.begin() + (t + 1) * rows);
         };
         gpu_->matmul(x.gpu.rows_view(t, 1), w.gpu, one);
-        EXPECT_EQ(read(*gpu_, one), row(want)) << what << ": token " << t << " alone differs from among 64";
+        EXPECT_EQ(read(*gpu_, one), row(want)) << what << ": token " << t << " alone differs from among " << kAll;
         gpu_->gated_gelu(x.gpu.rows_view(t, 1), w.gpu, up.gpu, one);
         EXPECT_EQ(read(*gpu_, one), row(gated_want)) << what << ": gated GELU, token " << t;
       }
-      for (int64_t T : {9, 17, 40}) {
+      for (int64_t T : {9, 17, 40, 64, 65, 200}) {
         const Tensor some = gpu_->alloc(DType::BF16, T, rows);
-        gpu_->matmul(x.gpu.rows_view(64 - T, T), w.gpu, some);
+        gpu_->matmul(x.gpu.rows_view(kAll - T, T), w.gpu, some);
         const std::vector<float> got = read(*gpu_, some);
         EXPECT_TRUE(std::equal(got.begin(), got.end(), want.end() - std::ptrdiff_t(got.size())))
-            << what << ": the last " << T << " tokens alone differ from the same tokens among 64";
+            << what << ": the last " << T << " tokens alone differ from the same tokens among " << kAll;
       }
     }
   }
@@ -194,9 +195,10 @@ void expect_gelu_of_outputs(const std::vector<float>& gate, const std::vector<fl
 
 // With batch invariance asked for, Q4_0 matrices of whole records (rows a multiple of 16, columns of
 // 64) are rearranged into them (when invariance is turned on, or when written while it is on) and
-// run the records matmul at 1 to 64 tokens (docs/DESIGN.md §7): within the GEMV's bound of the CPU (the weights exact, the activations bf16),
-// each token's row with the bits it has alone and in any batch, the gated GELU likewise; prefill
-// past 64 tokens from records; embedding rows from a rearranged table bit for bit; the matrices stay
+// run the records matmul at 1 to 256 tokens (docs/DESIGN.md §7): within the GEMV's bound of the CPU
+// (the weights exact, the activations bf16), each token's row with the bits it has alone and in any
+// batch — one block's 16, 32, 64 or 128 tokens, and two tiles of 128 — the gated GELU likewise;
+// prefill past 256 tokens from records; embedding rows from a rearranged table bit for bit; the matrices stay
 // records with invariance off again, and a fill makes one packed again. The shapes give 63 tiles
 // (a thread block's 8 warps not all busy), 1 slice of K (y written straight), 12 and 128 slices.
 TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
@@ -204,22 +206,23 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
   for (const auto& [rows, K] : std::vector<std::pair<int64_t, int64_t>>{{1008, 768}, {40000, 256}, {512, 5376}, {64, 8192}}) {
     const std::string what = "Q4_0 records [" + std::to_string(rows) + ", " + std::to_string(K) + "]";
     const Both w = random_weight(DType::Q4_0, rows, K), up = random_weight(DType::Q4_0, rows, K);
-    const Both x = activation(64, K, 2.0f), y = activation(64, rows);
+    constexpr int64_t kAll = kMaxRecordsTokens;
+    const Both x = activation(kAll, K, 2.0f), y = activation(kAll, rows);
     cpu_.matmul(x.cpu, w.cpu, y.cpu);
     gpu_->matmul(x.gpu, w.gpu, y.gpu);
-    expect_matmul_close(y, what + ", 64 tokens", kGemvVsRoundedCpu);
-    const Tensor gated_all = gpu_->alloc(DType::BF16, 64, rows), up_all = gpu_->alloc(DType::BF16, 64, rows);
+    expect_matmul_close(y, what + ", " + std::to_string(kAll) + " tokens", kGemvVsRoundedCpu);
+    const Tensor gated_all = gpu_->alloc(DType::BF16, kAll, rows), up_all = gpu_->alloc(DType::BF16, kAll, rows);
     gpu_->gated_gelu(x.gpu, w.gpu, up.gpu, gated_all);
     gpu_->matmul(x.gpu, up.gpu, up_all);
     const std::vector<float> want = read(*gpu_, y.gpu), gated_want = read(*gpu_, gated_all);
     expect_gelu_of_outputs(want, read(*gpu_, up_all), gated_want, what + ": gated GELU");
-    for (int64_t T : {1, 2, 5, 8, 9, 17, 40}) {
+    for (int64_t T : {1, 2, 5, 8, 9, 17, 40, 64, 65, 128, 129, 200}) {
       const Tensor some = gpu_->alloc(DType::BF16, T, rows);
-      for (int64_t first : {int64_t(0), 64 - T}) {
+      for (int64_t first : {int64_t(0), kAll - T}) {
         gpu_->matmul(x.gpu.rows_view(first, T), w.gpu, some);
         const std::vector<float> got = read(*gpu_, some);
         EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + first * rows))
-            << what << ": tokens " << first << ".." << first + T - 1 << " alone differ from among 64";
+            << what << ": tokens " << first << ".." << first + T - 1 << " alone differ from among " << kAll;
         gpu_->gated_gelu(x.gpu.rows_view(first, T), w.gpu, up.gpu, some);
         const std::vector<float> gated = read(*gpu_, some);
         EXPECT_TRUE(std::equal(gated.begin(), gated.end(), gated_want.begin() + first * rows))
@@ -234,34 +237,34 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
     gpu_->set_batch_invariant(true);
   }
   // Matrices of one input in one launch (q/k/v), sliced for the launch's rows together: each
-  // within the GEMV's bound of the CPU, and each token's rows with the same bits at 1, 9 and 64
+  // within the GEMV's bound of the CPU, and each token's rows with the same bits at 1, 9, 130 and 256
   // tokens. The shapes slice differently beside each other (42 slices each) than alone (84, 42, 84).
   const Both a = random_weight(DType::Q4_0, 512, 5376), b = random_weight(DType::Q4_0, 1008, 5376),
              c = random_weight(DType::Q4_0, 64, 5376);
-  const Both x = activation(64, 5376, 2.0f);
+  const Both x = activation(kMaxRecordsTokens, 5376, 2.0f);
   const Tensor ws[] = {a.gpu, b.gpu, c.gpu};
   const Both* cpu_ws[] = {&a, &b, &c};
-  std::vector<float> among_64[3];
-  for (int64_t T : {64, 1, 9}) {
+  std::vector<float> among_all[3];
+  for (int64_t T : {int64_t(kMaxRecordsTokens), int64_t(1), int64_t(9), int64_t(130)}) {
     Both ys[] = {activation(T, 512), activation(T, 1008), activation(T, 64)};
     const Tensor gpu_ys[] = {ys[0].gpu, ys[1].gpu, ys[2].gpu};
     gpu_->matmuls(x.gpu.rows_view(0, T), ws, gpu_ys);
     for (size_t i = 0; i < 3; ++i) {
       const std::string what = "Q4_0 records matmuls, matrix " + std::to_string(i);
       const std::vector<float> got = read(*gpu_, ys[i].gpu);
-      if (T == 64) {
-        among_64[i] = got;
+      if (T == kMaxRecordsTokens) {
+        among_all[i] = got;
         cpu_.matmul(x.cpu, cpu_ws[i]->cpu, ys[i].cpu);
         expect_matmul_close(ys[i], what, kGemvVsRoundedCpu);
       }
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), among_64[i].begin()))
-          << what << ": the first " << T << " tokens differ from among 64";
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), among_all[i].begin()))
+          << what << ": the first " << T << " tokens differ from among all";
     }
   }
-  // Past 64 tokens: rows dequantized from the records for the GEMM.
+  // Past 256 tokens: rows dequantized from the records for the GEMM.
   const Both w = random_weight(DType::Q4_0, 2000 * 16, 512);
   check_matmul(w, 1, "Q4_0 records [32000, 512]");  // rearranged when filled, invariance on
-  check_matmul(w, 100, "Q4_0 records [32000, 512], prefill");
+  check_matmul(w, 300, "Q4_0 records [32000, 512], prefill");
   // Embedding rows: before and after the table is rearranged (by turning invariance on), the CPU's
   // values.
   gpu_->set_batch_invariant(false);
@@ -284,12 +287,12 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
   check_matmul(w, 1, "Q4_0 [32000, 512] filled again");
   // The prefill's rows dequantized from records are the packed layout's, bit for bit: the same GEMM
   // gives the same output over either.
-  const Both x100 = activation(100, 512);
-  const Tensor from_packed = gpu_->alloc(DType::BF16, 100, w.gpu.rows);
-  const Tensor from_records = gpu_->alloc(DType::BF16, 100, w.gpu.rows);
-  gpu_->matmul(x100.gpu, w.gpu, from_packed);
+  const Both x300 = activation(300, 512);
+  const Tensor from_packed = gpu_->alloc(DType::BF16, 300, w.gpu.rows);
+  const Tensor from_records = gpu_->alloc(DType::BF16, 300, w.gpu.rows);
+  gpu_->matmul(x300.gpu, w.gpu, from_packed);
   gpu_->set_batch_invariant(true);  // rearranges it
-  gpu_->matmul(x100.gpu, w.gpu, from_records);
+  gpu_->matmul(x300.gpu, w.gpu, from_records);
   EXPECT_EQ(read(*gpu_, from_records), read(*gpu_, from_packed)) << "prefill over records against over packed rows";
 }
 
@@ -298,9 +301,9 @@ TEST_F(CudaQuant, Q4_0RecordsGiveEachTokenItsBitsAloneAndMatchTheCpu) {
 // and an LM head of 262144 rows (20 tokens: one slice of K, written straight to y).
 TEST_F(CudaQuant, MatmulAtTheShapesOf31B) {
   const Both q4_k = random_weight(DType::Q4_K, 4000, 5376);
-  for (int64_t T : {1, 40}) check_matmul(q4_k, T, "Q4_K [4000, 5376]");
+  for (int64_t T : {1, 40, 200}) check_matmul(q4_k, T, "Q4_K [4000, 5376]");
   const Both q8_0 = random_weight(DType::Q8_0, 600, 21504);
-  for (int64_t T : {1, 9}) check_matmul(q8_0, T, "Q8_0 [600, 21504]");
+  for (int64_t T : {1, 9, 130}) check_matmul(q8_0, T, "Q8_0 [600, 21504]");
   const Both lm_head = random_weight(DType::Q6_K, 262144, 256);
   for (int64_t T : {1, 2, 20}) check_matmul(lm_head, T, "Q6_K [262144, 256]");
 }

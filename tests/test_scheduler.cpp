@@ -79,6 +79,8 @@ struct Run {
   std::map<RequestId, std::vector<int32_t>> tokens;
   int64_t widest_decode = 0;  // the most decode rows one step ran
   int64_t widest_decode_forwards = 0;  // the forwards that step took
+  int64_t widest_decode_only = 0;      // the most decode rows of a step without prefill rows
+  int64_t widest_decode_only_forwards = 0;
   int64_t replayed_forwards = 0;       // forwards that replayed a recording, over all steps
 };
 
@@ -96,9 +98,14 @@ Run run(Scheduler& scheduler, const std::vector<SchedulerRequest>& rs, const std
       result.tokens[e.id].push_back(e.drawn.token);
     }
     result.replayed_forwards += scheduler.last_step().replayed_forwards;
-    if (scheduler.last_step().decode_rows > result.widest_decode) {
-      result.widest_decode = scheduler.last_step().decode_rows;
-      result.widest_decode_forwards = scheduler.last_step().decode_forwards;
+    const StepStats& last = scheduler.last_step();
+    if (last.decode_rows > result.widest_decode) {
+      result.widest_decode = last.decode_rows;
+      result.widest_decode_forwards = last.decode_forwards;
+    }
+    if (last.prefill_rows == 0 && last.decode_rows > result.widest_decode_only) {
+      result.widest_decode_only = last.decode_rows;
+      result.widest_decode_only_forwards = last.decode_forwards;
     }
     EXPECT_LT(step, 1000) << "the scheduler never went idle";
     if (step >= 1000) break;
@@ -149,7 +156,7 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
   G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
   auto engine = demo_engine(13, "cuda");
   // One chunk size that holds every prompt: each prompt prefills in one chunk, as alone, and
-  // chunks share a forward only within the 64 rows the batch GEMV computes row by row (the decode
+  // chunks share a forward only within the 256 rows the GEMV computes row by row (the decode
   // batch is one forward: expect_batch_invariance checks it). Every run starts from an empty pool:
   // a reused prefix (even the BOS alone) holds K/V that another sequence's prefill computed, by
   // cuBLAS when its chunk had more than 64 rows, which a fresh prefill would not reproduce bit for
@@ -204,7 +211,7 @@ TEST(Scheduler, RecordedDecodeStepsAreInvariantOnCuda) {
 }
 
 // Q4_0 matrices (llama.cpp's Q4_0 demo file: a Q6_K embedding beside them) run as records once
-// batch invariance is asked for (docs/DESIGN.md §7): one arithmetic for 1 to 64 rows, so every
+// batch invariance is asked for (docs/DESIGN.md §7): one arithmetic for 1 to 256 rows, so every
 // sequence draws its tokens alone in any batch, eager and replayed. Invariance is asked for before
 // the reference sessions run, so that they run the records too.
 TEST(Scheduler, Q4_0RecordsKeepDecodeBatchesInvariantOnCuda) {
@@ -215,6 +222,38 @@ TEST(Scheduler, Q4_0RecordsKeepDecodeBatchesInvariantOnCuda) {
   engine->backend().set_batch_invariant(true);
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true, /*cuda_graphs=*/true);
+}
+
+// Past 64 sequences, up to the backend's batch_invariant_rows() (256; the demo's forwards hold at
+// most its 127-row workspace): 120 requests of the Q4_0 demo file decode in one invariant forward a
+// step — the records' block of 128 tokens — and each draws the tokens it draws alone. The prompts
+// differ from their second token on, so no two share a page, and every run starts from an empty pool.
+TEST(Scheduler, Q4_0RecordsKeepDecodeBatchesPast64InvariantOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  constexpr size_t kRequests = 120;
+  auto engine = test::demo_engine_for(int64_t(kRequests), kMaxSeqLen, "cuda",
+                                      std::string(G4_FIXTURES_DIR) + "/llamacpp/demo-q4_0.gguf", int64_t(kRequests));
+  engine->backend().set_batch_invariant(true);
+  ASSERT_GE(engine->backend().batch_invariant_rows(), int64_t(kRequests));
+  const std::vector<SchedulerRequest> base = requests();
+  std::vector<SchedulerRequest> rs;
+  for (size_t i = 0; i < kRequests; ++i) {
+    SchedulerRequest r = base[i % base.size()];
+    r.prompt.insert(r.prompt.begin() + 1, int32_t(3900 + i));
+    r.sampling.seed += i;
+    r.max_new_tokens = 24;
+    rs.push_back(r);
+  }
+  const std::vector<std::vector<int32_t>> want = alone(*engine, rs, /*fresh_pool=*/true);
+  engine->kv_pool().drop_cached();
+  Scheduler scheduler(engine->runner(), SchedulerOptions{});
+  std::vector<size_t> order(kRequests);
+  for (size_t i = 0; i < kRequests; ++i) order[i] = i;
+  std::vector<RequestId> ids;
+  const auto got = run(scheduler, rs, order, std::vector<int>(kRequests, 0), &ids);
+  for (size_t i = 0; i < kRequests; ++i) EXPECT_EQ(got.tokens.at(ids[i]), want[i]) << "request " << i;
+  EXPECT_GT(got.widest_decode_only, 64) << "no step decoded more than 64 sequences alone";
+  EXPECT_EQ(got.widest_decode_only_forwards, 1) << "every decode row of a step in one forward";
 }
 
 // Fusion off (Backend::set_fusion: every fused op run as its separate ops) gives the same tokens

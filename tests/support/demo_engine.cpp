@@ -77,11 +77,12 @@ std::string nan_embedding_demo_path(int32_t token) {
 }
 
 std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, const std::string& backend,
-                                        const std::string& model_path) {
+                                        const std::string& model_path, int64_t max_batch_sequences) {
   EngineOptions o;
   o.model_path = model_path;
   o.backend = backend;
   o.max_seq_len = max_seq_len;
+  if (max_batch_sequences > 0) o.max_batch_sequences = max_batch_sequences;
   // One sequence's bytes depend on the model and the backend's activation type: ask an engine.
   const size_t one = Engine(o).kv_pool().sequence_bytes(max_seq_len);
   o.kv_budget_bytes = size_t(sequences) * one;

@@ -29,9 +29,11 @@ const std::string& fortune_demo_path();
 std::string nan_embedding_demo_path(int32_t token);
 
 // The fortune demo on an engine whose KV budget holds `sequences` sequences of max_seq_len
-// positions: the engine of the session and scheduler tests.
+// positions: the engine of the session and scheduler tests. max_batch_sequences: the sequences one
+// forward samples (0: EngineOptions' default).
 std::unique_ptr<Engine> demo_engine_for(int64_t sequences, int64_t max_seq_len, const std::string& backend = "cpu",
-                                        const std::string& model_path = fortune_demo_path());
+                                        const std::string& model_path = fortune_demo_path(),
+                                        int64_t max_batch_sequences = 0);
 
 // A prompt of n ids: BOS, then ids spread over the fortune demo's vocabulary from `first` on
 // (different `first`, different prompts).

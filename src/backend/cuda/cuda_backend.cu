@@ -88,6 +88,7 @@ enum class MatmulPath {
   kPackedGemv,       // launch_quantize_activations, then launch_packed_gemv
   kPackedBatchGemv,  // launch_quantize_batch_activations, then launch_packed_batch_gemv
   kGemvRowGroups,    // the GEMV (bf16 or packed) on kMaxGemvTokens rows at a time
+  kBatchRowGroups,   // kMaxPackedMatmulTokens rows at a time, each group on its own path
   kPackedMatmul,     // launch_packed_matmul (tensor cores)
   kDequantizedGemm,  // chunks of rows dequantized to bf16, then cuBLAS (multiply_dequantized_chunk)
   kGemv,             // launch_gemv over bf16
@@ -97,17 +98,18 @@ enum class MatmulPath {
 // The kernel for a weight stored as `layout` and T rows of K values; the first row that matches:
 //
 //   layout        rows T                               batch invariant  path
-//   Q4_0 records  1..64                                -                kRecords
-//   Q4_0 records  65..                                 -                kDequantizedGemm
+//   Q4_0 records  1..256                               -                kRecords
+//   Q4_0 records  257..                                -                kDequantizedGemm
 //   packed        packed_gemv_takes(T, K): 1..8 rows,  -                kPackedGemv
 //                 without invariance 1..4 when the
 //                 packed matmul fits
 //   packed        9..64, packed_batch_gemv_fits        yes              kPackedBatchGemv (no Q6_K)
 //   packed        9..64                                yes              kGemvRowGroups (Q6_K)
+//   packed        65..256                              yes              kBatchRowGroups
 //   packed        5..64, K % 128 == 0                  no               kPackedMatmul
 //   packed        any other                            -                kDequantizedGemm
 //   bf16          1..8, K % 8 == 0                     -                kGemv
-//   bf16          9..64, K % 8 == 0                    yes              kGemvRowGroups
+//   bf16          9..256, K % 8 == 0                   yes              kGemvRowGroups
 //   bf16          any other                            -                kCublas
 //
 // Where Q4_0 records come from: a Q4_0 matrix of whole records (records::fits_records) is
@@ -120,16 +122,17 @@ enum class MatmulPath {
 // other bits than those.
 MatmulPath choose_matmul_path(DType weight, WeightLayout layout, int64_t T, int64_t K, bool batch_invariant) {
   if (layout == WeightLayout::kQ4_0Records)
-    return T <= kMaxPackedMatmulTokens ? MatmulPath::kRecords : MatmulPath::kDequantizedGemm;
+    return T <= kMaxRecordsTokens ? MatmulPath::kRecords : MatmulPath::kDequantizedGemm;
   if (layout == WeightLayout::kPacked) {
     if (packed_gemv_takes(T, K, batch_invariant)) return MatmulPath::kPackedGemv;
     if (batch_invariant && packed_batch_gemv_fits(weight, T, K)) return MatmulPath::kPackedBatchGemv;
     if (batch_invariant && T <= kMaxPackedMatmulTokens) return MatmulPath::kGemvRowGroups;
+    if (batch_invariant && T <= kMaxBatchInvariantRows) return MatmulPath::kBatchRowGroups;
     if (packed_matmul_fits(T, K)) return MatmulPath::kPackedMatmul;
     return MatmulPath::kDequantizedGemm;
   }
   if (T <= kMaxGemvTokens && K % 8 == 0) return MatmulPath::kGemv;
-  if (batch_invariant && T <= kMaxPackedMatmulTokens && K % 8 == 0) return MatmulPath::kGemvRowGroups;
+  if (batch_invariant && T <= kMaxBatchInvariantRows && K % 8 == 0) return MatmulPath::kGemvRowGroups;
   return MatmulPath::kCublas;
 }
 
@@ -172,10 +175,11 @@ class CudaBackend final : public Backend {
   // The GEMV's per-row sums do not depend on the row count; it takes up to kMaxGemvTokens rows (packed
   // weights: fewer than kPackedMatmulFromRows, packed_gemv_takes), and beyond that the packed
   // tensor-core matmul and cuBLAS pick their reductions by shape. With batch invariance asked for,
-  // up to kMaxPackedMatmulTokens rows run the batch GEMV over packed weights (the GEMV's bits for each
-  // row, docs/DESIGN.md §7) or, for bf16 and Q6_K weights, the GEMV 8 rows at a time.
+  // up to kMaxBatchInvariantRows rows run the records matmul over Q4_0, the batch GEMV over other
+  // packed weights (the GEMV's bits for each row, docs/DESIGN.md §7; kMaxPackedMatmulTokens rows at a
+  // time) or, for bf16 and Q6_K weights, the GEMV 8 rows at a time.
   int64_t batch_invariant_rows() const override {
-    return batch_invariant_ ? kMaxPackedMatmulTokens : kPackedMatmulFromRows - 1;
+    return batch_invariant_ ? kMaxBatchInvariantRows : kPackedMatmulFromRows - 1;
   }
   // Turned on, every Q4_0 matrix allocated so far is rearranged into records (see
   // choose_matmul_path); turned off, matrices already in records stay so.
@@ -364,6 +368,10 @@ class CudaBackend final : public Backend {
         return for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
           matmul(x.rows_view(first, n), w, y.rows_view(first, n));
         });
+      case MatmulPath::kBatchRowGroups:
+        return for_batch_row_groups(T, [&](int64_t first, int64_t n) {
+          matmul(x.rows_view(first, n), w, y.rows_view(first, n));
+        });
       case MatmulPath::kPackedMatmul:
         return launch_packed_matmul(w.dtype, ptr<bf16>(x), ptr<uint8_t>(w), ptr<bf16>(y), T, N, K,
                                     ptr<float>(workspace_.packed_partials), workspace_.packed_partials.bytes(), stream_);
@@ -550,6 +558,12 @@ class CudaBackend final : public Backend {
       // rows at a time.
       if (path == MatmulPath::kGemvRowGroups) {
         for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
+          gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
+        });
+        return;
+      }
+      if (path == MatmulPath::kBatchRowGroups) {
+        for_batch_row_groups(T, [&](int64_t first, int64_t n) {
           gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
         });
         return;
@@ -926,6 +940,11 @@ class CudaBackend final : public Backend {
   template <typename F>
   static void for_gemv_row_groups(int64_t T, F&& f) {
     for (int64_t first = 0; first < T; first += kMaxGemvTokens) f(first, std::min<int64_t>(kMaxGemvTokens, T - first));
+  }
+  template <typename F>
+  static void for_batch_row_groups(int64_t T, F&& f) {
+    for (int64_t first = 0; first < T; first += kMaxPackedMatmulTokens)
+      f(first, std::min<int64_t>(kMaxPackedMatmulTokens, T - first));
   }
 
   // Rows of a K-wide weight that fit a dequantized scratch, a multiple of 64 when more than 64 fit.

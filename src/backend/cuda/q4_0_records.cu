@@ -1,4 +1,4 @@
-// Q4_0 weights in tile-interleaved records (q4_0_records.h): one arithmetic for 1 to 64 tokens, so
+// Q4_0 weights in tile-interleaved records (q4_0_records.h): one arithmetic for 1 to 256 tokens, so
 // a token's outputs have the same bits in any batch (docs/DESIGN.md §7, "Batch invariance", the
 // records), and the fastest kernel g4 has for 2 to 64 tokens of Q4_0 (docs/PERF.md).
 //
@@ -14,8 +14,10 @@
 // matrix of one slice writes y itself). Up to 8 tokens are one mma.sync's 8 columns, read from
 // global memory (records_gemv_kernel); 16, 32 or 64 tokens are the N of a warpgroup's wgmma over
 // its four tiles, staged per record in shared memory (records_wgmma_kernel), which gives mma.sync's
-// bits for the same fragments (docs/PERF.md). Every token count adds the same
-// products in the same order.
+// bits for the same fragments (docs/PERF.md). Past 64 tokens a block takes 128 (wgmma's N = 64 per
+// half; one block a multiprocessor, for its registers) and the grid's blocks take tiles of 128
+// tokens, neighbouring blocks the same weights (read from DRAM once, from L2 again). Every token
+// count adds the same products in the same order.
 #include <algorithm>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -36,7 +38,8 @@ using records::kValues;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kBatch = 4;         // records a lane loads before using them (up to 8 tokens)
-constexpr int kXStages = 4;       // staged records of tokens in the ring (16 to 64 tokens)
+constexpr int kXStages = 4;       // staged records of tokens in the ring (16 to 128 tokens)
+constexpr int kRecordsBlockTokens = 128;  // a block's tokens past kMaxPackedMatmulTokens
 constexpr int kTargetWarps = 132 * 32;  // slices of K are added until a matrix has about this many
                                         // warps (a constant, not the GPU's: the same bits on any GPU)
 
@@ -236,15 +239,17 @@ struct Sums {
   bf16* y;
   int T, N;
 };
+// The block's tokens start at token0.
 template <int kTokenTiles>
-__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const Sums& out, int tile, int slice, int lane) {
+__device__ inline void store_sums(const float (&d)[kTokenTiles][4], const Sums& out, int tile, int slice, int token0,
+                                  int lane) {
   const int g = lane / 4, c = lane % 4, row = tile * kTileRows + g;
   float* partial = out.partial ? out.partial + size_t(slice) * out.T * out.N : nullptr;
 #pragma unroll
   for (int i = 0; i < kTokenTiles; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int t = 8 * i + 2 * c + h;
+      const int t = token0 + 8 * i + 2 * c + h;
       if (t >= out.T) continue;
       const size_t at = size_t(t) * out.N + row;
       if (partial) {
@@ -269,17 +274,18 @@ struct RecordsParts {
   RecordsPart parts[kMaxSliceSums];
   int count;
 };
-// This block's matrix, its tiles' block and its slice of K, whose chunks (records) are [first, end).
+// Work block `block`'s matrix, its tiles' block and its slice of K, whose chunks (records) are
+// [first, end).
 struct BlockWork {
   RecordsPart part;
   int row_block, slice, first, end;
 };
-__device__ inline BlockWork block_work(const RecordsParts& launch, int K) {
+__device__ inline BlockWork block_work(const RecordsParts& launch, int block, int K) {
   RecordsPart part = launch.parts[0];
 #pragma unroll
   for (int m = 1; m < kMaxSliceSums; ++m)  // static indices: the parts stay in parameter space
-    if (m < launch.count && int(blockIdx.x) >= launch.parts[m].first_block) part = launch.parts[m];
-  const int local = int(blockIdx.x) - part.first_block, slice = local / part.row_blocks;
+    if (m < launch.count && block >= launch.parts[m].first_block) part = launch.parts[m];
+  const int local = block - part.first_block, slice = local / part.row_blocks;
   const int first = slice * part.chunks_per_slice;
   return {part, local % part.row_blocks, slice, first, min(K / kValues, first + part.chunks_per_slice)};
 }
@@ -288,7 +294,7 @@ __device__ inline BlockWork block_work(const RecordsParts& launch, int K) {
 // a time before any is used (the weights' loads in flight).
 __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts launch, const bf16* x, int K) {
   pdl_launch_dependents();
-  const BlockWork work = block_work(launch, K);
+  const BlockWork work = block_work(launch, int(blockIdx.x), K);
   const Sums& out = work.part.out;
   const int lane = threadIdx.x % 32, tile = work.row_block * kWarps + threadIdx.x / 32, first = work.first, end = work.end;
   if (tile >= out.N / kTileRows) return;
@@ -313,29 +319,39 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
       multiply_record(r[u], [&](int blk) { return __ldg(xs + at + 4 * blk); }, d[0]);
     }
   }
-  store_sums<1>(d, out, tile, work.slice, lane);
+  store_sums<1>(d, out, tile, work.slice, 0, lane);
 }
 
-// 8 < T <= kTokens tokens (16, 32 or 64) on Hopper's warpgroup mma: each warp's A fragments come
+// 8 < T tokens, kTokens (16, 32, 64 or 128) a block, on Hopper's warpgroup mma: each warp's A fragments come
 // from its record as in records_gemv_kernel, each warpgroup multiplies its four tiles by the
 // block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
 // wgmma's K-major B operand, already in the records' order of K (`stage`). wgmma gives mma.sync's
 // bits for the same fragments (docs/PERF.md), so a token keeps the bits it has
-// alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 at 64,
-// where 3 is slower for lack of registers (docs/PERF.md).
+// alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 from 64,
+// where 3 is slower for lack of registers (docs/PERF.md). Block b takes token tile b % token_tiles
+// of work block b / token_tiles: the token tiles of one weight slice run side by side.
+// From 32 tokens the wgmma pipeline (4-7 % faster there); at 16 it lost 3-18 % (docs/PERF.md).
+constexpr bool records_pipelined(int tokens) { return tokens >= 32; }
+// Records staged ahead: the ring also holds the record being multiplied and, pipelined, the one
+// whose last unit is still in flight.
+constexpr int records_stages(int tokens) { return records_pipelined(tokens) ? kXStages + 1 : kXStages; }
+// A block's dynamic shared bytes: the ring, 128 bytes a token per stage (one swizzled row), and
+// room to align it to the swizzle's 1024 bytes.
+constexpr size_t records_wgmma_shared_bytes(int tokens) { return size_t(records_stages(tokens)) * tokens * kValues * 2 + 1024; }
+
 template <int kTokens>
-__global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts launch, const bf16* x, int K) {
-  // From 32 tokens the wgmma pipeline (4-7 % faster there); at 16 it lost 3-18 % (docs/PERF.md).
-  constexpr bool kPipelined = kTokens >= 32;
+__global__ void __launch_bounds__(kThreads, kTokens > 64 ? 1 : 2)
+    records_wgmma_kernel(RecordsParts launch, const bf16* x, int K, int token_tiles) {
+  constexpr bool kPipelined = records_pipelined(kTokens);
   constexpr int kAhead = kTokens < 64 ? 3 : 2;
-  // Records staged ahead: the ring also holds the record being multiplied and, pipelined, the one
-  // whose last unit is still in flight.
-  constexpr int kStages = kPipelined ? kXStages + 1 : kXStages, kLead = kXStages - 1;
-  constexpr int kStageBytes = kTokens * kValues * 2;  // 128 bytes a token: one swizzled row
-  __shared__ __align__(1024) uint8_t xs[kStages][kStageBytes];
+  constexpr int kStages = records_stages(kTokens), kLead = kXStages - 1;
+  constexpr int kStageBytes = kTokens * kValues * 2;
+  extern __shared__ uint8_t shared_bytes[];  // records_wgmma_shared_bytes: the stages, 1024-aligned here
+  auto* xs = reinterpret_cast<uint8_t(*)[kStageBytes]>(shared_bytes + (-shared_addr(shared_bytes) & 1023u));
   pdl_launch_dependents();
-  const BlockWork work = block_work(launch, K);
+  const BlockWork work = block_work(launch, int(blockIdx.x) / token_tiles, K);
   const Sums& out = work.part.out;
+  const int token0 = int(blockIdx.x) % token_tiles * kTokens;
   const int T = out.T, lane = threadIdx.x % 32, tiles = out.N / kTileRows;
   const int tile = work.row_block * kWarps + threadIdx.x / 32;
   // A warp past the last tile multiplies the last tile's records (its warpgroup multiplies
@@ -344,8 +360,8 @@ __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts
   const int first = work.first, count = work.end - first;
   const uint8_t* records = work.part.w + records::record_offset(K, min(tile, tiles - 1), 0);
   // Record i's tokens into buffer i % kStages: a warp a token's 32 pairs of values (lane l pair
-  // l, at the same place in every row of a group of 8), tokens warp, warp + 8, ...; rows past T
-  // are zeros (their columns are never stored). One commit per call, empty or not, so that the
+  // l, at the same place in every row of a group of 8), the block's tokens warp, warp + 8, ...;
+  // rows past T are zeros (their columns are never stored). One commit per call, empty or not, so that the
   // waits below count alike in every iteration.
   const int warp = threadIdx.x / 32;
   const uint32_t lane_offset = swizzled_offset(kTokens, warp, records::staged_column(lane));
@@ -354,8 +370,8 @@ __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts
       const uint32_t at = uint32_t(first + i) * kValues + 2 * lane, dst = shared_addr(xs[i % kStages]) + lane_offset;
 #pragma unroll
       for (int j = 0; j < kTokens / kWarps; ++j) {
-        const int t = warp + kWarps * j;  // token `warp` < 9 <= T is always there
-        cp_async4(dst + 1024 * j, x + (uint32_t(t < T ? t : warp) * uint32_t(K) + at), t < T);
+        const int t = token0 + warp + kWarps * j;  // token0 < T is always there
+        cp_async4(dst + 1024 * j, x + (uint32_t(t < T ? t : token0) * uint32_t(K) + at), t < T);
       }
     }
     cp_async_commit();
@@ -388,9 +404,9 @@ __global__ void __launch_bounds__(kThreads, 2) records_wgmma_kernel(RecordsParts
   cp_async_wait_all();
   if constexpr (kPipelined) {
     pipe.drain();
-    if (has_tile) store_sums<kTokens / 8>(pipe.d, out, tile, work.slice, lane);
+    if (has_tile) store_sums<kTokens / 8>(pipe.d, out, tile, work.slice, token0, lane);
   } else {
-    if (has_tile) store_sums<kTokens / 8>(d_unpiped, out, tile, work.slice, lane);
+    if (has_tile) store_sums<kTokens / 8>(d_unpiped, out, tile, work.slice, token0, lane);
   }
 }
 
@@ -490,7 +506,7 @@ void check_records_shape(int64_t N, int64_t K, const void* w) {
 size_t q4_0_records_workspace_bytes(int64_t N, int64_t K) {
   if (!records::fits_records(N, K)) return 0;
   const Slicing s = slicing_of(N, K);
-  return s.slices == 1 ? 0 : size_t(s.slices) * size_t(kMaxPackedMatmulTokens) * size_t(N) * sizeof(float);
+  return s.slices == 1 ? 0 : size_t(s.slices) * size_t(kMaxRecordsTokens) * size_t(N) * sizeof(float);
 }
 
 void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const bf16* x, int64_t T, int64_t K,
@@ -500,8 +516,8 @@ void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const b
   G4_CHECK(!gelu_out || (targets.size() == 2 && targets[0].N == targets[1].N),
            "Q4_0 records gated GELU: gate and up of one shape");
   G4_CHECK(!then_norm || (targets.size() == 1 && !gelu_out), "Q4_0 records: a residual norm follows one matrix");
-  G4_CHECK(T >= 1 && T <= kMaxPackedMatmulTokens, "Q4_0 records matmul: " + std::to_string(T) + " tokens (1 to " +
-                                                      std::to_string(kMaxPackedMatmulTokens) + ")");
+  G4_CHECK(T >= 1 && T <= kMaxRecordsTokens,
+           "Q4_0 records matmul: " + std::to_string(T) + " tokens (1 to " + std::to_string(kMaxRecordsTokens) + ")");
   RecordsParts launch{};
   launch.count = int(targets.size());
   SliceSum sums[kMaxSliceSums];
@@ -528,10 +544,17 @@ void launch_q4_0_records_matmuls(std::span<const RecordsTarget> targets, const b
     launch_kernel("records_gemv_kernel", records_gemv_kernel, unsigned(blocks), kThreads, 0, stream, Pdl::kOn, launch, x,
                   int(K));
   } else {
-    with_token_tiles(T, [&](auto tiles) {
-      launch_kernel("records_wgmma_kernel", records_wgmma_kernel<8 * decltype(tiles)::value>, unsigned(blocks), kThreads,
-                    0, stream, Pdl::kOn, launch, x, int(K));
-    });
+    const auto run = [&](auto tokens) {
+      constexpr int kTokens = decltype(tokens)::value;
+      const int token_tiles = int(ceil_div(T, kTokens));
+      launch_kernel("records_wgmma_kernel", records_wgmma_kernel<kTokens>, unsigned(blocks * token_tiles), kThreads,
+                    records_wgmma_shared_bytes(kTokens), stream, Pdl::kOn, launch, x, int(K), token_tiles);
+    };
+    if (T > kMaxPackedMatmulTokens) {
+      run(std::integral_constant<int, kRecordsBlockTokens>{});
+    } else {
+      with_token_tiles(T, [&](auto tiles) { run(std::integral_constant<int, 8 * decltype(tiles)::value>{}); });
+    }
   }
   if (gelu_out && sum_count == 2) {
     launch_add_slices_gelu(sums[0], sums[1], gelu_out, stream);

@@ -11,6 +11,12 @@ inline constexpr int kMaxGemvTokens = 8;
 // Tokens up to which the packed matmul runs (a decode batch, a short prefill chunk); more go
 // through dequantized rows and cuBLAS.
 inline constexpr int kMaxPackedMatmulTokens = 64;
+// Tokens up to which the Q4_0 records matmul runs (q4_0_records.cu): one arithmetic for every count,
+// so a batch-invariant forward holds up to this many rows.
+inline constexpr int kMaxRecordsTokens = 256;
+// Rows a batch-invariant forward holds at most on the CUDA backend: the records matmul's tokens; the
+// other weights' invariant kernels take them in groups (docs/DESIGN.md §7).
+inline constexpr int kMaxBatchInvariantRows = kMaxRecordsTokens;
 // k values per shared-memory stage of the packed matmul: K must be a multiple of it.
 inline constexpr int kPackedMatmulChunk = 128;
 // Whether the packed matmul takes T tokens of a K-wide weight: 1 <= T <= kMaxPackedMatmulTokens
