@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "sampling/cpu_sampler.h"
+#include "sampling/logit_penalties.h"
 #include "sampling/philox.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_math.h"
@@ -281,6 +282,34 @@ TEST(Sampler, SeedScheduleIsBasePlusTokenIndex) {
   for (float& z : logits) z = normal(rng);
   for (int64_t j = 0; j < 8; ++j)
     EXPECT_EQ(sampler.sample_host(logits.data(), 300, j), sample_row(logits.data(), 300, sampler.for_token(j)));
+}
+
+// A speculative round's rows: row i is what the state gives after drafts[0, i) are recorded — a
+// draft seen again is counted again, a new one starts its count — and the state itself is left as it
+// was. Without penalties, no rows.
+TEST(PenaltyState, AdjustmentsAlongDraftsAreTheDrawsAfterThem) {
+  const std::vector<int32_t> prompt = {5, 9, 12};
+  const LogitPenalties penalties{.presence = 0.5f, .frequency = 0.75f, .repetition = 1.25f, .bias = {{7, -2.0f}}};
+  PenaltyState state(penalties, prompt);
+  state.record(9);
+  const std::vector<int32_t> drafts = {3, 9, 3};
+  const std::vector<std::vector<LogitAdjustment>> rows = state.adjustments_along(drafts);
+  ASSERT_EQ(rows.size(), drafts.size() + 1);
+  PenaltyState stepped = state;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::vector<LogitAdjustment> want = stepped.adjustments();
+    ASSERT_EQ(rows[i].size(), want.size()) << "row " << i;
+    for (size_t a = 0; a < want.size(); ++a) {
+      EXPECT_EQ(rows[i][a].token, want[a].token) << "row " << i;
+      EXPECT_EQ(rows[i][a].bias, want[a].bias) << "row " << i;
+      EXPECT_EQ(rows[i][a].repetition, want[a].repetition) << "row " << i;
+      EXPECT_EQ(rows[i][a].subtract, want[a].subtract) << "row " << i;
+    }
+    if (i < drafts.size()) stepped.record(drafts[i]);
+  }
+  EXPECT_EQ(rows[3].size(), rows[0].size() + 1) << "token 3 is adjusted once drafted";
+  EXPECT_EQ(state.adjustments().size(), rows[0].size()) << "the state moved";
+  EXPECT_TRUE(PenaltyState(LogitPenalties{}, prompt).adjustments_along(drafts).empty());
 }
 
 TEST(SamplingParams, ValidationFollowsTheSpecTable) {

@@ -1,9 +1,9 @@
 // Speculative decoding in continuous batching (docs/DESIGN.md §7, "Speculative decoding"): with the
 // random assistant of the fortune demo (tests/fixtures/assistant), every request of a batch gives
 // the tokens it gives alone in a drafting session — greedy ones the target's own plain text, sampled
-// ones the same seeded text — whatever runs beside it, through preemptions; requests that ask for
-// what a verify row cannot apply (penalties, log-probabilities) decode one token at a time beside
-// them; and the rounds are counted.
+// ones the same seeded text — whatever runs beside it, through preemptions; penalised requests
+// draft with each verify row adjusted as its draw; requests for log-probabilities, which a verify
+// row cannot give, decode one token at a time beside them; and the rounds are counted.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -130,14 +130,28 @@ TEST(SpeculativeScheduler, PreemptedDraftingSequencesResumeWithTheirTokens) {
   EXPECT_EQ(engine->kv_pool().pages_in_use(), 0);
 }
 
-TEST(SpeculativeScheduler, RequestsADraftCannotServeDecodeOneTokenAtATimeBesideIt) {
+// Logit bias and penalties draft too, each verify row adjusted as the draw at its position (after
+// the drafts before it), so a penalised request gives its drafting session's tokens and a greedy
+// one the target's own penalised text; a request for log-probabilities, which a verify row cannot
+// give, decodes one token at a time beside them.
+TEST(SpeculativeScheduler, PenalisedRequestsDraftAndLogprobRequestsDecodeOneTokenAtATime) {
   auto engine = drafting_engine(8);
   std::vector<SchedulerRequest> rs = requests();
-  rs[1].penalties.repetition = 1.3f;
+  rs[1].penalties.repetition = 1.3f;  // sampled
   rs[2].top_logprobs = 2;
+  SchedulerRequest& greedy = rs[3];
+  ASSERT_EQ(greedy.sampling.temperature, 0.0f);
+  const std::vector<int32_t> unpenalised = alone(*engine, greedy, false);
+  greedy.penalties.presence = 1.5f;
+  greedy.penalties.frequency = 1.0f;
+  greedy.penalties.repetition = 1.4f;
+  greedy.penalties.bias = {{greedy.prompt[2], -3.0f}};
+  const std::vector<int32_t> plain = alone(*engine, greedy, false);
+  ASSERT_NE(plain, unpenalised) << "the penalties change nothing here: the test would not see them";
   std::vector<RequestId> ids;
   const Batch b = run(*engine, rs, ids);
-  EXPECT_EQ(b.tokens.at(ids[1]), alone(*engine, rs[1], false)) << "with penalties";
+  EXPECT_EQ(b.tokens.at(ids[1]), alone(*engine, rs[1], true)) << "sampled, with penalties";
+  EXPECT_EQ(b.tokens.at(ids[3]), plain) << "greedy with penalties";
   EXPECT_EQ(b.tokens.at(ids[2]), alone(*engine, rs[2], false)) << "with log-probabilities";
   EXPECT_EQ(b.logprob_events.at(ids[2]), rs[2].max_new_tokens);
   EXPECT_EQ(b.tokens.at(ids[0]), alone(*engine, rs[0], true));

@@ -71,10 +71,9 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
     for (int32_t stop : request.grammar->vocabulary().stop_tokens())
       G4_CHECK(std::find(request.stop_ids.begin(), request.stop_ids.end(), stop) != request.stop_ids.end(),
                "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
-  // Drafting leaves out what a verify row cannot yet apply: logit adjustments and masks that follow
-  // each drawn token, and log-probabilities.
-  const bool drafting =
-      limits_.draft_tokens > 0 && request.penalties.empty() && !request.grammar && request.top_logprobs < 0;
+  // Drafting leaves out what a verify row cannot yet apply: masks that follow each drawn token, and
+  // log-probabilities.
+  const bool drafting = limits_.draft_tokens > 0 && !request.grammar && request.top_logprobs < 0;
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
                               request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
@@ -458,13 +457,17 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     }
     const int64_t out_rows = c.draw ? 1 + int64_t(fed[i].size() - c.tokens.size()) : 0;
     chunks.push_back(SequenceChunk{&kv, fed[i], out_rows});
+    // A verify chunk's row r draws after its drafts [0, r): its adjustments count them.
+    const std::vector<std::vector<LogitAdjustment>> along =
+        c.drafts > 0 ? sequences.penalties(c.id).adjustments_along(std::span(fed[i]).subspan(c.tokens.size()))
+                     : std::vector<std::vector<LogitAdjustment>>{};
     for (int64_t r = 0; r < out_rows; ++r) {  // row r draws token index j + r: seed + r
       params.push_back(*c.draw);
       params.back().seed += uint64_t(r);
-      adjustments.push_back(c.adjustments);
+      adjustments.push_back(along.empty() ? c.adjustments : along[size_t(r)]);
+      adjusts = adjusts || !adjustments.back().empty();
       masks.push_back(c.mask.get());
     }
-    adjusts = adjusts || !c.adjustments.empty();
     masked = masked || c.mask;
     logprobs = logprobs || (c.draw && c.top_logprobs >= 0);
     keeps_hidden = keeps_hidden || (c.draw && c.drafting);

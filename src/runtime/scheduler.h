@@ -72,8 +72,9 @@ struct SchedulerOptions {
   // graphs; a backend with graphs, one device), with the tokens of eager steps.
   bool cuda_graphs = false;
   // Speculative decoding with an MTP assistant (runtime/drafter.h): every request that asks for no
-  // logit bias, penalties, grammar or log-probabilities decodes in rounds of up to draft_tokens
-  // drafts, verified in the step's forwards beside the other sequences' rows. No assistant: none.
+  // grammar or log-probabilities decodes in rounds of up to draft_tokens drafts, verified in the
+  // step's forwards beside the other sequences' rows, each verify row under the logit bias and
+  // penalties of the draw at its position. No assistant: none.
   DraftOptions draft{nullptr, 0};
 };
 
@@ -138,6 +139,9 @@ class StepPlanner {
   KvSequence& kv(RequestId id);
   // A drafting sequence's target hidden row that drew its pending token (the executor's view).
   std::span<const uint8_t> draft_hidden(RequestId id) const { return running(id).draft_hidden; }
+  // A running sequence's logit bias and penalties as of its pending draw (the executor's view: a
+  // verify chunk's rows are adjusted along its drafts).
+  const PenaltyState& penalties(RequestId id) const { return running(id).penalties; }
   bool idle() const { return waiting_.empty() && running_.empty() && preempted_.empty(); }
   size_t waiting() const { return waiting_.size() + preempted_.size(); }  // not running, preempted ones too
   size_t running() const { return running_.size(); }

@@ -56,13 +56,8 @@ DraftVerdict Speculation::judge_sampled(int64_t n, const Drafts& drafted) {
 
 void Speculation::adjust_verify_logits(const PenaltyState& penalties, std::span<const int32_t> drafts, int64_t n) {
   if (penalties.empty()) return;
-  std::vector<std::vector<LogitAdjustment>> rows;
-  PenaltyState state = penalties;
-  for (int64_t i = 0; i < n; ++i) {
-    rows.push_back(state.adjustments());
-    if (i < int64_t(drafts.size())) state.record(drafts[size_t(i)]);
-  }
-  const AdjustmentRows staged = runner_.stage_adjustments(rows);
+  G4_ASSERT(int64_t(drafts.size()) + 1 == n, "a verify round's rows are its drafts and one more");
+  const AdjustmentRows staged = runner_.stage_adjustments(penalties.adjustments_along(drafts));
   if (staged.rows > 0) runner_.backend().adjust_logits(verify_logits_.rows_view(0, n), staged);
 }
 

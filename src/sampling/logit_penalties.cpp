@@ -52,7 +52,20 @@ void PenaltyState::record(int32_t drawn) {
   if (!empty()) ++counts_[drawn];
 }
 
-std::vector<LogitAdjustment> PenaltyState::adjustments() const {
+std::vector<LogitAdjustment> PenaltyState::adjustments() const { return adjustments_with(counts_); }
+
+std::vector<std::vector<LogitAdjustment>> PenaltyState::adjustments_along(std::span<const int32_t> drafts) const {
+  if (empty()) return {};
+  std::vector<std::vector<LogitAdjustment>> rows;
+  std::unordered_map<int32_t, int32_t> counts = counts_;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    rows.push_back(adjustments_with(counts));
+    if (i < drafts.size()) ++counts[drafts[i]];
+  }
+  return rows;
+}
+
+std::vector<LogitAdjustment> PenaltyState::adjustments_with(const std::unordered_map<int32_t, int32_t>& counts) const {
   if (empty()) return {};
   std::map<int32_t, LogitAdjustment> by_token;  // ordered: the same list on every run
   auto at = [&](int32_t token) -> LogitAdjustment& {
@@ -63,7 +76,7 @@ std::vector<LogitAdjustment> PenaltyState::adjustments() const {
   for (const auto& [token, bias] : penalties_.bias) at(token).bias += bias;
   for (int32_t token : penalties_.banned) at(token).bias = -std::numeric_limits<float>::infinity();
   for (int32_t token : prompt_) at(token).repetition = penalties_.repetition;
-  for (const auto& [token, count] : counts_) {
+  for (const auto& [token, count] : counts) {
     LogitAdjustment& a = at(token);
     a.repetition = penalties_.repetition;
     a.subtract = penalties_.frequency * float(count) + penalties_.presence;

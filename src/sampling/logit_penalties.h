@@ -62,8 +62,13 @@ class PenaltyState {
   void record(int32_t drawn);  // a token of the output
   // The adjustments of the next draw, by token, each token once (none when empty()).
   std::vector<LogitAdjustment> adjustments() const;
+  // The adjustments of the next drafts.size() + 1 draws of a speculative round: row i as the draw
+  // after drafts[0, i) were drawn (none when empty()).
+  std::vector<std::vector<LogitAdjustment>> adjustments_along(std::span<const int32_t> drafts) const;
 
  private:
+  std::vector<LogitAdjustment> adjustments_with(const std::unordered_map<int32_t, int32_t>& counts) const;
+
   LogitPenalties penalties_;
   std::unordered_set<int32_t> prompt_;
   std::unordered_map<int32_t, int32_t> counts_;
