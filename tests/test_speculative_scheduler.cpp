@@ -1,9 +1,8 @@
 // Speculative decoding in continuous batching (docs/DESIGN.md §7, "Speculative decoding"): with the
 // random assistant of the fortune demo (tests/fixtures/assistant), every request of a batch gives
 // the tokens it gives alone in a drafting session — greedy ones the target's own plain text, sampled
-// ones the same seeded text — whatever runs beside it, through preemptions; penalised requests
-// draft with each verify row adjusted as its draw; requests for log-probabilities, which a verify
-// row cannot give, decode one token at a time beside them; and the rounds are counted.
+// ones the same seeded text — whatever runs beside it, through preemptions; penalised requests and
+// requests for log-probabilities draft with each verify row as its draw; and the rounds are counted.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -14,6 +13,8 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/scheduler.h"
+#include "runtime/session.h"
+#include "sampling/logprobs.h"
 #include "support/cuda_vs_cpu.h"
 #include "support/demo_engine.h"
 #include "support/fixtures.h"
@@ -69,7 +70,7 @@ std::vector<int32_t> alone(Engine& engine, const SchedulerRequest& r, bool draft
 
 struct Batch {
   std::map<RequestId, std::vector<int32_t>> tokens;
-  std::map<RequestId, int64_t> logprob_events;
+  std::map<RequestId, std::vector<TokenLogprobs>> logprobs;
   int64_t preemptions = 0, widest_step = 0;
 };
 
@@ -90,7 +91,7 @@ Batch run(Engine& engine, const std::vector<SchedulerRequest>& rs, std::vector<R
     for (const SequenceEvent& e : events) {
       EXPECT_TRUE(e.error.empty()) << e.error;
       if (e.drawn.stop != StopReason::kStopToken) b.tokens[e.id].push_back(e.drawn.token);
-      if (e.logprobs) ++b.logprob_events[e.id];
+      if (e.logprobs) b.logprobs[e.id].push_back(*e.logprobs);
     }
   }
   b.preemptions = scheduler.preemptions();
@@ -130,15 +131,31 @@ TEST(SpeculativeScheduler, PreemptedDraftingSequencesResumeWithTheirTokens) {
   EXPECT_EQ(engine->kv_pool().pages_in_use(), 0);
 }
 
-// Logit bias and penalties draft too, each verify row adjusted as the draw at its position (after
-// the drafts before it), so a penalised request gives its drafting session's tokens and a greedy
-// one the target's own penalised text; a request for log-probabilities, which a verify row cannot
-// give, decodes one token at a time beside them.
-TEST(SpeculativeScheduler, PenalisedRequestsDraftAndLogprobRequestsDecodeOneTokenAtATime) {
+// The log-probabilities of a request's tokens as plain decoding gives them: from the logits at each
+// token's position of a session fed the prompt and the tokens.
+std::vector<TokenLogprobs> logprobs_of(Engine& engine, const SchedulerRequest& r, const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> fed = r.prompt;
+  fed.insert(fed.end(), tokens.begin(), tokens.end() - 1);
+  const std::vector<float> logits = engine.create_session()->logits_all(fed);
+  const size_t vocab = logits.size() / fed.size();
+  std::vector<TokenLogprobs> out;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const size_t row = r.prompt.size() - 1 + t;
+    out.push_back(token_logprobs(std::span(logits).subspan(row * vocab, vocab), tokens[t], r.top_logprobs));
+  }
+  return out;
+}
+
+// Logit bias, penalties and log-probabilities draft too: each verify row is adjusted as the draw at
+// its position (after the drafts before it), so a penalised request gives its drafting session's
+// tokens and a greedy one the target's own penalised text; a token's log-probabilities are those of
+// the row it was drawn from — the logits at its position, plain decoding's.
+TEST(SpeculativeScheduler, PenalisedAndLogprobRequestsDraftWithEachRowItsDraws) {
   auto engine = drafting_engine(8);
   std::vector<SchedulerRequest> rs = requests();
   rs[1].penalties.repetition = 1.3f;  // sampled
-  rs[2].top_logprobs = 2;
+  rs[2].top_logprobs = 2;             // sampled: drafts stand
+  rs[6].top_logprobs = 3;             // greedy
   SchedulerRequest& greedy = rs[3];
   ASSERT_EQ(greedy.sampling.temperature, 0.0f);
   const std::vector<int32_t> unpenalised = alone(*engine, greedy, false);
@@ -152,9 +169,18 @@ TEST(SpeculativeScheduler, PenalisedRequestsDraftAndLogprobRequestsDecodeOneToke
   const Batch b = run(*engine, rs, ids);
   EXPECT_EQ(b.tokens.at(ids[1]), alone(*engine, rs[1], true)) << "sampled, with penalties";
   EXPECT_EQ(b.tokens.at(ids[3]), plain) << "greedy with penalties";
-  EXPECT_EQ(b.tokens.at(ids[2]), alone(*engine, rs[2], false)) << "with log-probabilities";
-  EXPECT_EQ(b.logprob_events.at(ids[2]), rs[2].max_new_tokens);
+  EXPECT_EQ(b.tokens.at(ids[2]), alone(*engine, rs[2], true)) << "sampled, with log-probabilities";
+  EXPECT_EQ(b.tokens.at(ids[6]), alone(*engine, rs[6], false)) << "greedy, with log-probabilities";
   EXPECT_EQ(b.tokens.at(ids[0]), alone(*engine, rs[0], true));
+  for (size_t i : {size_t(2), size_t(6)}) {
+    const std::vector<TokenLogprobs>& got = b.logprobs.at(ids[i]);
+    const std::vector<TokenLogprobs> want = logprobs_of(*engine, rs[i], b.tokens.at(ids[i]));
+    ASSERT_EQ(got.size(), want.size()) << "request " << i << ": a token without log-probabilities";
+    for (size_t t = 0; t < got.size(); ++t) {
+      EXPECT_EQ(got[t].logprob, want[t].logprob) << "request " << i << ", token " << t;
+      EXPECT_EQ(got[t].top, want[t].top) << "request " << i << ", token " << t;
+    }
+  }
 }
 
 // On CUDA (batch-invariant forwards): a verify chunk beside other sequences' rows gives the bits

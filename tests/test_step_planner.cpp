@@ -60,7 +60,7 @@ class Planner : public ::testing::Test {
         pool_->prepare(kv, int64_t(c.tokens.size()));
         kv.append(c.tokens);
       }
-      result.forwards.push_back(ForwardDraws{std::vector<ChunkDraw>(size_t(f.draws()), ChunkDraw{token}), {}, 0, false});
+      result.forwards.push_back(ForwardDraws{std::vector<ChunkDraw>(size_t(f.draws()), ChunkDraw{token}), false});
     }
     return result;
   }

@@ -71,9 +71,8 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
     for (int32_t stop : request.grammar->vocabulary().stop_tokens())
       G4_CHECK(std::find(request.stop_ids.begin(), request.stop_ids.end(), stop) != request.stop_ids.end(),
                "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
-  // Drafting leaves out what a verify row cannot yet apply: masks that follow each drawn token, and
-  // log-probabilities.
-  const bool drafting = limits_.draft_tokens > 0 && !request.grammar && request.top_logprobs < 0;
+  // Drafting leaves out what a verify row cannot yet apply: masks that follow each drawn token.
+  const bool drafting = limits_.draft_tokens > 0 && !request.grammar;
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
                               request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
@@ -294,10 +293,7 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
       s.position += int64_t(c.tokens.size());
       if (!c.draw) continue;
       G4_ASSERT(row < out.draws.size(), "a draw for every drawing chunk");
-      const std::span<const float> logits =
-          c.top_logprobs >= 0 ? std::span(out.logits).subspan(row * size_t(out.vocab), size_t(out.vocab))
-                              : std::span<const float>{};
-      record(s, c, out.draws[row++], logits, events);
+      record(s, c, out.draws[row++], events);
     }
   }
   // Sequences that ended leave; their written pages stay cached, keyed by their tokens.
@@ -305,8 +301,7 @@ std::vector<SequenceEvent> StepPlanner::update(const StepPlan& plan, const StepR
   return events;
 }
 
-void StepPlanner::record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d, std::span<const float> logits,
-                         std::vector<SequenceEvent>& events) {
+void StepPlanner::record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d, std::vector<SequenceEvent>& events) {
   if (c.drafting) s.draft_hidden = d.hidden;
   // The accepted drafts, then the token; each goes where it is fed next. The caches keep what is fed
   // before the last token recorded: rejected drafts, and drafts after a token that ends the
@@ -328,7 +323,10 @@ void StepPlanner::record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d,
     s.ended = stop != StopReason::kNone;
     s.pending = s.ended ? -1 : token;
     SequenceEvent event{s.id, DecodedToken{token, stop}, std::nullopt, {}};
-    if (c.top_logprobs >= 0) event.logprobs = token_logprobs(logits, token, c.top_logprobs);
+    if (c.top_logprobs >= 0) {
+      const size_t vocab = d.logits.size() / count;
+      event.logprobs = token_logprobs(std::span(d.logits).subspan(m * vocab, vocab), token, c.top_logprobs);
+    }
     events.push_back(std::move(event));
   }
   if (s.kv.position() > s.position) s.kv.truncate(s.position);
@@ -442,7 +440,7 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
   std::vector<SamplingParams> params;
   std::vector<std::vector<LogitAdjustment>> adjustments;  // per draw, when any draw has some
   std::vector<const DrawMask*> masks;                     // per draw, when any draw has one
-  bool logprobs = false, adjusts = false, masked = false, verifies = false, keeps_hidden = false;
+  bool adjusts = false, masked = false, verifies = false, keeps_hidden = false;
   for (size_t i = 0; i < forward.chunks.size(); ++i) {
     const PlannedChunk& c = forward.chunks[i];
     KvSequence& kv = sequences.kv(c.id);
@@ -469,7 +467,6 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
       masks.push_back(c.mask.get());
     }
     masked = masked || c.mask;
-    logprobs = logprobs || (c.draw && c.top_logprobs >= 0);
     keeps_hidden = keeps_hidden || (c.draw && c.drafting);
   }
   ForwardDraws out;
@@ -496,9 +493,8 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
   const std::vector<std::optional<DraftVerdict>> sampled_verdicts =
       verifies ? judge_sampled_chunks(forward, chunks, ws.logits, drafts)
                : std::vector<std::optional<DraftVerdict>>(forward.chunks.size());
-  const int64_t V = ws.logits.cols;
   auto logits_rows = [&](int64_t first, int64_t n) {
-    std::vector<float> rows(size_t(n * V));
+    std::vector<float> rows(size_t(n * ws.logits.cols));
     runner_.download_result(ws.logits.rows_view(first, n), rows.data());
     return rows;
   };
@@ -534,17 +530,11 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
       const size_t bytes = ws.normed.row_size();
       d.hidden.assign(hidden.begin() + at * int64_t(bytes), hidden.begin() + (at + 1) * int64_t(bytes));
     }
-    if (c.top_logprobs >= 0) {  // as the draw saw them (after any logit bias and penalties)
-      const std::vector<float> r = logits_rows(row, 1);
-      out.logits.resize(out.draws.size() * size_t(V));
-      out.logits.insert(out.logits.end(), r.begin(), r.end());
-    }
+    // As each token's draw saw them (after any logit bias and penalties): a verify chunk's rows up
+    // to the verdict's, each the logits at its token's position.
+    if (c.top_logprobs >= 0) d.logits = logits_rows(row, at - row + 1);
     out.draws.push_back(std::move(d));
     row += rows;
-  }
-  if (logprobs) {
-    out.vocab = V;
-    out.logits.resize(out.draws.size() * size_t(V));  // rows of draws without log-probabilities stay zero
   }
   if (verifies) speculation_.verify_seconds += seconds_since(t0);
   return out;

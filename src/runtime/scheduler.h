@@ -71,10 +71,10 @@ struct SchedulerOptions {
   // Steps that only decode replay a recorded forward per batch size (DecodeBatchGraphs: CUDA
   // graphs; a backend with graphs, one device), with the tokens of eager steps.
   bool cuda_graphs = false;
-  // Speculative decoding with an MTP assistant (runtime/drafter.h): every request that asks for no
-  // grammar or log-probabilities decodes in rounds of up to draft_tokens drafts, verified in the
-  // step's forwards beside the other sequences' rows, each verify row under the logit bias and
-  // penalties of the draw at its position. No assistant: none.
+  // Speculative decoding with an MTP assistant (runtime/drafter.h): every request not held to a
+  // grammar decodes in rounds of up to draft_tokens drafts, verified in the step's forwards beside
+  // the other sequences' rows, each verify row under the logit bias and penalties of the draw at its
+  // position (and its log-probabilities from that row). No assistant: none.
   DraftOptions draft{nullptr, 0};
 };
 
@@ -187,8 +187,7 @@ class StepPlanner {
   // its context leave room for (0: it decodes one token).
   int64_t next_drafts(const Sequence& s) const;
   // Records a drawing chunk's tokens (its accepted drafts, then its token) for `s`; the events.
-  void record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d, std::span<const float> logits,
-              std::vector<SequenceEvent>& events);
+  void record(Sequence& s, const PlannedChunk& c, const ChunkDraw& d, std::vector<SequenceEvent>& events);
   // Decode rows, then prompt chunks, packed in order into forwards.
   std::vector<PlannedForward> pack(std::vector<PlannedChunk> chunks) const;
   // Ends `s` with `error`, keeping nothing of its caches (as cancel does).

@@ -65,16 +65,15 @@ struct ChunkDraw {
   int64_t drafted = 0;                   // a verify chunk: the drafts it checked
   // A drafting sequence: the target's final-normed hidden row that drew `token` (activation dtype).
   std::vector<uint8_t> hidden;
+  // When the chunk asked for log-probabilities: the logits each token was drawn from (the accepted
+  // drafts', then the token's), row-major [accepted_drafts.size() + 1, vocab]; else empty.
+  std::vector<float> logits;
 };
 
 // What running one planned forward gave.
 struct ForwardDraws {
   std::vector<ChunkDraw> draws;  // one per chunk with a draw, in chunk order
-  // When a drawing chunk asked for log-probabilities: each drawing chunk's logits (those its token
-  // was drawn from), row-major [draws.size(), vocab]; else empty.
-  std::vector<float> logits;
-  int64_t vocab = 0;
-  bool replayed = false;        // replayed a recording of itself (CUDA graphs)
+  bool replayed = false;         // replayed a recording of itself (CUDA graphs)
 };
 
 struct StepResult {
