@@ -185,6 +185,45 @@ TEST(ConstrainedDecoding, UnconstrainedNeighboursDrawAsAlone) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(got.at(ids[2 * i]).tokens, alone[i]) << "request " << i;
 }
 
+// With the demo's trained assistant drafting, each verify row is masked as the draw at its position
+// (the grammar after the drafts before it): every draw stays in the grammar, greedy text is the
+// undrafted scheduler's, and drafts stand (a row masked as the round's first would let a draft
+// through that the grammar refuses there, and the planner would fail the request).
+TEST(ConstrainedDecoding, DraftedRoundsMaskEachRowAsItsDraw) {
+  Demo demo;
+  EngineOptions o;
+  o.model_path = test::embedded_demo_path();
+  o.max_seq_len = kMaxSeqLen;
+  o.max_batch_sequences = 16;
+  o.draft_model = std::string(G4_SOURCE_DIR) + "/models/demo-assistant.gguf";
+  Engine engine(o);
+  std::vector<SchedulerRequest> requests;
+  std::vector<std::shared_ptr<const CompiledGrammar>> grammars;
+  for (int schema : {0, 3}) {
+    auto compiled = std::make_shared<const CompiledGrammar>(grammar::json_schema_grammar(kSchemas[schema]), demo.vocabulary);
+    for (int i = 0; i < 6; ++i) {
+      requests.push_back(constrained(demo, compiled, 10 * schema + i));
+      grammars.push_back(compiled);
+    }
+  }
+  SchedulerOptions drafting;
+  drafting.draft = engine.draft_options();
+  Scheduler with(engine.runner(), drafting), without(engine.runner());
+  std::vector<RequestId> ids, plain_ids;
+  const std::map<RequestId, Generated> got = run_all(with, requests, ids);
+  const std::map<RequestId, Generated> plain = run_all(without, requests, plain_ids);
+  const SpeculationStats& stats = with.speculation_stats();
+  EXPECT_GT(stats.accepted, 0) << "no draft stood in " << stats.rounds << " rounds: the later rows' masks were not exercised";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Generated& g = got.at(ids[i]);
+    GrammarMatcher matcher(grammars[i]);
+    for (size_t step = 0; step < g.tokens.size(); ++step)
+      ASSERT_TRUE(matcher.accept_token(g.tokens[step])) << "request " << i << ", token " << step << " outside the grammar";
+    if (requests[i].sampling.temperature == 0.0f)
+      EXPECT_EQ(g.tokens, plain.at(plain_ids[i]).tokens) << "greedy request " << i;
+  }
+}
+
 TEST(ConstrainedDecoding, AGrammarMustEndOnTheRequestsStopTokens) {
   Demo demo;
   SchedulerRequest r = constrained(

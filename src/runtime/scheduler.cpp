@@ -71,8 +71,7 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
     for (int32_t stop : request.grammar->vocabulary().stop_tokens())
       G4_CHECK(std::find(request.stop_ids.begin(), request.stop_ids.end(), stop) != request.stop_ids.end(),
                "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
-  // Drafting leaves out what a verify row cannot yet apply: masks that follow each drawn token.
-  const bool drafting = limits_.draft_tokens > 0 && !request.grammar;
+  const bool drafting = limits_.draft_tokens > 0;
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
                               request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
@@ -342,6 +341,27 @@ SequenceEvent StepPlanner::fail(Sequence& s, const std::string& error) {
 
 namespace {
 
+// A verify chunk's grammar masks: row i the grammar's after drafts [0, i) (row 0 `first`, the
+// pending draw's). From a draft the grammar refuses, or one that ends it, the later rows keep the
+// last mask: the verdict never reaches them (the target cannot draw the refused draft).
+std::vector<std::shared_ptr<const DrawMask>> masks_along(const grammar::GrammarMatcher& matcher,
+                                                         std::span<const int32_t> drafts,
+                                                         std::shared_ptr<const DrawMask> first) {
+  std::vector<std::shared_ptr<const DrawMask>> rows = {std::move(first)};
+  grammar::GrammarMatcher walker = matcher;
+  bool open = true;  // every draft so far taken, none ending the grammar
+  for (int32_t draft : drafts) {
+    open = open && walker.accept_token(draft) && !walker.is_terminated();
+    rows.push_back(open ? std::make_shared<const DrawMask>(std::make_shared<grammar::GrammarMatcher>(walker))
+                        : rows.back());
+  }
+  return rows;
+}
+
+}  // namespace
+
+namespace {
+
 const Drafts& drafts_of(const std::vector<std::pair<RequestId, Drafts>>& drafts, RequestId id) {
   const auto it = std::find_if(drafts.begin(), drafts.end(), [id](const auto& d) { return d.first == id; });
   G4_ASSERT(it != drafts.end(), "the drafts of request " + std::to_string(id));
@@ -440,6 +460,7 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
   std::vector<SamplingParams> params;
   std::vector<std::vector<LogitAdjustment>> adjustments;  // per draw, when any draw has some
   std::vector<const DrawMask*> masks;                     // per draw, when any draw has one
+  std::vector<std::shared_ptr<const DrawMask>> verify_masks;  // the verify chunks' rows' (masks_along)
   bool adjusts = false, masked = false, verifies = false, keeps_hidden = false;
   for (size_t i = 0; i < forward.chunks.size(); ++i) {
     const PlannedChunk& c = forward.chunks[i];
@@ -459,13 +480,17 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     const std::vector<std::vector<LogitAdjustment>> along =
         c.drafts > 0 ? sequences.penalties(c.id).adjustments_along(std::span(fed[i]).subspan(c.tokens.size()))
                      : std::vector<std::vector<LogitAdjustment>>{};
+    const std::vector<std::shared_ptr<const DrawMask>> row_masks =
+        c.drafts > 0 && c.mask ? masks_along(*sequences.matcher(c.id), std::span(fed[i]).subspan(c.tokens.size()), c.mask)
+                               : std::vector<std::shared_ptr<const DrawMask>>{};
     for (int64_t r = 0; r < out_rows; ++r) {  // row r draws token index j + r: seed + r
       params.push_back(*c.draw);
       params.back().seed += uint64_t(r);
       adjustments.push_back(along.empty() ? c.adjustments : along[size_t(r)]);
       adjusts = adjusts || !adjustments.back().empty();
-      masks.push_back(c.mask.get());
+      masks.push_back(row_masks.empty() ? c.mask.get() : row_masks[size_t(r)].get());
     }
+    verify_masks.insert(verify_masks.end(), row_masks.begin(), row_masks.end());
     masked = masked || c.mask;
     keeps_hidden = keeps_hidden || (c.draw && c.drafting);
   }

@@ -71,10 +71,10 @@ struct SchedulerOptions {
   // Steps that only decode replay a recorded forward per batch size (DecodeBatchGraphs: CUDA
   // graphs; a backend with graphs, one device), with the tokens of eager steps.
   bool cuda_graphs = false;
-  // Speculative decoding with an MTP assistant (runtime/drafter.h): every request not held to a
-  // grammar decodes in rounds of up to draft_tokens drafts, verified in the step's forwards beside
-  // the other sequences' rows, each verify row under the logit bias and penalties of the draw at its
-  // position (and its log-probabilities from that row). No assistant: none.
+  // Speculative decoding with an MTP assistant (runtime/drafter.h): every request decodes in rounds
+  // of up to draft_tokens drafts, verified in the step's forwards beside the other sequences' rows,
+  // each verify row under the logit bias, penalties and grammar of the draw at its position (and its
+  // log-probabilities from that row). No assistant: none.
   DraftOptions draft{nullptr, 0};
 };
 
@@ -142,6 +142,8 @@ class StepPlanner {
   // A running sequence's logit bias and penalties as of its pending draw (the executor's view: a
   // verify chunk's rows are adjusted along its drafts).
   const PenaltyState& penalties(RequestId id) const { return running(id).penalties; }
+  // A running sequence's grammar as of its pending draw (null: none).
+  const grammar::GrammarMatcher* matcher(RequestId id) const { return running(id).matcher.get(); }
   bool idle() const { return waiting_.empty() && running_.empty() && preempted_.empty(); }
   size_t waiting() const { return waiting_.size() + preempted_.size(); }  // not running, preempted ones too
   size_t running() const { return running_.size(); }
