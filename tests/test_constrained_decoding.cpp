@@ -189,10 +189,11 @@ TEST(ConstrainedDecoding, UnconstrainedNeighboursDrawAsAlone) {
 // (the grammar after the drafts before it): every draw stays in the grammar, greedy text is the
 // undrafted scheduler's, and drafts stand (a row masked as the round's first would let a draft
 // through that the grammar refuses there, and the planner would fail the request).
-TEST(ConstrainedDecoding, DraftedRoundsMaskEachRowAsItsDraw) {
+void expect_drafted_rounds_in_the_grammar(const std::string& backend) {
   Demo demo;
   EngineOptions o;
   o.model_path = test::embedded_demo_path();
+  o.backend = backend;
   o.max_seq_len = kMaxSeqLen;
   o.max_batch_sequences = 16;
   o.draft_model = std::string(G4_SOURCE_DIR) + "/models/demo-assistant.gguf";
@@ -222,6 +223,13 @@ TEST(ConstrainedDecoding, DraftedRoundsMaskEachRowAsItsDraw) {
     if (requests[i].sampling.temperature == 0.0f)
       EXPECT_EQ(g.tokens, plain.at(plain_ids[i]).tokens) << "greedy request " << i;
   }
+}
+
+TEST(ConstrainedDecoding, DraftedRoundsMaskEachRowAsItsDraw) { expect_drafted_rounds_in_the_grammar("cpu"); }
+
+TEST(ConstrainedDecoding, DraftedRoundsMaskEachRowAsItsDrawOnCuda) {
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(cuda_available());
+  expect_drafted_rounds_in_the_grammar("cuda");
 }
 
 TEST(ConstrainedDecoding, AGrammarMustEndOnTheRequestsStopTokens) {
