@@ -71,11 +71,10 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
     for (int32_t stop : request.grammar->vocabulary().stop_tokens())
       G4_CHECK(std::find(request.stop_ids.begin(), request.stop_ids.end(), stop) != request.stop_ids.end(),
                "the grammar ends on token " + std::to_string(stop) + ", which is not among the request's stop tokens");
-  const bool drafting = limits_.draft_tokens > 0;
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
                               request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
-                              std::nullopt, drafting, {}});
+                              std::nullopt, limits_.draft_tokens > 0, {}});
   return next_id_++;
 }
 
@@ -357,10 +356,6 @@ std::vector<std::shared_ptr<const DrawMask>> masks_along(const grammar::GrammarM
   }
   return rows;
 }
-
-}  // namespace
-
-namespace {
 
 const Drafts& drafts_of(const std::vector<std::pair<RequestId, Drafts>>& drafts, RequestId id) {
   const auto it = std::find_if(drafts.begin(), drafts.end(), [id](const auto& d) { return d.first == id; });
