@@ -322,9 +322,9 @@ __global__ void __launch_bounds__(kThreads) records_gemv_kernel(RecordsParts lau
   store_sums<1>(d, out, tile, work.slice, 0, lane);
 }
 
-// 8 < T tokens, kTokens (16, 32, 64 or 128) a block, on Hopper's warpgroup mma: each warp's A fragments come
-// from its record as in records_gemv_kernel, each warpgroup multiplies its four tiles by the
-// block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
+// 8 < T tokens, kTokens (16, 32, 64 or 128) a block, on Hopper's warpgroup mma: each warp's A
+// fragments come from its record as in records_gemv_kernel, each warpgroup multiplies its four
+// tiles by the block's tokens, staged record by record in shared memory (a ring, kXStages - 1 records ahead) as
 // wgmma's K-major B operand, already in the records' order of K (`stage`). wgmma gives mma.sync's
 // bits for the same fragments (docs/PERF.md), so a token keeps the bits it has
 // alone. The weights are loaded kAhead records ahead into registers: 3 below 64 tokens, 2 from 64,
@@ -337,7 +337,9 @@ constexpr bool records_pipelined(int tokens) { return tokens >= 32; }
 constexpr int records_stages(int tokens) { return records_pipelined(tokens) ? kXStages + 1 : kXStages; }
 // A block's dynamic shared bytes: the ring, 128 bytes a token per stage (one swizzled row), and
 // room to align it to the swizzle's 1024 bytes.
-constexpr size_t records_wgmma_shared_bytes(int tokens) { return size_t(records_stages(tokens)) * tokens * kValues * 2 + 1024; }
+constexpr size_t records_wgmma_shared_bytes(int tokens) {
+  return size_t(records_stages(tokens)) * tokens * kValues * 2 + 1024;
+}
 
 template <int kTokens>
 __global__ void __launch_bounds__(kThreads, kTokens > 64 ? 1 : 2)
