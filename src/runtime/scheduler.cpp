@@ -74,7 +74,7 @@ RequestId StepPlanner::add(const SchedulerRequest& request) {
   waiting_.push_back(Sequence{next_id_, request.prompt, std::move(generation), KvSequence{}, 0, -1, false,
                               request.top_logprobs, PenaltyState(request.penalties, request.prompt),
                               request.grammar ? std::make_shared<grammar::GrammarMatcher>(request.grammar) : nullptr,
-                              std::nullopt, limits_.draft_tokens > 0, {}});
+                              std::nullopt, {}});
   return next_id_++;
 }
 
@@ -148,14 +148,14 @@ PlannedChunk StepPlanner::chunk(const Sequence& s, int64_t tokens) const {
     c.top_logprobs = s.top_logprobs;
     c.adjustments = s.penalties.adjustments();
     if (s.matcher) c.mask = std::make_shared<const DrawMask>(s.matcher);
-    c.drafting = s.drafting;
+    c.drafting = limits_.draft_tokens > 0;
     c.drafts = c.decode ? next_drafts(s) : 0;
   }
   return c;
 }
 
 int64_t StepPlanner::next_drafts(const Sequence& s) const {
-  if (!s.drafting || s.pending < 0 || s.draft_hidden.empty()) return 0;
+  if (s.pending < 0 || s.draft_hidden.empty()) return 0;
   // The round draws up to drafts + 1 tokens and feeds the pending token and the drafts.
   const int64_t new_tokens_left = s.generation.limits().max_new_tokens - s.generation.drawn() - 1;
   const int64_t context_left = limits_.max_seq_len - 1 - s.position;

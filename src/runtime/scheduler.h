@@ -163,8 +163,7 @@ class StepPlanner {
     PenaltyState penalties;
     std::shared_ptr<grammar::GrammarMatcher> matcher;  // with SchedulerRequest::grammar
     std::optional<SwappedSequence> swapped;  // while preempted
-    bool drafting = false;                   // decodes in draft rounds (SchedulerOptions::draft)
-    std::vector<uint8_t> draft_hidden;       // drafting: ChunkDraw::hidden of its last draw
+    std::vector<uint8_t> draft_hidden;       // with an assistant: ChunkDraw::hidden of its last draw
   };
   Sequence& running(RequestId id);
   const Sequence& running(RequestId id) const;
