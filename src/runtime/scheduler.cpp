@@ -471,12 +471,13 @@ ForwardDraws StepExecutor::run_forward(int64_t index, const PlannedForward& forw
     }
     const int64_t out_rows = c.draw ? 1 + int64_t(fed[i].size() - c.tokens.size()) : 0;
     chunks.push_back(SequenceChunk{&kv, fed[i], out_rows});
-    // A verify chunk's row r draws after its drafts [0, r): its adjustments count them.
+    // A verify chunk's row r draws after its drafts [0, r): its adjustments count them, its mask
+    // follows them.
+    const std::span<const int32_t> drafted = std::span(fed[i]).subspan(c.tokens.size());
     const std::vector<std::vector<LogitAdjustment>> along =
-        c.drafts > 0 ? sequences.penalties(c.id).adjustments_along(std::span(fed[i]).subspan(c.tokens.size()))
-                     : std::vector<std::vector<LogitAdjustment>>{};
+        c.drafts > 0 ? sequences.penalties(c.id).adjustments_along(drafted) : std::vector<std::vector<LogitAdjustment>>{};
     const std::vector<std::shared_ptr<const DrawMask>> row_masks =
-        c.drafts > 0 && c.mask ? masks_along(*sequences.matcher(c.id), std::span(fed[i]).subspan(c.tokens.size()), c.mask)
+        c.drafts > 0 && c.mask ? masks_along(*sequences.matcher(c.id), drafted, c.mask)
                                : std::vector<std::shared_ptr<const DrawMask>>{};
     for (int64_t r = 0; r < out_rows; ++r) {  // row r draws token index j + r: seed + r
       params.push_back(*c.draw);

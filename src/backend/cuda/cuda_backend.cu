@@ -350,7 +350,8 @@ class CudaBackend final : public Backend {
              "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
     const int64_t T = x.rows, K = x.cols, N = w.rows;
-    switch (matmul_path(w, T, K)) {
+    const MatmulPath path = matmul_path(w, T, K);
+    switch (path) {
       case MatmulPath::kRecords: {
         const Tensor ws[] = {w}, ys[] = {y};
         return records_matmuls(x, ws, ys);
@@ -365,11 +366,8 @@ class CudaBackend final : public Backend {
                                         ptr<bf16>(y), T, N, K, ptr<float>(workspace_.packed_partials),
                                         workspace_.packed_partials.bytes(), stream_);
       case MatmulPath::kGemvRowGroups:
-        return for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
-          matmul(x.rows_view(first, n), w, y.rows_view(first, n));
-        });
       case MatmulPath::kBatchRowGroups:
-        return for_batch_row_groups(T, [&](int64_t first, int64_t n) {
+        return for_row_groups(T, rows_per_group(path), [&](int64_t first, int64_t n) {
           matmul(x.rows_view(first, n), w, y.rows_view(first, n));
         });
       case MatmulPath::kPackedMatmul:
@@ -556,14 +554,8 @@ class CudaBackend final : public Backend {
       }
       // Asked for batch invariance where no batch kernel gives the GEMV's bits: the fused GEMV 8
       // rows at a time.
-      if (path == MatmulPath::kGemvRowGroups) {
-        for_gemv_row_groups(T, [&](int64_t first, int64_t n) {
-          gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
-        });
-        return;
-      }
-      if (path == MatmulPath::kBatchRowGroups) {
-        for_batch_row_groups(T, [&](int64_t first, int64_t n) {
+      if (path == MatmulPath::kGemvRowGroups || path == MatmulPath::kBatchRowGroups) {
+        for_row_groups(T, rows_per_group(path), [&](int64_t first, int64_t n) {
           gated_gelu(x.rows_view(first, n), w_gate, w_up, out.rows_view(first, n));
         });
         return;
@@ -936,15 +928,14 @@ class CudaBackend final : public Backend {
   // The packed GEMV's: pinned and in the batch GEMV's order while batch invariance is asked for.
   SumOrder sum_order() const { return batch_invariant_ ? SumOrder::kBatchInvariant : SumOrder::kFastest; }
 
-  // f(first, n) for the rows of a T-row op in groups of at most kMaxGemvTokens, in order.
-  template <typename F>
-  static void for_gemv_row_groups(int64_t T, F&& f) {
-    for (int64_t first = 0; first < T; first += kMaxGemvTokens) f(first, std::min<int64_t>(kMaxGemvTokens, T - first));
+  // The rows a group of kGemvRowGroups (the GEMV's) or kBatchRowGroups (the batch kernels') takes.
+  static int64_t rows_per_group(MatmulPath path) {
+    return path == MatmulPath::kGemvRowGroups ? kMaxGemvTokens : kMaxPackedMatmulTokens;
   }
+  // f(first, n) for the rows of a T-row op in groups of at most `group`, in order.
   template <typename F>
-  static void for_batch_row_groups(int64_t T, F&& f) {
-    for (int64_t first = 0; first < T; first += kMaxPackedMatmulTokens)
-      f(first, std::min<int64_t>(kMaxPackedMatmulTokens, T - first));
+  static void for_row_groups(int64_t T, int64_t group, F&& f) {
+    for (int64_t first = 0; first < T; first += group) f(first, std::min<int64_t>(group, T - first));
   }
 
   // Rows of a K-wide weight that fit a dequantized scratch, a multiple of 64 when more than 64 fit.
