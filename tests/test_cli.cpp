@@ -171,6 +171,34 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
   EXPECT_NE(bad_profile.output.find("--profile_steps"), std::string::npos) << bad_profile.output;
 }
 
+// g4 bench --held: sequences holding copies of one long context, each its own pages, decoding
+// together; the bench fails unless every copy's logits are the first sequence's bits. TQ4 full-layer
+// caches hold the same sequences in fewer bytes than bf16.
+TEST(Cli, BenchHeldDecodesCopiesOfOneContext) {
+  const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
+  auto held = [&](const std::string& kv_type) {
+    const test::CommandResult r = test::run_g4("bench --model_path '" + demo + "' --backend cpu --held 3 --prompt_len 300 "
+                                               "--gen 3 --kv_type " + kv_type + " 2>/dev/null");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
+  };
+  const nlohmann::json bf16 = held("bf16"), tq4 = held("tq4");
+  for (const nlohmann::json& j : {bf16, tq4}) {
+    ASSERT_TRUE(j.contains("same_tokens")) << j.dump();
+    EXPECT_TRUE(j["same_tokens"].get<bool>());
+    EXPECT_EQ(j["held_sequences"].get<int64_t>(), 3);
+    EXPECT_GE(j["sequences_that_fit"].get<int64_t>(), 3);
+    EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
+    // Every full layer holds each sequence's 300 positions.
+    EXPECT_GE(j["kv_bytes_held"].get<int64_t>(), 3 * 300 * j["kv_bytes_per_token_full"].get<int64_t>());
+  }
+  EXPECT_LT(tq4["kv_bytes_held"].get<int64_t>(), bf16["kv_bytes_held"].get<int64_t>());
+  const test::CommandResult both =
+      test::run_g4("bench --model_path '" + demo + "' --backend cpu --held 2 --concurrency 2");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.output.find("--held runs alone"), std::string::npos) << both.output;
+}
+
 // --kv_type and --kv_sliding_type on the commands that run the model: the caches they ask for (the
 // report's bytes a token), and a clear error before anything loads for a type that does not exist.
 // --draft_model on g4 run (the same greedy ids as without it, and the rounds reported) and g4

@@ -321,6 +321,49 @@ TEST(KvPages, PreemptedSequencesGiveTheirTokensAloneOnCuda) {
   expect_preempted_sequences_give_their_tokens_alone("cuda");
 }
 
+// A swapped-out sequence is host data: two copies of one swap in as two sequences of their own, and
+// in one forward each goes on as the original would (with a table shared between them, the forward
+// would read one copy's pages for both).
+TEST(KvPages, CopiesOfASwappedSequenceGoOnAlone) {
+  auto engine = test::demo_engine_for(3, kMaxSeqLen, "cpu", test::embedded_demo_path(), 2);
+  ModelRunner& runner = engine->runner();
+  KvPool& pool = runner.kv_pool();
+  const int64_t vocab = engine->config().vocab_size;
+  const std::vector<int32_t> prompt = test::demo_prompt(7, 200);  // one forward
+  auto prefilled = [&] {
+    KvSequence kv = pool.start(kMaxSeqLen, prompt);
+    const SequenceChunk chunk{&kv, std::span<const int32_t>(prompt).subspan(size_t(kv.position())), 0};
+    runner.forward(std::span(&chunk, 1), runner.workspace_logits(1));
+    return kv;
+  };
+  const std::vector<int32_t> next = {300, 400};
+  // The next logits of the chunks' sequences, one row each.
+  auto next_logits = [&](std::span<const SequenceChunk> chunks) {
+    const LogitsOutput out = runner.workspace_logits(int64_t(chunks.size()));
+    runner.forward(chunks, out);
+    std::vector<float> logits(chunks.size() * size_t(vocab));
+    runner.download_result(out.logits, logits.data());
+    return logits;
+  };
+  std::vector<float> want;
+  for (size_t i = 0; i < next.size(); ++i) {
+    KvSequence alone = prefilled();
+    const SequenceChunk chunk{&alone, std::span(&next[i], 1), 1};
+    const std::vector<float> row = next_logits(std::span(&chunk, 1));
+    want.insert(want.end(), row.begin(), row.end());
+  }
+  pool.drop_cached();  // the copies' pages come from the image, not from the prefix cache
+
+  SwappedSequence image = pool.swap_out(prefilled());
+  EXPECT_EQ(pool.pages_in_use(), 0);
+  SwappedSequence copy = image;
+  KvSequence a = pool.swap_in(std::move(copy)), b = pool.swap_in(std::move(image));
+  EXPECT_EQ(a.position(), int64_t(prompt.size()));
+  const std::vector<SequenceChunk> chunks = {{&a, std::span(&next[0], 1), 1}, {&b, std::span(&next[1], 1), 1}};
+  EXPECT_EQ(next_logits(chunks), want);
+  EXPECT_EQ(pool.pages_in_use(), a.pages_held() + b.pages_held());
+}
+
 // 1 024 requests queued at once on a pool of a few sequences: all finish, and the pool is empty.
 TEST(KvPages, AThousandQueuedRequestsAllFinish) {
   const int n = test::kSanitizerBuild ? 256 : 1024;

@@ -13,6 +13,7 @@
 
 #include "backend/backend_factory.h"
 #include "bench_concurrency.h"
+#include "bench_held.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "grammar/json_schema.h"
@@ -40,6 +41,7 @@ struct BenchOptions {
   int64_t prompt_len = 2048, gen = 128;
   uint64_t seed = 1;
   std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
+  int64_t held = 0;                   // > 0: the held-sequences bench (bench_held) instead
   bool batch_invariant = true;        // the continuous-batching bench's SchedulerOptions::batch_invariant
   bool cuda_graph = false;            // the continuous-batching bench's SchedulerOptions::cuda_graphs
   int64_t profile_steps = 0;          // the continuous-batching bench's ConcurrencyBench::profile_steps
@@ -487,6 +489,9 @@ void run_bench(const BenchOptions& o) {
   G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.concurrency.empty()),
            "--draft_accept needs --draft_model and one sequence");
   check_draft_tokens(o.draft_tokens);
+  G4_CHECK(o.held >= 0, "--held: a sequence count >= 1, got " + std::to_string(o.held));
+  G4_CHECK(o.held == 0 || (o.concurrency.empty() && !o.suite && o.tp == 1 && o.draft_model.empty()),
+           "--held runs alone: no --concurrency, --suite, --tp or --draft_model");
   o.kv.types();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
   auto backend = make_backend(o.backend);
@@ -501,6 +506,14 @@ void run_bench(const BenchOptions& o) {
   const ModelConfig& c = model->config();
   if (!o.concurrency.empty()) {
     std::printf("%s\n", concurrency_report(o, *model, be, load_s).dump(1).c_str());
+    return;
+  }
+  if (o.held > 0) {
+    nlohmann::json r = bench_held(*model, be, {o.held, o.prompt_len, o.gen, o.seed, o.kv.types()});
+    r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
+    r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
+    r["load_s"] = load_s;
+    std::printf("%s\n", r.dump(1).c_str());
     return;
   }
   if (o.suite) {
@@ -603,6 +616,9 @@ void add_bench_command(CLI::App& app) {
                   "Sequence counts for the continuous-batching bench, e.g. 1,8,32,64 (each sequence: "
                   "--prompt_len prompt tokens, --gen generated)")
       ->delimiter(',');
+  cmd->add_option("--held", opts->held,
+                  "Hold this many sequences of --prompt_len tokens at once (one prefill, its caches copied into "
+                  "each sequence's own pages) and time --gen greedy decode steps over all of them");
   cmd->add_flag("--suite", opts->suite,
                 "One load, llama-bench's table: prompt processing at --suite_prompts tokens and greedy decode "
                 "after --suite_contexts tokens of context (cut to the model's context)");

@@ -481,27 +481,34 @@ void KvPool::truncate(SequenceState& s, int64_t n) {
 
 SwappedSequence KvPool::swap_out(KvSequence&& sequence) {
   G4_ASSERT(!sequence.empty() && sequence.reserved_ == 0, "only a scheduled sequence is swapped out");
-  SwappedSequence out;
-  out.state = std::move(sequence.state_);
+  SequenceState state = std::move(sequence.state_);
   sequence.pool_ = nullptr;
-  register_written(out.state);  // its written pages stay cached for others while it waits
+  register_written(state);  // its written pages stay cached for others while it waits
+  SwappedSequence out;
   const size_t page = page_bytes();
-  out.bytes.resize(size_t(out.state.pages.held) * page);
-  SequencePages& pages = out.state.pages;
-  const KvPageLayout& l = layout(out.state.max_seq_len);
+  out.bytes.resize(size_t(state.pages.held) * page);
+  SequencePages& pages = state.pages;
+  const KvPageLayout& l = layout(state.max_seq_len);
   for (size_t i = 0; i < config_.layers.size(); ++i)
     for (int64_t slot = l.table_offset[i]; slot < l.table_offset[i] + l.slots[i]; ++slot) {
       if (pages.page[size_t(slot)] < 0) continue;
       backend_.download(page_bytes_view(pages.page[size_t(slot)]), out.bytes.data() + out.slots.size() * page);
       out.slots.push_back(int32_t(slot));
       out.logical.push_back(pages.logical[size_t(slot)]);
-      clear_slot(pages, size_t(slot), int64_t(i));
     }
+  out.max_seq_len = state.max_seq_len;
+  out.tokens = std::move(state.tokens);
+  out.prefix_hashes = std::move(state.prefix_hashes);
+  out.freed_below = pages.freed_below;
+  take_back(state);  // the pages (registered above) and the table go back to the pool
   return out;
 }
 
 KvSequence KvPool::swap_in(SwappedSequence&& swapped) {
-  SequenceState s = std::move(swapped.state);
+  SequenceState s = blank(swapped.max_seq_len);  // fresh pages, none cached, under a table of its own
+  s.tokens = std::move(swapped.tokens);
+  s.prefix_hashes = std::move(swapped.prefix_hashes);
+  s.pages.freed_below = std::move(swapped.freed_below);
   const KvPageLayout& l = layout(s.max_seq_len);
   const size_t page = page_bytes();
   size_t layer = 0;
@@ -511,7 +518,6 @@ KvSequence KvPool::swap_in(SwappedSequence&& swapped) {
     backend_.upload(swapped.bytes.data() + k * page, page_bytes_view(taken));
     set_slot(s.pages, size_t(swapped.slots[k]), int64_t(layer), taken, swapped.logical[k]);
   }
-  std::fill(s.pages.registered_below.begin(), s.pages.registered_below.end(), 0);  // fresh pages: none cached
   return live(std::move(s), 0);
 }
 

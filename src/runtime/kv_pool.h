@@ -116,14 +116,18 @@ class KvSequence {
 };
 
 // A preempted sequence's caches, copied to host memory (KvPool::swap_out): its pages' bytes in
-// table-slot order, and everything else of its state.
+// table-slot order and what else its state needs, all host data: it holds nothing of the pool, so a
+// copy swaps in as a sequence of its own.
 struct SwappedSequence {
-  SequenceState state;        // without pages: every slot empty
-  std::vector<int32_t> slots;  // the table slots that held a page, and their logical pages
+  int64_t max_seq_len = 0;
+  std::vector<int32_t> tokens;
+  std::vector<PrefixHash> prefix_hashes;
+  std::vector<int64_t> freed_below;  // per layer, as SequencePages::freed_below
+  std::vector<int32_t> slots;        // the table slots that held a page, and their logical pages
   std::vector<int32_t> logical;
   std::vector<std::byte> bytes;  // page_bytes per slot
   int64_t pages() const { return int64_t(slots.size()); }
-  int64_t position() const { return int64_t(state.tokens.size()); }
+  int64_t position() const { return int64_t(tokens.size()); }
 };
 
 class KvPool {
@@ -197,7 +201,8 @@ class KvPool {
 
   // Copies `sequence`'s pages to host memory and gives them back (preemption); swap_in takes pages
   // again (pages_available() >= swapped.pages()) and restores them: the same bits at the same
-  // positions, so the sequence goes on as if never interrupted.
+  // positions, so the sequence goes on as if never interrupted. A swapped-out sequence holds no
+  // backend memory (its table goes back to the pool too).
   SwappedSequence swap_out(KvSequence&& sequence);
   KvSequence swap_in(SwappedSequence&& swapped);
 

@@ -1,0 +1,134 @@
+#include "bench_held.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "bench_concurrency.h"
+#include "runtime/model_runner.h"
+#include "util/error.h"
+
+namespace g4::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void run_now(const std::function<void()>& work) { work(); }
+
+// The last forward's logits, `rows` rows.
+std::vector<float> logits_of(const ModelRunner& runner, int64_t rows) {
+  const Tensor logits = runner.workspace_logits(rows).logits;
+  std::vector<float> out(size_t(rows * logits.cols));
+  runner.download_result(logits, out.data());
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench& b) {
+  const ModelConfig& c = model.config();
+  G4_CHECK(b.sequences >= 1, "--held: hold at least one sequence, got " + std::to_string(b.sequences));
+  G4_CHECK(b.context >= 1 && b.steps >= 2, "--held needs --prompt_len >= 1 and --gen >= 2");
+  const int64_t max_seq_len = std::max(min_max_seq_len(c), b.context + b.steps + 8);
+  check_max_seq_len(c, max_seq_len);
+  RunnerOptions ro;
+  ro.max_seq_len = max_seq_len;
+  ro.max_batch_sequences = b.sequences;
+  ro.kv_budget_sequences = b.sequences;  // the budget is then cut to what the device has free
+  ro.kv_types = b.kv_types;
+  ModelRunner runner(model, backend, ro);
+  backend.set_batch_invariant(true);  // as the scheduler serves by default
+  KvPool& pool = runner.kv_pool();
+  const int64_t per_sequence = pool.pages_for_positions(max_seq_len, b.context + b.steps);
+  const int64_t capacity = pool.pages_total() / per_sequence;
+  G4_REQUIRE(kResourceExhausted, capacity >= b.sequences,
+             "--held " + std::to_string(b.sequences) + ": the KV pool (" + std::to_string(pool.pages_total()) +
+                 " pages of " + std::to_string(pool.page_bytes()) + " bytes) holds " + std::to_string(capacity) +
+                 " sequences of " + std::to_string(b.context + b.steps) + " positions");
+
+  std::mt19937 rng(unsigned(b.seed));
+  std::vector<int32_t> prompt(size_t(b.context));
+  for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
+  Clock::time_point t = Clock::now();
+  KvSequence first = pool.start(max_seq_len, prompt);
+  const LogitsOutput last = runner.workspace_logits(1);
+  for (int64_t at = 0; at < b.context; at += runner.max_prefill_chunk()) {
+    const int64_t n = std::min(b.context - at, runner.max_prefill_chunk());
+    const SequenceChunk chunk{&first, std::span<const int32_t>(prompt).subspan(size_t(at), size_t(n)),
+                              at + n == b.context ? 1 : 0};
+    runner.forward(std::span(&chunk, 1), last);
+  }
+  backend.synchronize();
+  const double prefill_s = seconds_since(t);
+
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<SamplingParams> params(size_t(b.sequences), greedy);
+  // The first step's input (any token times the same): the prompt's last. The first sequence's own
+  // logits for it, against which its copies' are checked (batch invariance makes them the same bits
+  // in a batch of any size); that position is then dropped again.
+  const int32_t input = prompt.back();
+  const SequenceChunk probe{&first, std::span<const int32_t>(&input, 1), 1};
+  runner.forward_and_sample(std::span(&probe, 1), std::span(params).first(1), {}, {}, run_now);
+  const std::vector<float> expected = logits_of(runner, 1);
+  first.truncate(b.context);
+
+  t = Clock::now();
+  const SwappedSequence image = pool.swap_out(std::move(first));
+  std::vector<KvSequence> held;
+  for (int64_t i = 0; i < b.sequences; ++i) {
+    SwappedSequence copy = image;
+    held.push_back(pool.swap_in(std::move(copy)));
+  }
+  backend.synchronize();
+  const double copy_s = seconds_since(t);
+  const size_t bytes_held = pool.bytes_in_use();
+
+  std::vector<int32_t> next(size_t(b.sequences), input);
+  std::vector<double> step_s;
+  bool same_tokens = true;
+  for (int64_t step = 0; step < b.steps; ++step) {
+    std::vector<SequenceChunk> chunks;
+    for (size_t i = 0; i < held.size(); ++i)
+      chunks.push_back({&held[i], std::span<const int32_t>(&next[i], 1), 1});
+    t = Clock::now();
+    next = runner.forward_and_sample(chunks, params, {}, {}, run_now);
+    step_s.push_back(seconds_since(t));
+    same_tokens = same_tokens && std::all_of(next.begin(), next.end(), [&](int32_t id) { return id == next[0]; });
+    if (step == 0) {
+      const std::vector<float> logits = logits_of(runner, b.sequences);
+      for (size_t row = 0; row < size_t(b.sequences); ++row)
+        G4_CHECK(std::equal(expected.begin(), expected.end(), logits.begin() + ptrdiff_t(row * expected.size())),
+                 "--held: sequence " + std::to_string(row) + " holds a copy of the first sequence's caches, but its "
+                 "logits differ from the first's");
+    }
+  }
+  G4_CHECK(same_tokens, "--held: sequences holding copies of one context drew different tokens");
+  // The first step is a warm-up (kernel selection, lazily built tables).
+  std::sort(step_s.begin() + 1, step_s.end());
+  const double median_s = step_s[1 + (step_s.size() - 1) / 2];
+  nlohmann::json r = {{"backend", backend.name()},
+                      {"held_sequences", b.sequences},
+                      {"context", b.context},
+                      {"max_seq_len", max_seq_len},
+                      {"sequences_that_fit", capacity},
+                      {"kv_page_bytes", pool.page_bytes()},
+                      {"kv_pages_total", pool.pages_total()},
+                      {"kv_pages_per_sequence", per_sequence},
+                      {"kv_bytes_held", bytes_held},
+                      {"prefill_s", prefill_s},
+                      {"copy_s", copy_s},
+                      {"decode_steps", b.steps},
+                      {"decode_step_ms_median", median_s * 1e3},
+                      {"decode_tok_s", double(b.sequences) / median_s},
+                      {"same_tokens", same_tokens}};
+  r.update(kv_cache_json(pool));
+  return r;
+}
+
+}  // namespace g4::cli
