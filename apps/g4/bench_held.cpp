@@ -44,12 +44,6 @@ nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench
   ModelRunner runner(model, backend, ro);
   backend.set_batch_invariant(true);  // as the scheduler serves by default
   KvPool& pool = runner.kv_pool();
-  const int64_t per_sequence = pool.pages_for_positions(max_seq_len, b.context + b.steps);
-  const int64_t capacity = pool.pages_total() / per_sequence;
-  G4_REQUIRE(kResourceExhausted, capacity >= b.sequences,
-             "--held " + std::to_string(b.sequences) + ": the KV pool (" + std::to_string(pool.pages_total()) +
-                 " pages of " + std::to_string(pool.page_bytes()) + " bytes) holds " + std::to_string(capacity) +
-                 " sequences of " + std::to_string(b.context + b.steps) + " positions");
 
   std::mt19937 rng(unsigned(b.seed));
   std::vector<int32_t> prompt(size_t(b.context));
@@ -77,6 +71,16 @@ nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench
   runner.forward_and_sample(std::span(&probe, 1), std::span(params).first(1), {}, {}, run_now);
   const std::vector<float> expected = logits_of(runner, 1);
   first.truncate(b.context);
+  pool.release_unread(first);
+  // A decoding sequence holds its full layers' pages and its sliding layers' windows (a prefill's
+  // larger ring is given back as the window moves): what the first holds now, and what its
+  // decode steps may add.
+  const int64_t per_sequence = first.pages_held() + pool.pages_to_reach(first, b.context + b.steps + 1);
+  const int64_t capacity = pool.pages_total() / per_sequence;
+  G4_REQUIRE(kResourceExhausted, capacity >= b.sequences,
+             "--held " + std::to_string(b.sequences) + ": the KV pool (" + std::to_string(pool.pages_total()) +
+                 " pages of " + std::to_string(pool.page_bytes()) + " bytes) holds " + std::to_string(capacity) +
+                 " decoding sequences of " + std::to_string(b.context) + " positions");
 
   t = Clock::now();
   const SwappedSequence image = pool.swap_out(std::move(first));
