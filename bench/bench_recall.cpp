@@ -30,7 +30,7 @@
 
 #include "backend/backend_factory.h"
 #include "model/loader.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "runtime/model_runner.h"
 #include "runtime/session.h"
 #include "util/error.h"

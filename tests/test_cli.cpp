@@ -325,6 +325,41 @@ TEST(Cli, KvTypesOnEveryCommand) {
   EXPECT_NE(sliding.output.find("tq4 is for the full-attention layers"), std::string::npos) << sliding.output;
 }
 
+// g4 export --kv_type records the caches in the file: runs of it take them unless their flags
+// choose others; files without them (the embedded demo, llama.cpp's) run bf16 caches.
+TEST(Cli, ExportedKvTypesAreTheFilesDefault) {
+  const std::string dir = test::temp_dir("kv-types-export");
+  const std::string file = dir + "/demo-tq4.gguf", checkpoint = std::string(G4_SOURCE_DIR) + "/tests/fixtures/demo/hf";
+  const test::CommandResult exported = test::run_g4("export --model-dir " + checkpoint + " --output " + file + " --kv_type tq4 --kv_sliding_type q8_0 2>&1");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("KV caches tq4 full, q8_0 sliding"), std::string::npos) << exported.output;
+  const std::string run = "run --model_path " + file + " --prompt 'Tell me a fortune.' -n 4";
+  const test::CommandResult by_default = test::run_g4(run + " 2>&1"), chosen = test::run_g4(run + " --kv_type bf16 2>&1");
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.output;
+  EXPECT_NE(by_default.output.find("KV caches: full layers tq4, "), std::string::npos) << by_default.output;
+  EXPECT_NE(by_default.output.find("; sliding layers q8_0, "), std::string::npos)
+      << by_default.output;
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("KV caches: full layers bf16, "), std::string::npos) << chosen.output;
+  EXPECT_NE(chosen.output.find("; sliding layers q8_0, "), std::string::npos)
+      << chosen.output;
+  const test::CommandResult bench =
+      test::run_g4("bench --model_path " + file + " --backend cpu --concurrency 1 --prompt_len 4 --gen 2 2>/dev/null");
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  EXPECT_EQ(nlohmann::json::parse(bench.output)["runs"][0]["kv_type"], "tq4") << bench.output;
+  const test::CommandResult inspect = test::run_g4("inspect " + file + " 2>/dev/null");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  const nlohmann::json j = nlohmann::json::parse(inspect.output);
+  EXPECT_EQ(j["kv_types_by_default"]["full"], "tq4") << inspect.output;
+  EXPECT_EQ(j["metadata"]["g4.kv_sliding_type"], "q8_0") << inspect.output;
+  const test::CommandResult plain = test::run_g4("inspect " + std::string(G4_SOURCE_DIR) + "/models/demo.gguf 2>/dev/null");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(nlohmann::json::parse(plain.output)["kv_types_by_default"]["full"], "bf16");
+  const test::CommandResult bad = test::run_g4("export --model-dir " + checkpoint + " --output " + dir + "/bad.gguf --kv_sliding_type tq4 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("tq4 is for the full-attention layers"), std::string::npos) << bad.output;
+}
+
 // g4 bench --suite: prompt processing and decode at each length, cut to the model's context
 // (the demo's 2 048 positions), from one load.
 TEST(Cli, BenchSuiteReportsEveryLength) {

@@ -22,7 +22,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/attention.h"
 #include "model/loader.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "runtime/session.h"
 #include "sampling/sampler.h"
 #include "support/cuda_vs_cpu.h"

@@ -429,6 +429,18 @@ TEST(GgufProgram, FlagsAndTokenizerTravelWithTheFile) {
   EXPECT_EQ(model.program().max_seq_len, 10);
   EXPECT_EQ(model.program().max_prefill_chunk, 8);  // min(10 - 1, 2 * window 4)
   EXPECT_EQ(model.program().min_prefill_chunk, 1);
+  EXPECT_EQ(model.program().kv_types, KvTypes{});  // none recorded: bf16
+
+  // KV types travel as g4.kv_type / g4.kv_sliding_type; a value g4 does not know names its key.
+  options.kv_types = {KvType::kTq4, KvType::kBf16};  // (head dim 16: no Q8_0 block)
+  const ExportResult quantized_kv = export_gguf(HfCheckpoint(dir), dir + "/tq4.gguf", options);
+  EXPECT_EQ(GgufModel(dir + "/tq4.gguf").program().kv_types, options.kv_types);
+  GgufMetadata metadata = gemma4_metadata(model.config(), quantized_kv.program);
+  metadata.set(gguf_key::kKvType, std::string("q4_0"));
+  const std::string error = test::error_of([&] { program_flags(metadata, model.config()); });
+  EXPECT_NE(error.find("GGUF metadata 'g4.kv_type': --kv_type must be bf16, q8_0 or tq4, not 'q4_0'"), std::string::npos)
+      << error;
+  options.kv_types = {};
 
   EXPECT_FALSE(GgufModel(export_fixture("published-layout", std::nullopt, "no_tokenizer")).tokenizer_json());
   options.max_seq_len = 513;  // beyond max_position_embeddings 512

@@ -20,7 +20,7 @@
 #include "quant/quantize.h"
 #include "quant/tq4.h"
 #include "runtime/kv_pool.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "runtime/session.h"
 #include "support/demo_engine.h"
 #include "support/fixtures.h"

@@ -18,7 +18,7 @@
 #include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/loader.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "runtime/drafter.h"
 #include "runtime/session.h"
 #include "support/cuda_vs_cpu.h"

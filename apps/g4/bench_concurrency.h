@@ -12,7 +12,7 @@
 #include "model/gemma4.h"
 #include "runtime/drafter.h"
 #include "runtime/kv_pool.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 
 namespace g4::cli {
 

@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "model/gemma4.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 
 namespace g4::cli {
 

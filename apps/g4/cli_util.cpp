@@ -21,12 +21,20 @@ ModelImage demo_model() {
   return {{g4_demo_gguf_begin, size_t(g4_demo_gguf_end - g4_demo_gguf_begin)}, "the embedded demo model"};
 }
 
+KvTypeChoice KvTypeFlags::choice() const {
+  KvTypeChoice c;
+  if (!full.empty()) c.full = parse_kv_type(full, false);
+  if (!sliding.empty()) c.sliding = parse_kv_type(sliding, true);
+  return c;
+}
+
 void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& f) {
   cmd.add_option("--kv_type,--kv-type", f.full,
-                 "KV cache of the full-attention layers: bf16, q8_0 or tq4 (TurboQuant 4-bit, ~3.9x smaller)")
-      ->capture_default_str();
-  cmd.add_option("--kv_sliding_type,--kv-sliding-type", f.sliding, "KV cache of the sliding-window layers: bf16 or q8_0")
-      ->capture_default_str();
+                 "KV cache of the full-attention layers: bf16, q8_0 or tq4 (TurboQuant 4-bit, ~3.9x smaller) "
+                 "(default: the model file's g4.kv_type, else bf16)");
+  cmd.add_option("--kv_sliding_type,--kv-sliding-type", f.sliding,
+                 "KV cache of the sliding-window layers: bf16 or q8_0 (default: the model file's g4.kv_sliding_type, "
+                 "else bf16)");
 }
 
 std::string describe_kv_caches(const KvPool& pool) {

@@ -9,7 +9,7 @@
 #include "format/gguf.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "tokenizer/tokenizer.h"
 
 namespace g4::cli {
@@ -44,10 +44,11 @@ WeightTypes weight_types(const GgufFile& file);
 // model_path (the embedded demo model when that is empty too); throws when the model has none.
 Tokenizer open_tokenizer_of(const std::string& tokenizer_path, const std::string& model_path);
 
-// --kv_type and --kv_sliding_type (runtime/kv_types.h), on every command that runs the model.
+// --kv_type and --kv_sliding_type (model/kv_types.h), on every command that runs the model and on
+// g4 export (which records them in the file as the caches runs take by default).
 struct KvTypeFlags {
-  std::string full = "bf16", sliding = "bf16";
-  KvTypes types() const { return {parse_kv_type(full, false), parse_kv_type(sliding, true)}; }
+  std::string full, sliding;  // empty: the model file's (bf16 unless g4 export recorded others)
+  KvTypeChoice choice() const;
 };
 void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& flags);
 // "KV caches: full layers tq4, 20800 bytes a token; sliding layers bf16, 819200 bytes a token (of

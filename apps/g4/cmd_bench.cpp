@@ -66,6 +66,18 @@ std::unique_ptr<Gemma4> synthetic_model(const BenchOptions& o, Backend& backend,
   return std::make_unique<Gemma4>(std::move(c), std::move(shard), *comm);
 }
 
+// The model a bench runs and the KV caches it runs with: --kv_type and --kv_sliding_type over the
+// file's defaults (bf16 for a synthetic model).
+struct BenchModel {
+  std::unique_ptr<Gemma4> model;
+  KvTypes kv_types;
+};
+BenchModel bench_model(const BenchOptions& o, Backend& backend, Communicator* comm = nullptr) {
+  if (!o.synthetic.empty()) return {synthetic_model(o, backend, comm), o.kv.choice().over({})};
+  LoadedProgram loaded = load_program(o.model_path, backend, comm);
+  return {std::move(loaded.model), o.kv.choice().over(loaded.program.kv_types)};
+}
+
 // Bytes of weights one decode step streams: every layer matrix and the LM head.
 double weight_bytes_per_step(const Gemma4& model) {
   double bytes = double(model.weights().lm_head.bytes());
@@ -334,12 +346,13 @@ std::shared_ptr<const grammar::CompiledGrammar> bench_grammar(const BenchOptions
 }
 
 // The continuous-batching bench's report (bench_concurrency) on `model`.
-nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Backend& be, double load_s) {
+nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, KvTypes kv_types, Backend& be,
+                                  double load_s) {
   const std::unique_ptr<Gemma4Assistant> assistant = o.draft_model.empty() ? nullptr : bench_assistant(o, model, be);
   const int64_t k = !assistant ? 0 : o.draft_tokens > 0 ? o.draft_tokens : assistant->default_draft_tokens();
   nlohmann::json r = bench_concurrency(model, be,
                                        {o.concurrency, o.prompt_len, o.gen, o.seed, o.batch_invariant, o.cuda_graph,
-                                        o.kv.types(), o.profile_steps, bench_grammar(o, model.config()),
+                                        kv_types, o.profile_steps, bench_grammar(o, model.config()),
                                         DraftOptions{assistant.get(), k}});
   if (assistant) r["draft_model"] = o.draft_model, r["draft_tokens"] = k;
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
@@ -363,14 +376,14 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
   Backend& be = *backend;
   const std::unique_ptr<Communicator> comm = group.join(rank, be);
   run_or_abort([&](const std::string& what) { comm->abort(what); }, [&] {
-    std::unique_ptr<Gemma4> model;
+    BenchModel bench;
     const double load_s = seconds_of([&] {
-      model = o.synthetic.empty() ? std::move(load_program(o.model_path, be, comm.get()).model)
-                                  : synthetic_model(o, be, comm.get());
+      bench = bench_model(o, be, comm.get());
       comm->barrier();
     });
+    const std::unique_ptr<Gemma4>& model = bench.model;
     if (!o.concurrency.empty()) {
-      nlohmann::json r = concurrency_report(o, *model, be, load_s);
+      nlohmann::json r = concurrency_report(o, *model, bench.kv_types, be, load_s);
       r["tp"] = comm->size();
       if (rank == 0) std::printf("%s\n", r.dump(1).c_str());
       return;
@@ -378,7 +391,7 @@ void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
     const ModelConfig& c = model->config();
     SessionOptions so;
     so.max_seq_len = bench_max_seq_len(c, o);
-    so.kv_types = o.kv.types();
+    so.kv_types = bench.kv_types;
     Session s(*model, be, so);
     const std::vector<int32_t> prompt = random_prompt(c, o.seed, o.prompt_len);
     const double prefill_s = prefill_runs(s, be, prompt)[1];  // the median of 3
@@ -435,7 +448,8 @@ nlohmann::json weight_bytes_json(const ModelWeights& weights) {
 // (median of 3 prefills) at each of suite_prompts tokens, and greedy decode (graph replay on CUDA)
 // after each of suite_contexts tokens of context, with the weight bandwidth of the first. Lengths
 // beyond the model's context are cut to it; the report keys are the lengths run.
-nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend& be, double copy_bytes_per_s) {
+nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, KvTypes kv_types, Backend& be,
+                            double copy_bytes_per_s) {
   const ModelConfig& c = model.config();
   G4_CHECK(!o.suite_prompts.empty() && !o.suite_contexts.empty(), "--suite needs prompt and context lengths");
   const int64_t room = c.max_position_embeddings - o.gen - 8;  // positions left for a prompt
@@ -449,7 +463,7 @@ nlohmann::json suite_report(const BenchOptions& o, const Gemma4& model, Backend&
   for (int64_t n : o.suite_contexts) longest = std::max(longest, cut(n));
   SessionOptions so;
   so.max_seq_len = std::max(min_max_seq_len(c), std::min(c.max_position_embeddings, longest + o.gen + 8));
-  so.kv_types = o.kv.types();
+  so.kv_types = kv_types;
   Session s(model, be, so);
   nlohmann::json prefill = nlohmann::json::object(), decode = nlohmann::json::object();
   for (int64_t n : o.suite_prompts) {
@@ -492,7 +506,7 @@ void run_bench(const BenchOptions& o) {
   G4_CHECK(o.held >= 0, "--held: a sequence count >= 1, got " + std::to_string(o.held));
   G4_CHECK(o.held == 0 || (o.concurrency.empty() && !o.suite && o.tp == 1 && o.draft_model.empty()),
            "--held runs alone: no --concurrency, --suite, --tp or --draft_model");
-  o.kv.types();  // a bad type fails before anything loads
+  o.kv.choice();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
   auto backend = make_backend(o.backend);
   Backend& be = *backend;
@@ -500,16 +514,16 @@ void run_bench(const BenchOptions& o) {
 #ifdef G4_HAVE_CUDA
   if (be.name() == "cuda") copy_bytes_per_s = measure_copy_bandwidth(size_t(2) << 30);
 #endif
-  double load_s = 0;
-  std::unique_ptr<Gemma4> model;
-  load_s = seconds_of([&] { model = o.synthetic.empty() ? load_model(o.model_path, be) : synthetic_model(o, be); });
+  BenchModel bench;
+  const double load_s = seconds_of([&] { bench = bench_model(o, be); });
+  const std::unique_ptr<Gemma4>& model = bench.model;
   const ModelConfig& c = model->config();
   if (!o.concurrency.empty()) {
-    std::printf("%s\n", concurrency_report(o, *model, be, load_s).dump(1).c_str());
+    std::printf("%s\n", concurrency_report(o, *model, bench.kv_types, be, load_s).dump(1).c_str());
     return;
   }
   if (o.held > 0) {
-    nlohmann::json r = bench_held(*model, be, {o.held, o.prompt_len, o.gen, o.seed, o.kv.types()});
+    nlohmann::json r = bench_held(*model, be, {o.held, o.prompt_len, o.gen, o.seed, bench.kv_types});
     r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
     r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
     r["load_s"] = load_s;
@@ -517,7 +531,7 @@ void run_bench(const BenchOptions& o) {
     return;
   }
   if (o.suite) {
-    nlohmann::json r = suite_report(o, *model, be, copy_bytes_per_s);
+    nlohmann::json r = suite_report(o, *model, bench.kv_types, be, copy_bytes_per_s);
     r["load_s"] = load_s;
     std::printf("%s\n", r.dump(1).c_str());
     return;
@@ -525,7 +539,7 @@ void run_bench(const BenchOptions& o) {
 
   SessionOptions so;
   so.max_seq_len = bench_max_seq_len(c, o);
-  so.kv_types = o.kv.types();
+  so.kv_types = bench.kv_types;
   Session s(*model, be, so);
   const std::vector<int32_t> prompt = random_prompt(c, o.seed, o.prompt_len);
   const std::vector<double> prefill_s = prefill_runs(s, be, prompt);

@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "model/hf_checkpoint.h"
 #include "model/gguf_export.h"
@@ -19,6 +20,7 @@ struct ExportCommandOptions {
   bool quantize_embedding = false;
   bool sample = false;
   int64_t max_seq_len = 0;
+  KvTypeFlags kv;  // recorded in the file; bf16 when not given
 };
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -40,6 +42,7 @@ void run_export(const ExportCommandOptions& o) {
   options.q4_k_m = o.weights == "q4_k_m";
   if (!o.weights.empty()) options.weights = parse_weight_dtype(options.q4_k_m ? "q4_k" : o.weights);
   options.quantize_embedding = o.quantize_embedding;
+  options.kv_types = o.kv.choice().over({});
   G4_CHECK(o.max_seq_len >= 0, "--max-seq-len must be positive");
   HfCheckpoint checkpoint(o.model_dir, HfCheckpoint::role_of(o.model_dir));
   // A terminal gets a progress bar; logs get one line per tensor.
@@ -57,10 +60,11 @@ void run_export(const ExportCommandOptions& o) {
   });
   if (progress) progress->finish();
   std::printf("wrote %s: %zu tensors, %llu bytes; g4.use_sampling=%s g4.max_seq_len=%lld "
-              "g4.max_prefill_chunk=%lld g4.min_prefill_chunk=%lld; tokenizer %s\n",
+              "g4.max_prefill_chunk=%lld g4.min_prefill_chunk=%lld; KV caches %s full, %s sliding; tokenizer %s\n",
               o.output.c_str(), r.tensor_count, static_cast<unsigned long long>(r.file_bytes),
               r.program.use_sampling ? "true" : "false", static_cast<long long>(r.program.max_seq_len),
               static_cast<long long>(r.program.max_prefill_chunk), static_cast<long long>(r.program.min_prefill_chunk),
+              kv_type_name(r.program.kv_types.full).c_str(), kv_type_name(r.program.kv_types.sliding).c_str(),
               r.tokenizer_embedded ? "embedded" : "not embedded (no tokenizer.json in the checkpoint)");
 }
 
@@ -80,6 +84,12 @@ void add_export_command(CLI::App& app) {
                 "Store the token embedding in --weights' type even below 8 bits");
   cmd->add_option("--max-seq-len,--max_seq_len", opts->max_seq_len,
                   "Context size (default: min(max_position_embeddings, 4096))");
+  cmd->add_option("--kv_type,--kv-type", opts->kv.full,
+                  "KV cache of the full-attention layers that runs of the file take unless they choose: bf16, q8_0 "
+                  "or tq4 (default bf16)");
+  cmd->add_option("--kv_sliding_type,--kv-sliding-type", opts->kv.sliding,
+                  "KV cache of the sliding-window layers that runs take unless they choose: bf16 or q8_0 (default "
+                  "bf16)");
   cmd->callback([opts] { run_export(*opts); });
 }
 

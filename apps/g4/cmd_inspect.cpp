@@ -8,7 +8,7 @@
 #include "commands.h"
 #include "format/gguf.h"
 #include "model/gguf_model.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "util/error.h"
 
 namespace g4::cli {
@@ -77,7 +77,13 @@ void run_inspect(const std::string& path, bool full) {
   json out = {{"file", path}, {"version", file.version()}, {"alignment", file.alignment()},
               {"data_offset", file.data_offset()}, {"bits_per_weight", w.bits_per_weight},
               {"types", types}};
-  if (is_gemma4(file)) out["kv_bytes_per_token"] = kv_bytes_json(gemma4_config(file));
+  if (is_gemma4(file)) {
+    const ModelConfig config = gemma4_config(file);
+    out["kv_bytes_per_token"] = kv_bytes_json(config);
+    // The caches runs take unless their flags choose (g4 export --kv_type; bf16 when not recorded).
+    const KvTypes kv = program_flags(file.metadata(), config).kv_types;
+    out["kv_types_by_default"] = {{"full", kv_type_name(kv.full)}, {"sliding", kv_type_name(kv.sliding)}};
+  }
   out["metadata"] = metadata;
   out["tensors"] = tensors;
   std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());

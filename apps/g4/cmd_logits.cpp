@@ -29,10 +29,12 @@ void run_logits(const LogitsOptions& o) {
                                    std::to_string(o.max_seq_len));
   G4_CHECK(o.prefill_chunk >= 0, "--prefill_chunk must be >= 0 (0 = as large as allowed), got " +
                                      std::to_string(o.prefill_chunk));
-  SessionOptions so;
-  so.kv_types = o.kv.types();
+  const KvTypeChoice kv = o.kv.choice();
   auto backend = make_backend(o.backend);
-  auto model = load_model(o.model_path, *backend);
+  LoadedProgram loaded = load_program(o.model_path, *backend);
+  const std::unique_ptr<Gemma4> model = std::move(loaded.model);
+  SessionOptions so;
+  so.kv_types = kv.over(loaded.program.kv_types);
   const ModelConfig& c = model->config();
   // Room for the tokens in one prefill (hence + 1), but never less than the model can run with
   // (a sliding layer's ring holds a whole window); a longer list than the model's context

@@ -26,20 +26,21 @@ struct PerplexityFlags {
 };
 
 void run_perplexity(const PerplexityFlags& f) {
-  const KvTypes kv_types = f.kv.types();
+  const KvTypeChoice kv_types = f.kv.choice();
   const Tokenizer tokenizer = open_tokenizer_of(f.tokenizer_path, f.model_path);
   // As llama-perplexity tokenizes the file: BOS, then the text (special-token text is plain text).
   std::vector<int32_t> tokens = {f.measure.bos_id};
   for (const int32_t id : tokenizer.encode(read_input(f.text_file), false)) tokens.push_back(id);
 
   auto backend = make_backend(f.backend);
-  auto model = load_model(f.model_path, *backend);
+  LoadedProgram loaded = load_program(f.model_path, *backend);
+  const std::unique_ptr<Gemma4> model = std::move(loaded.model);
   SessionOptions so;
   so.max_seq_len = std::max(f.measure.n_ctx, min_max_seq_len(model->config()));
   G4_CHECK(f.measure.bos_id >= 0 && f.measure.bos_id < model->config().vocab_size,
            "--bos_id " + std::to_string(f.measure.bos_id) + " is outside the model's vocabulary");
   SessionOptions measured = so;
-  measured.kv_types = kv_types;
+  measured.kv_types = kv_types.over(loaded.program.kv_types);
   Session session(*model, *backend, measured);
   std::unique_ptr<Gemma4> base_model;
   std::unique_ptr<Session> base;

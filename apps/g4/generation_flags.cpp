@@ -119,7 +119,7 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(!f.cuda_graph || f.backend == "cuda", "--cuda_graph needs --backend cuda (CUDA graphs replay GPU work)");
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
   G4_CHECK(f.tp >= 1, "--tp must be at least 1, got " + std::to_string(f.tp));
-  f.kv.types();
+  f.kv.choice();
   check_draft_tokens(f.draft_tokens);
 }
 
@@ -136,7 +136,7 @@ EngineOptions engine_options(const GenerationFlags& f) {
   eo.max_seq_len = f.max_seq_len;
   eo.threads = f.threads;
   eo.tp = f.tp;
-  eo.kv_types = f.kv.types();
+  eo.kv_types = f.kv.choice();
   use_draft_model(eo, f.draft_model);
   eo.draft_tokens = f.draft_tokens;
   return eo;

@@ -176,6 +176,8 @@ ExportResult export_gguf(const HfCheckpoint& checkpoint, const std::string& outp
                          const std::function<void(const ExportedTensor&)>& on_tensor) {
   ExportResult result;
   result.program = default_program_flags(checkpoint.config(), options.use_sampling, options.max_seq_len);
+  layer_kv_dtypes(checkpoint.config(), options.kv_types, DType::BF16);  // throws for a type a head dim cannot take
+  result.program.kv_types = options.kv_types;
   std::vector<PlannedTensor> planned = plan_tensors(checkpoint, options);
   GgufMetadata metadata = gemma4_metadata(checkpoint.config(), result.program);
   write_generation_defaults(read_generation_config(checkpoint.dir()), metadata);

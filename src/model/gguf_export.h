@@ -19,6 +19,7 @@ struct ExportOptions {
   int64_t max_seq_len = 0;       // 0: min(max_position_embeddings, 4096)
   bool quantize_embedding = false;  // below-8-bit weights for the embedding too (else it stays Q8_0)
   bool q4_k_m = false;              // llama.cpp's Q4_K_M mix of Q4_K and Q6_K (weights is then Q4_K)
+  KvTypes kv_types;                 // recorded as the caches runs take by default (g4.kv_type, g4.kv_sliding_type)
 };
 
 // One tensor as written.

@@ -262,6 +262,10 @@ GgufMetadata gemma4_metadata(const ModelConfig& c, const ProgramFlags& flags) {
   m.set(gguf_key::kMaxSeqLen, u32(flags.max_seq_len, "max_seq_len"));
   m.set(gguf_key::kMaxPrefillChunk, u32(flags.max_prefill_chunk, "max_prefill_chunk"));
   m.set(gguf_key::kMinPrefillChunk, u32(flags.min_prefill_chunk, "min_prefill_chunk"));
+  if (flags.kv_types != KvTypes{}) {  // files with bf16 caches keep llama.cpp's key set and g4's earlier one
+    m.set(gguf_key::kKvType, kv_type_name(flags.kv_types.full));
+    m.set(gguf_key::kKvSlidingType, kv_type_name(flags.kv_types.sliding));
+  }
   return m;
 }
 
@@ -326,6 +330,16 @@ ModelConfig gemma4_config(const GgufFile& file, ModelRole role) {
   return c;
 }
 
+// A KV type the file records under `key`, bf16 where it records none.
+static KvType recorded_kv_type(const GgufMetadata& m, const char* key, bool sliding) {
+  if (!m.find(key)) return KvType::kBf16;
+  try {
+    return parse_kv_type(m.get_string(key), sliding);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kInvalidArgument, std::string("GGUF metadata '") + key + "': " + e.what());
+  }
+}
+
 ProgramFlags program_flags(const GgufMetadata& m, const ModelConfig& c) {
   if (!m.find(gguf_key::kUseSampling)) return default_program_flags(c, false);
   ProgramFlags f;
@@ -333,6 +347,7 @@ ProgramFlags program_flags(const GgufMetadata& m, const ModelConfig& c) {
   f.max_seq_len = m.get_int(gguf_key::kMaxSeqLen);
   f.max_prefill_chunk = m.get_int(gguf_key::kMaxPrefillChunk);
   f.min_prefill_chunk = m.get_int(gguf_key::kMinPrefillChunk);
+  f.kv_types = {recorded_kv_type(m, gguf_key::kKvType, false), recorded_kv_type(m, gguf_key::kKvSlidingType, true)};
   G4_CHECK(f.max_seq_len >= 2 && f.max_seq_len <= c.max_position_embeddings,
            std::string("GGUF metadata '") + gguf_key::kMaxSeqLen + "' must be in [2, context_length]");
   G4_CHECK(f.min_prefill_chunk >= 1 && f.min_prefill_chunk <= f.max_prefill_chunk &&

@@ -19,6 +19,7 @@
 
 #include "format/gguf.h"
 #include "model/config.h"
+#include "model/kv_types.h"
 #include "format/tensor_source.h"
 
 namespace g4 {
@@ -29,6 +30,8 @@ inline constexpr const char* kUseSampling = "g4.use_sampling";
 inline constexpr const char* kMaxSeqLen = "g4.max_seq_len";
 inline constexpr const char* kMaxPrefillChunk = "g4.max_prefill_chunk";
 inline constexpr const char* kMinPrefillChunk = "g4.min_prefill_chunk";
+inline constexpr const char* kKvType = "g4.kv_type";                 // optional, as --kv_type
+inline constexpr const char* kKvSlidingType = "g4.kv_sliding_type";  // optional, as --kv_sliding_type
 inline constexpr const char* kEosTokenIds = "g4.eos_token_ids";
 inline constexpr const char* kTokenizerJson = "tokenizer.huggingface.json";
 }  // namespace gguf_key
@@ -45,6 +48,7 @@ struct ProgramFlags {
   int64_t max_seq_len = 0;        // context size the program was exported for
   int64_t max_prefill_chunk = 0;  // min(max_seq_len - 1, 2 * sliding_window)
   int64_t min_prefill_chunk = 1;  // backend-defined; 1 on the CPU
+  KvTypes kv_types;               // the KV caches a run takes unless its flags choose others
 };
 
 // The flags of docs/DESIGN.md §3 for a config: max_seq_len 0 means min(max_position_embeddings, 4096)

@@ -54,7 +54,7 @@ Engine::Engine(const EngineOptions& options)
   ro.max_batch_sequences = options.max_batch_sequences;
   ro.kv_budget_bytes = options.kv_budget_bytes;
   ro.kv_budget_sequences = options.kv_budget_sequences;
-  ro.kv_types = options.kv_types;
+  ro.kv_types = options.kv_types.over(loaded_.program.kv_types);
   // The assistant's weights before the runner: its KV pool takes what the device then has free.
   if (!options.draft_model.empty() || options.draft_image) {
     G4_REQUIRE(kUnsupported, !comm_, "a draft model with a split model (--tp > 1) is not supported yet");

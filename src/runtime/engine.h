@@ -30,7 +30,7 @@ struct EngineOptions {
   // When kv_budget_bytes is 0: the budget is this many sequences of max_seq_len (a server's
   // --max_sessions), counted in this rank's KV heads, so each rank of a split model sizes its own.
   int64_t kv_budget_sequences = 1;
-  KvTypes kv_types;  // the KV caches' row types (--kv_type, --kv_sliding_type)
+  KvTypeChoice kv_types;  // the KV caches' row types (--kv_type, --kv_sliding_type); unset: the program's
   // An MTP assistant (model/assistant.h) that drafts draft_tokens tokens a round for this engine's
   // sessions (runtime/speculation.h) and schedulers (SchedulerOptions::draft); empty: none. The
   // runner then draws at least draft_tokens + 1 rows a forward.

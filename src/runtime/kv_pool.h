@@ -25,7 +25,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 
 namespace g4 {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/drafter.h"
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 #include "runtime/rank_inputs.h"
 
 namespace g4::serve {

@@ -5,6 +5,7 @@
 // (quant/tq4.h), for full layers only: a sliding layer keeps one window, small at any context.
 #pragma once
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <span>
 #include <string_view>
@@ -20,6 +21,13 @@ enum class KvType { kBf16, kQ8_0, kTq4 };
 struct KvTypes {
   KvType full = KvType::kBf16, sliding = KvType::kBf16;
   bool operator==(const KvTypes&) const = default;
+};
+
+// A run's choice: a type per layer kind, or none to take the model file's default
+// (ProgramFlags::kv_types: what `g4 export --kv_type` recorded; bf16 in files without it).
+struct KvTypeChoice {
+  std::optional<KvType> full, sliding;
+  KvTypes over(KvTypes defaults) const { return {full.value_or(defaults.full), sliding.value_or(defaults.sliding)}; }
 };
 
 std::string kv_type_name(KvType t);  // "bf16", "q8_0", "tq4"

@@ -1,4 +1,4 @@
-#include "runtime/kv_types.h"
+#include "model/kv_types.h"
 
 #include "backend/backend.h"
 #include "util/error.h"
