@@ -177,26 +177,32 @@ TEST(Cli, BenchConcurrencyRunsEverySequence) {
 TEST(Cli, BenchHeldDecodesCopiesOfOneContext) {
   const std::string demo = std::string(G4_SOURCE_DIR) + "/models/demo.gguf";
   auto held = [&](const std::string& kv_type) {
-    const test::CommandResult r = test::run_g4("bench --model_path '" + demo + "' --backend cpu --held 3 --prompt_len 300 "
-                                               "--gen 3 --kv_type " + kv_type + " 2>/dev/null");
+    const test::CommandResult r = test::run_g4("bench --model_path '" + demo + "' --backend cpu --held 1,3 --prompt_len "
+                                               "300 --gen 3 --kv_type " + kv_type + " 2>/dev/null");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
   };
   const nlohmann::json bf16 = held("bf16"), tq4 = held("tq4");
   for (const nlohmann::json& j : {bf16, tq4}) {
-    ASSERT_TRUE(j.contains("same_tokens")) << j.dump();
-    EXPECT_TRUE(j["same_tokens"].get<bool>());
-    EXPECT_EQ(j["held_sequences"].get<int64_t>(), 3);
+    ASSERT_TRUE(j.contains("runs")) << j.dump();
+    ASSERT_EQ(j["runs"].size(), 2u) << j.dump();
     EXPECT_GE(j["sequences_that_fit"].get<int64_t>(), 3);
-    EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
-    // Every full layer holds each sequence's 300 positions.
-    EXPECT_GE(j["kv_bytes_held"].get<int64_t>(), 3 * 300 * j["kv_bytes_per_token_full"].get<int64_t>());
+    for (const nlohmann::json& run : j["runs"]) {
+      const int64_t n = run["held_sequences"].get<int64_t>();
+      EXPECT_GT(run["decode_tok_s"].get<double>(), 0);
+      // Every full layer holds each sequence's 300 positions.
+      EXPECT_GE(run["kv_bytes_held"].get<int64_t>(), n * 300 * j["kv_bytes_per_token_full"].get<int64_t>());
+    }
+    EXPECT_EQ(j["runs"][1]["held_sequences"].get<int64_t>(), 3);
   }
-  EXPECT_LT(tq4["kv_bytes_held"].get<int64_t>(), bf16["kv_bytes_held"].get<int64_t>());
+  EXPECT_LT(tq4["runs"][1]["kv_bytes_held"].get<int64_t>(), bf16["runs"][1]["kv_bytes_held"].get<int64_t>());
   const test::CommandResult both =
       test::run_g4("bench --model_path '" + demo + "' --backend cpu --held 2 --concurrency 2");
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.output.find("--held runs alone"), std::string::npos) << both.output;
+  const test::CommandResult zero = test::run_g4("bench --model_path '" + demo + "' --backend cpu --held 0");
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.output.find("--held: counts must be >= 1"), std::string::npos) << zero.output;
 }
 
 // --kv_type and --kv_sliding_type on the commands that run the model: the caches they ask for (the

@@ -2,6 +2,7 @@
 // them timed — the memory of many long conversations side by side (docs/DESIGN.md, "Quantized KV").
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,16 +13,16 @@
 namespace g4::cli {
 
 struct HeldBench {
-  int64_t sequences = 0;  // held at once
+  std::vector<int64_t> sequences;  // counts held at once, each measured on its own
   int64_t context = 0;    // prompt tokens each holds before decoding
   int64_t steps = 0;      // greedy decode steps over all of them
   uint64_t seed = 1;
   KvTypes kv_types;
 };
 
-// One prefill fills the first sequence; the others get copies of its caches in pages of their own
-// (KvPool::swap_out, then swap_in of each copy), so the pool holds N whole contexts as N users'
-// conversations would, without N long prefills. Throws Error(kResourceExhausted) naming the
+// One prefill fills the first sequence; for each count N, N copies of its caches are swapped in,
+// each into pages of its own (KvPool::swap_out, then swap_in of each copy), so the pool holds N
+// whole contexts as N users' conversations would, without N long prefills. Throws Error(kResourceExhausted) naming the
 // capacity when the pool cannot hold N. Reports the pool's capacity in such sequences, the bytes
 // held, and the decode step's time. Every sequence's first logits must be the bits the first sequence
 // computed before it was copied (same caches, batch-invariant kernels): a copy that lost a bit fails.

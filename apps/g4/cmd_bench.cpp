@@ -41,7 +41,7 @@ struct BenchOptions {
   int64_t prompt_len = 2048, gen = 128;
   uint64_t seed = 1;
   std::vector<int64_t> concurrency;  // non-empty: the continuous-batching bench instead
-  int64_t held = 0;                   // > 0: the held-sequences bench (bench_held) instead
+  std::vector<int64_t> held;           // non-empty: the held-sequences bench (bench_held) instead
   bool batch_invariant = true;        // the continuous-batching bench's SchedulerOptions::batch_invariant
   bool cuda_graph = false;            // the continuous-batching bench's SchedulerOptions::cuda_graphs
   int64_t profile_steps = 0;          // the continuous-batching bench's ConcurrencyBench::profile_steps
@@ -503,8 +503,7 @@ void run_bench(const BenchOptions& o) {
   G4_CHECK(o.draft_accept < 0 || (!o.draft_model.empty() && o.concurrency.empty()),
            "--draft_accept needs --draft_model and one sequence");
   check_draft_tokens(o.draft_tokens);
-  G4_CHECK(o.held >= 0, "--held: a sequence count >= 1, got " + std::to_string(o.held));
-  G4_CHECK(o.held == 0 || (o.concurrency.empty() && !o.suite && o.tp == 1 && o.draft_model.empty()),
+  G4_CHECK(o.held.empty() || (o.concurrency.empty() && !o.suite && o.tp == 1 && o.draft_model.empty()),
            "--held runs alone: no --concurrency, --suite, --tp or --draft_model");
   o.kv.choice();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
@@ -522,7 +521,7 @@ void run_bench(const BenchOptions& o) {
     std::printf("%s\n", concurrency_report(o, *model, bench.kv_types, be, load_s).dump(1).c_str());
     return;
   }
-  if (o.held > 0) {
+  if (!o.held.empty()) {
     nlohmann::json r = bench_held(*model, be, {o.held, o.prompt_len, o.gen, o.seed, bench.kv_types});
     r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
     r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
@@ -631,8 +630,9 @@ void add_bench_command(CLI::App& app) {
                   "--prompt_len prompt tokens, --gen generated)")
       ->delimiter(',');
   cmd->add_option("--held", opts->held,
-                  "Hold this many sequences of --prompt_len tokens at once (one prefill, its caches copied into "
-                  "each sequence's own pages) and time --gen greedy decode steps over all of them");
+                  "Sequence counts, e.g. 1,32: hold that many sequences of --prompt_len tokens at once (one prefill, "
+                  "its caches copied into each sequence's own pages) and time --gen greedy decode steps over them")
+      ->delimiter(',');
   cmd->add_flag("--suite", opts->suite,
                 "One load, llama-bench's table: prompt processing at --suite_prompts tokens and greedy decode "
                 "after --suite_contexts tokens of context (cut to the model's context)");
