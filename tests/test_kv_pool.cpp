@@ -321,8 +321,8 @@ TEST(KvPages, PreemptedSequencesGiveTheirTokensAloneOnCuda) {
   expect_preempted_sequences_give_their_tokens_alone("cuda");
 }
 
-// A swapped-out sequence is host data: two copies of one swap in as two sequences of their own, and
-// in one forward each goes on as the original would (with a table shared between them, the forward
+// A swapped-out sequence is host data: swapped in twice, it gives two sequences of their own, and in
+// one forward each goes on as the original would (with a table shared between them, the forward
 // would read one copy's pages for both).
 TEST(KvPages, CopiesOfASwappedSequenceGoOnAlone) {
   auto engine = test::demo_engine_for(3, kMaxSeqLen, "cpu", test::embedded_demo_path(), 2);
@@ -354,10 +354,9 @@ TEST(KvPages, CopiesOfASwappedSequenceGoOnAlone) {
   }
   pool.drop_cached();  // the copies' pages come from the image, not from the prefix cache
 
-  SwappedSequence image = pool.swap_out(prefilled());
+  const SwappedSequence image = pool.swap_out(prefilled());
   EXPECT_EQ(pool.pages_in_use(), 0);
-  SwappedSequence copy = image;
-  KvSequence a = pool.swap_in(std::move(copy)), b = pool.swap_in(std::move(image));
+  KvSequence a = pool.swap_in(image), b = pool.swap_in(image);
   EXPECT_EQ(a.position(), int64_t(prompt.size()));
   const std::vector<SequenceChunk> chunks = {{&a, std::span(&next[0], 1), 1}, {&b, std::span(&next[1], 1), 1}};
   EXPECT_EQ(next_logits(chunks), want);

@@ -504,11 +504,11 @@ SwappedSequence KvPool::swap_out(KvSequence&& sequence) {
   return out;
 }
 
-KvSequence KvPool::swap_in(SwappedSequence&& swapped) {
+KvSequence KvPool::swap_in(const SwappedSequence& swapped) {
   SequenceState s = blank(swapped.max_seq_len);  // fresh pages, none cached, under a table of its own
-  s.tokens = std::move(swapped.tokens);
-  s.prefix_hashes = std::move(swapped.prefix_hashes);
-  s.pages.freed_below = std::move(swapped.freed_below);
+  s.tokens = swapped.tokens;
+  s.prefix_hashes = swapped.prefix_hashes;
+  s.pages.freed_below = swapped.freed_below;
   const KvPageLayout& l = layout(s.max_seq_len);
   const size_t page = page_bytes();
   size_t layer = 0;

@@ -116,8 +116,8 @@ class KvSequence {
 };
 
 // A preempted sequence's caches, copied to host memory (KvPool::swap_out): its pages' bytes in
-// table-slot order and what else its state needs, all host data: it holds nothing of the pool, so a
-// copy swaps in as a sequence of its own.
+// table-slot order and what else its state needs, all host data: it holds nothing of the pool, so
+// each swap_in of it makes a sequence of its own.
 struct SwappedSequence {
   int64_t max_seq_len = 0;
   std::vector<int32_t> tokens;
@@ -204,7 +204,7 @@ class KvPool {
   // positions, so the sequence goes on as if never interrupted. A swapped-out sequence holds no
   // backend memory (its table goes back to the pool too).
   SwappedSequence swap_out(KvSequence&& sequence);
-  KvSequence swap_in(SwappedSequence&& swapped);
+  KvSequence swap_in(const SwappedSequence& swapped);
 
   // Empties the prefix cache: no page is found by its tokens from now on (live sequences keep
   // their pages). On a backend whose prefill is not invariant to its chunking (CUDA,

@@ -118,7 +118,7 @@ void StepPlanner::preempt_youngest() {
 
 void StepPlanner::resume_front() {
   Sequence& s = preempted_.front();
-  s.kv = pool_.swap_in(std::move(*s.swapped));
+  s.kv = pool_.swap_in(*s.swapped);
   s.swapped.reset();
   running_.splice(std::upper_bound(running_.begin(), running_.end(), s.id, kBeforeById), preempted_,
                   preempted_.begin());
