@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "bench_concurrency.h"
@@ -26,6 +27,19 @@ std::vector<float> logits_of(const ModelRunner& runner, int64_t rows) {
   std::vector<float> out(size_t(rows * logits.cols));
   runner.download_result(logits, out.data());
   return out;
+}
+
+// A sequence holding `prompt`, prefilled in the runner's largest chunks.
+KvSequence prefilled(ModelRunner& runner, std::span<const int32_t> prompt) {
+  KvSequence kv = runner.kv_pool().start(runner.max_seq_len(), prompt);
+  const LogitsOutput last = runner.workspace_logits(1);
+  const int64_t chunk = runner.max_prefill_chunk(), end = int64_t(prompt.size());
+  for (int64_t at = kv.position(); at < end; at += chunk) {  // after a cached prefix, if any
+    const int64_t n = std::min(end - at, chunk);
+    const SequenceChunk part{&kv, prompt.subspan(size_t(at), size_t(n)), at + n == end ? 1 : 0};
+    runner.forward(std::span(&part, 1), last);
+  }
+  return kv;
 }
 
 // n copies of `image` swapped in, each into pages of its own, and `steps` greedy decode steps over
@@ -92,15 +106,8 @@ nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench
   std::mt19937 rng(unsigned(b.seed));
   std::vector<int32_t> prompt(size_t(b.context));
   for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
-  Clock::time_point t = Clock::now();
-  KvSequence first = pool.start(max_seq_len, prompt);
-  const LogitsOutput last = runner.workspace_logits(1);
-  for (int64_t at = 0; at < b.context; at += runner.max_prefill_chunk()) {
-    const int64_t n = std::min(b.context - at, runner.max_prefill_chunk());
-    const SequenceChunk chunk{&first, std::span<const int32_t>(prompt).subspan(size_t(at), size_t(n)),
-                              at + n == b.context ? 1 : 0};
-    runner.forward(std::span(&chunk, 1), last);
-  }
+  const Clock::time_point t = Clock::now();
+  KvSequence first = prefilled(runner, prompt);
   backend.synchronize();
   const double prefill_s = seconds_since(t);
 
