@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
-#include <random>
 #include <span>
 #include <vector>
 
@@ -91,8 +90,9 @@ nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench
   G4_CHECK(!b.sequences.empty(), "--held: give sequence counts, e.g. 1,32");
   for (int64_t n : b.sequences) G4_CHECK(n >= 1, "--held: counts must be >= 1, got " + std::to_string(n));
   const int64_t most = *std::max_element(b.sequences.begin(), b.sequences.end());
-  G4_CHECK(b.context >= 1 && b.steps >= 2, "--held needs --prompt_len >= 1 and --gen >= 2");
-  const int64_t max_seq_len = std::max(min_max_seq_len(c), b.context + b.steps + 8);
+  G4_CHECK(!b.prompt.empty() && b.steps >= 2, "--held needs --prompt_len >= 1 and --gen >= 2");
+  const int64_t context = int64_t(b.prompt.size());
+  const int64_t max_seq_len = std::max(min_max_seq_len(c), context + b.steps + 8);
   check_max_seq_len(c, max_seq_len);
   RunnerOptions ro;
   ro.max_seq_len = max_seq_len;
@@ -103,11 +103,8 @@ nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench
   backend.set_batch_invariant(true);  // as the scheduler serves by default
   KvPool& pool = runner.kv_pool();
 
-  std::mt19937 rng(unsigned(b.seed));
-  std::vector<int32_t> prompt(size_t(b.context));
-  for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(c.vocab_size));
   const Clock::time_point t = Clock::now();
-  KvSequence first = prefilled(runner, prompt);
+  KvSequence first = prefilled(runner, b.prompt);
   backend.synchronize();
   const double prefill_s = seconds_since(t);
 
@@ -117,27 +114,27 @@ nlohmann::json bench_held(const Gemma4& model, Backend& backend, const HeldBench
   // The first step's input (any token times the same): the prompt's last. The first sequence's own
   // logits for it, against which its copies' are checked (batch invariance makes them the same bits
   // in a batch of any size); that position is then dropped again.
-  const int32_t input = prompt.back();
+  const int32_t input = b.prompt.back();
   const SequenceChunk probe{&first, std::span<const int32_t>(&input, 1), 1};
   runner.forward_and_sample(std::span(&probe, 1), params, {}, {}, run_now);
   const std::vector<float> expected = logits_of(runner, 1);
-  first.truncate(b.context);
+  first.truncate(context);
   pool.release_unread(first);
   // A decoding sequence holds its full layers' pages and its sliding layers' windows (a prefill's
   // larger ring is given back as the window moves): what the first holds now, and what its
   // decode steps may add.
-  const int64_t per_sequence = first.pages_held() + pool.pages_to_reach(first, b.context + b.steps + 1);
+  const int64_t per_sequence = first.pages_held() + pool.pages_to_reach(first, context + b.steps + 1);
   const int64_t capacity = pool.pages_total() / per_sequence;
   G4_REQUIRE(kResourceExhausted, capacity >= most,
              "--held " + std::to_string(most) + ": the KV pool (" + std::to_string(pool.pages_total()) +
                  " pages of " + std::to_string(pool.page_bytes()) + " bytes) holds " + std::to_string(capacity) +
-                 " decoding sequences of " + std::to_string(b.context) + " positions");
+                 " decoding sequences of " + std::to_string(context) + " positions");
 
   const SwappedSequence image = pool.swap_out(std::move(first));
   nlohmann::json runs = nlohmann::json::array();
   for (const int64_t n : b.sequences) runs.push_back(decode_held(runner, image, n, b.steps, input, expected));
   nlohmann::json r = {{"backend", backend.name()},
-                      {"context", b.context},
+                      {"context", context},
                       {"max_seq_len", max_seq_len},
                       {"sequences_that_fit", capacity},
                       {"kv_page_bytes", pool.page_bytes()},

@@ -14,9 +14,8 @@ namespace g4::cli {
 
 struct HeldBench {
   std::vector<int64_t> sequences;  // counts held at once, each measured on its own
-  int64_t context = 0;    // prompt tokens each holds before decoding
-  int64_t steps = 0;      // greedy decode steps over all of them
-  uint64_t seed = 1;
+  std::vector<int32_t> prompt;  // the context each holds before decoding
+  int64_t steps = 0;             // greedy decode steps over all of them
   KvTypes kv_types;
 };
 

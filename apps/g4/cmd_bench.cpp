@@ -522,7 +522,7 @@ void run_bench(const BenchOptions& o) {
     return;
   }
   if (!o.held.empty()) {
-    nlohmann::json r = bench_held(*model, be, {o.held, o.prompt_len, o.gen, o.seed, bench.kv_types});
+    nlohmann::json r = bench_held(*model, be, {o.held, random_prompt(c, o.seed, o.prompt_len), o.gen, bench.kv_types});
     r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
     r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
     r["load_s"] = load_s;
