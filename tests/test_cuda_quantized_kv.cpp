@@ -286,7 +286,7 @@ TEST_F(CudaQuantizedKv, LongContextDecodeOverManySplitsMatchesTheCpu) {
 TEST_F(CudaQuantizedKv, DecodeBatchGivesEachSequenceItsAloneBits) {
   const int64_t S = 70, page_positions = 32;
   for (DType type : {DType::Q8_0, DType::TQ4})
-    for (const Layer& l : {Layer{16, 2, 128, 0}, Layer{8, 4, 256, 64}}) {
+    for (const Layer& l : {Layer{16, 2, 128, 0}, Layer{8, 4, 256, 64}, Layer{16, 2, 512, 0}}) {
       const int64_t hd = l.head_dim, kv_cols = int64_t(l.kv_heads) * hd, q_cols = int64_t(l.heads) * hd;
       const int64_t slots = l.window ? (l.window + page_positions - 1) / page_positions + 1 : 10;
       const int64_t capacity = slots * page_positions;

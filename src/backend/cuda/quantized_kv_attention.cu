@@ -50,10 +50,11 @@ namespace g4 {
 
 namespace {
 
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTileKeys = 64;           // keys staged a step: 16 per warp when scoring
 constexpr int kPrefillColumnTiles = 4;  // a prefill block's columns: 4 mma tiles of 8
 constexpr int kMaxSplits = 128;         // the merge holds the splits' weights, 4 per lane of a warp
+constexpr int kMergeThreads = 512;      // a merge block: (D / 4 four-dim columns) x (split-lanes)
+constexpr int kMergeBatch = 16;         // a merge thread's float4 loads in flight at most
 constexpr int kStoreWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -266,6 +267,7 @@ __device__ inline uint32_t level_pair(const uint32_t* lane_table, uint32_t word,
 }
 
 // The table of level pairs: entry e = (f16 level of code e & 15, f16 level of code e >> 4), 32 copies.
+template <int kWarps>
 __device__ void build_level_pairs(uint32_t* table) {
   const int lane = threadIdx.x & 31;
   const uint32_t level = lane < tq4::kLevels ? __half_as_ushort(__float2half_rn(tq4_levels[lane])) : 0u;
@@ -293,13 +295,22 @@ struct ColumnInfo {
 
 constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-// The attention block's shape and shared memory, by row type, head dim and mode.
+// The attention block's shape and shared memory, by row type, head dim and mode. A decode block of
+// head dim 512 has 8 warps, two over each 16-key group's head dims (kDimParts): with 4, a block's
+// 168 registers a thread and its shared memory left 2 warps a scheduler, too few to hide the
+// copies' and the table lookups' latency (ncu: 0.44 instructions issued a cycle a scheduler, 40 %
+// of DRAM bandwidth at 131 072 positions; docs/PERF.md).
 template <DType kType, int D, bool kDecode>
 struct Tile {
   using Rows = HeadRows<kType, D>;
+  static constexpr int kWarps = kDecode && D == 512 ? 8 : 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMinBlocks = kWarps == 8 ? 2 : 1;  // 8 warps: at most 128 registers a thread
+  static constexpr int kDimParts = kWarps / 4;            // warps over a 16-key group's head dims
   static constexpr int kColumnTiles = kDecode ? 1 : kPrefillColumnTiles;
   static constexpr int kColumns = 8 * kColumnTiles;
   static constexpr int kChunks = D / 32;  // 32-dim chunks of a score's sum (a Q8_0 block each)
+  static constexpr int kPartChunks = kChunks / kDimParts;  // a warp's chunks of a score
   static constexpr int kGroups = D / 64;  // 64-dim groups of O
   static constexpr int kGroupWarps = kGroups < kWarps ? kGroups : kWarps;  // warps across the groups ...
   static constexpr int kSlices = kWarps / kGroupWarps;                     // ... and across the keys
@@ -319,8 +330,9 @@ struct Tile {
   static constexpr size_t kQ = align16(kVMax + kWarps * 4);                          // f16 [kColumns][kQPitch]
   static constexpr size_t kQBytes = size_t(kColumns) * kQPitch * 2;
   // Decode keeps its queries in registers once they are loaded: the scores take their place.
-  static constexpr size_t kScores = kDecode ? kQ : kQ + kQBytes;  // float [kColumns][kScorePitch]
-  static constexpr size_t kP = kScores + size_t(kColumns) * kScorePitch * 4;  // f16 [kColumns][kPPitch]
+  // float [kDimParts][kColumns][kScorePitch]: each part's sums over its dims.
+  static constexpr size_t kScores = kDecode ? kQ : kQ + kQBytes;
+  static constexpr size_t kP = kScores + size_t(kDimParts) * kColumns * kScorePitch * 4;  // f16 [kColumns][kPPitch]
   static constexpr size_t kEnd = std::max(kP + size_t(kColumns) * kPPitch * 2, kQ + kQBytes);
   // After the last tile, each key slice's O at 0: float [kSlices][kColumns][D].
   static constexpr size_t kOutBytes = size_t(kSlices) * kColumns * D * 4;
@@ -329,7 +341,7 @@ struct Tile {
 
 // Issues the copies of a tile's K and V heads (`rows`: byte offsets of the keys' cache rows, -1
 // for none: zeros) in units of kUnit bytes, `head` bytes into each row.
-template <int kUnit, int kBytes, int kPitch>
+template <int kThreads, int kUnit, int kBytes, int kPitch>
 __device__ inline void stage_heads(const uint8_t* k_rows, const uint8_t* v_rows, const int64_t* rows, int64_t head,
                                    uint8_t* dst) {
   constexpr int kUnits = kBytes / kUnit;
@@ -349,16 +361,17 @@ __device__ inline void stage_heads(const uint8_t* k_rows, const uint8_t* v_rows,
 // see (prefill), tile by tile; decode leaves each column's split state (unnormalised O, m, l) in
 // `partials` for the merge, prefill writes the outputs.
 template <DType kType, int D, bool kDecode>
-__global__ void __launch_bounds__(kThreads) quantized_attention_kernel(QuantizedKvLaunch q, float* partials,
+__global__ void __launch_bounds__(Tile<kType, D, kDecode>::kThreads, Tile<kType, D, kDecode>::kMinBlocks)
+    quantized_attention_kernel(QuantizedKvLaunch q, float* partials,
                                                                       int max_splits) {
   using L = Tile<kType, D, kDecode>;
   using Rows = typename L::Rows;
   constexpr bool kTq4 = Rows::kTq4;
-  constexpr int NT = L::kColumnTiles, kColumns = L::kColumns, N = D / 32;
+  constexpr int NT = L::kColumnTiles, kColumns = L::kColumns, N = D / 32, kThreads = L::kThreads;
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  if constexpr (kTq4) build_level_pairs(reinterpret_cast<uint32_t*>(smem + L::kTable));
+  if constexpr (kTq4) build_level_pairs<L::kWarps>(reinterpret_cast<uint32_t*>(smem + L::kTable));
   const uint32_t* lane_table = reinterpret_cast<const uint32_t*>(smem + L::kTable) + lane;
   const int z = int(blockIdx.z);
   const AttentionLaunch a = sequence_of(q, z);
@@ -395,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
     uint8_t* dst = smem + L::kStage + buffer * L::kStageBytes;
     const int64_t head = int64_t(kvh) * Rows::kBytes;
     if constexpr (kTq4) {
-      stage_heads<16, Rows::kBytes, Rows::kPitch>(k_rows, v_rows, rows, head, dst);
+      stage_heads<kThreads, 16, Rows::kBytes, Rows::kPitch>(k_rows, v_rows, rows, head, dst);
       if (threadIdx.x < 2 * kTileKeys) {  // the norms of kv heads kvh & ~1 and kvh | 1, K then V
         const int is_v = threadIdx.x / kTileKeys, key = threadIdx.x % kTileKeys;
         const int64_t row = rows[key];
@@ -408,9 +421,9 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
       bool whole_units = false;  // 16-byte copies where the rows allow them
       if constexpr (Rows::kBytes % 16 == 0) {
         whole_units = rows_aligned;
-        if (whole_units) stage_heads<16, Rows::kBytes, Rows::kPitch>(k_rows, v_rows, rows, head, dst);
+        if (whole_units) stage_heads<kThreads, 16, Rows::kBytes, Rows::kPitch>(k_rows, v_rows, rows, head, dst);
       }
-      if (!whole_units) stage_heads<4, Rows::kBytes, Rows::kPitch>(k_rows, v_rows, rows, head, dst);
+      if (!whole_units) stage_heads<kThreads, 4, Rows::kBytes, Rows::kPitch>(k_rows, v_rows, rows, head, dst);
     }
     cp_async_commit();
   };
@@ -470,16 +483,20 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
       const ColumnInfo ci = info[8 * j + 2 * c + e];
       col_factor[j][e] = ci.factor, col_lo[j][e] = ci.lo, col_hi[j][e] = ci.hi;
     }
-  // The B fragments of Q^T for chunk ch and column tile j: column 8 j + g's dims [32 ch + 8 c,
-  // 32 ch + 8 c + 8), whose halves are the two k-steps' (k 2c, 2c+1 then 2c+8, 2c+9).
-  uint4 q_regs[kDecode ? L::kChunks : 1];
+  // This warp's share of a tile's scores: keys 16 (warp % 4) + g and + 8, over the chunks of its
+  // part of the head dims.
+  const int part = warp / 4, key_g = 16 * (warp % 4) + g, chunk0 = part * L::kPartChunks;
+  // The B fragments of Q^T for the warp's chunk i and column tile j: column 8 j + g's dims
+  // [32 ch + 8 c, 32 ch + 8 c + 8) of chunk ch = chunk0 + i, whose halves are the two k-steps' (k 2c,
+  // 2c+1 then 2c+8, 2c+9).
+  uint4 q_regs[kDecode ? L::kPartChunks : 1];
   if constexpr (kDecode)
 #pragma unroll
-    for (int ch = 0; ch < L::kChunks; ++ch)
-      q_regs[ch] = *reinterpret_cast<const uint4*>(qs + g * L::kQPitch + 32 * ch + 8 * c);
-  auto q_fragment = [&](int ch, int j) {
-    if constexpr (kDecode) return q_regs[ch];
-    else return *reinterpret_cast<const uint4*>(qs + (8 * j + g) * L::kQPitch + 32 * ch + 8 * c);
+    for (int i = 0; i < L::kPartChunks; ++i)
+      q_regs[i] = *reinterpret_cast<const uint4*>(qs + g * L::kQPitch + 32 * (chunk0 + i) + 8 * c);
+  auto q_fragment = [&](int i, int j) {
+    if constexpr (kDecode) return q_regs[i];
+    else return *reinterpret_cast<const uint4*>(qs + (8 * j + g) * L::kQPitch + 32 * (chunk0 + i) + 8 * c);
   };
 
   float* scores = reinterpret_cast<float*>(smem + L::kScores);
@@ -504,17 +521,17 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
     const uint8_t* ks = smem + L::kStage + buffer * L::kStageBytes;
     const uint8_t* vs = ks + kTileKeys * Rows::kPitch;
 
-    // Scores of keys 16 warp + g and + 8 against this thread's columns, and the largest value
-    // scale of the warp's keys.
+    // Scores of keys key_g and key_g + 8 against this thread's columns over the warp's chunks, and
+    // the largest value scale of those keys.
     float acc[NT][4] = {};
     float vmax = 0.0f;
-    const int key_g = 16 * warp + g;
     const uint8_t* k0 = ks + key_g * Rows::kPitch;
     const uint8_t* k8 = k0 + 8 * Rows::kPitch;
     if constexpr (kTq4) {
       float odd[NT][4] = {};  // the second k-step's sums: two independent chains of mmas
 #pragma unroll
-      for (int ch = 0; ch < L::kChunks; ++ch) {
+      for (int i = 0; i < L::kPartChunks; ++i) {
+        const int ch = chunk0 + i;
         const uint32_t w0 = u32_at(k0 + 16 * ch + 4 * c), w8 = u32_at(k8 + 16 * ch + 4 * c);
         const uint32_t s0[4] = {level_pair(lane_table, w0, 0), level_pair(lane_table, w8, 0),
                                 level_pair(lane_table, w0, 1), level_pair(lane_table, w8, 1)};
@@ -522,12 +539,14 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
                                 level_pair(lane_table, w0, 3), level_pair(lane_table, w8, 3)};
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const uint4 qf = q_fragment(ch, j);
+          const uint4 qf = q_fragment(i, j);
           mma_f16(acc[j], s0, qf.x, qf.y);
           mma_f16(odd[j], s1, qf.z, qf.w);
         }
       }
-      const float n0 = norm_of(buffer, 0, key_g) / float(D), n8 = norm_of(buffer, 0, key_g + 8) / float(D);  // norm / d
+      // Each part's sum; one part's times norm / d here, several parts' where they are added.
+      const float n0 = L::kDimParts == 1 ? norm_of(buffer, 0, key_g) / float(D) : 1.0f;
+      const float n8 = L::kDimParts == 1 ? norm_of(buffer, 0, key_g + 8) / float(D) : 1.0f;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         acc[j][0] = (acc[j][0] + odd[j][0]) * n0, acc[j][1] = (acc[j][1] + odd[j][1]) * n0;
@@ -536,7 +555,8 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
       if (c == 0) vmax = fmaxf(norm_of(buffer, 1, key_g), norm_of(buffer, 1, key_g + 8));
     } else {
 #pragma unroll
-      for (int ch = 0; ch < L::kChunks; ++ch) {
+      for (int i = 0; i < L::kPartChunks; ++i) {
+        const int ch = chunk0 + i;
         const uint8_t *b0 = k0 + 34 * ch, *b8 = k8 + 34 * ch;
         const int at = 2 + 8 * c;  // the quants of dims 8 c.. of the block
         const uint32_t s0[4] = {int8_pair_at(b0 + at), int8_pair_at(b8 + at), int8_pair_at(b0 + at + 2),
@@ -546,7 +566,7 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
         const float d0 = f16_at(b0), d8 = f16_at(b8);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const uint4 qf = q_fragment(ch, j);
+          const uint4 qf = q_fragment(i, j);
           float block[4] = {};
           mma_f16(block, s0, qf.x, qf.y);
           mma_f16(block, s1, qf.z, qf.w);
@@ -565,20 +585,42 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key_g + 8 * (e >> 1), kp = kb + key, col = 8 * j + 2 * c + (e & 1);
-        const bool seen = kp < key_end && kp >= col_lo[j][e & 1] && kp <= col_hi[j][e & 1];
-        scores[col * L::kScorePitch + key] = seen ? acc[j][e] * col_factor[j][e & 1] : -INFINITY;
+        if constexpr (L::kDimParts == 1) {
+          const bool seen = kp < key_end && kp >= col_lo[j][e & 1] && kp <= col_hi[j][e & 1];
+          scores[col * L::kScorePitch + key] = seen ? acc[j][e] * col_factor[j][e & 1] : -INFINITY;
+        } else {
+          scores[(part * kColumns + col) * L::kScorePitch + key] = acc[j][e];
+        }
       }
     __syncthreads();  // the scores and every warp's largest value scale complete
 
+    // Column col's score of key `key`: over several parts, their sums added in part order, then
+    // scaled as one part's are above.
+    auto score_at = [&](int col, int key) {
+      if constexpr (L::kDimParts == 1) {
+        return scores[col * L::kScorePitch + key];
+      } else {
+        float sum = scores[col * L::kScorePitch + key];
+#pragma unroll
+        for (int p = 1; p < L::kDimParts; ++p) sum += scores[(p * kColumns + col) * L::kScorePitch + key];
+        if constexpr (kTq4) sum *= norm_of(buffer, 0, key) / float(D);
+        const int kp = kb + key;
+        const ColumnInfo ci = info[col];
+        return kp < key_end && kp >= ci.lo && kp <= ci.hi ? sum * ci.factor : -INFINITY;
+      }
+    };
     // The online softmax of the owned columns, lane = keys lane and lane + 32: P (times the value
     // scale over the largest, TQ4) into ps in f16, O's rescale factor into alphas.
-    const float vref_next = fmaxf(vref, fmaxf(fmaxf(vmaxes[0], vmaxes[1]), fmaxf(vmaxes[2], vmaxes[3])));
+    float vmax_all = vmaxes[0];
+#pragma unroll
+    for (int w = 1; w < L::kWarps; ++w) vmax_all = fmaxf(vmax_all, vmaxes[w]);
+    const float vref_next = fmaxf(vref, vmax_all);
     const float rescale = vref_next > 0.0f ? vref / vref_next : 1.0f;
     const float inv_vref = vref_next > 0.0f ? 1.0f / vref_next : 0.0f;
 #pragma unroll
     for (int i = 0; i < L::kOwnedColumns; ++i) {
       const int col = warp * L::kOwnedColumns + i;
-      const float s0 = scores[col * L::kScorePitch + lane], s1 = scores[col * L::kScorePitch + lane + 32];
+      const float s0 = score_at(col, lane), s1 = score_at(col, lane + 32);
       const float mx = fmaxf(m[i], warp_reduce<MaxOp>(fmaxf(s0, s1)));
       const float ref = mx == -INFINITY ? 0.0f : mx;  // no key seen yet: P and alpha 0
       float p0 = exp2_approx(s0 - ref), p1 = exp2_approx(s1 - ref);
@@ -712,23 +754,41 @@ __global__ void __launch_bounds__(kThreads) quantized_attention_kernel(Quantized
 }
 
 // Block (head, sequence): out = sum_s w_s O_s over the position's splits, w_s = 2^(m_s - m) /
-// sum_s' l_s' 2^(m_s' - m), the splits added in order; TQ4 rotated back (S·H).
+// sum_s' l_s' 2^(m_s' - m); TQ4 rotated back (S·H). A few blocks read up to 128 partial rows each,
+// so the time is load latency, not bandwidth: each 4-dim column is read by kLanes split-lanes
+// (split-lane j takes splits j, j + kLanes, ...) with up to kMergeBatch float4 loads in flight a
+// thread, the first batch issued while warp 0 computes the weights. Each split-lane adds its splits
+// in order and their sums are added in split-lane order, so the bits depend on the position alone.
 template <DType kType, int D>
-__global__ void __launch_bounds__(kThreads) quantized_merge_kernel(QuantizedKvLaunch q, const float* partials,
-                                                                  int max_splits) {
+__global__ void __launch_bounds__(kMergeThreads) quantized_merge_kernel(QuantizedKvLaunch q, const float* partials,
+                                                                       int max_splits) {
   constexpr int N = D / 32, kPerLane = kMaxSplits / 32;
+  constexpr int kColumns = D / 4, kLanes = kMergeThreads / kColumns;
+  constexpr int kBatch = std::min(kMergeBatch, kMaxSplits / kLanes);  // no more than a lane's splits
+  static_assert(kColumns * kLanes == kMergeThreads, "every thread a (column, split-lane)");
   pdl_launch_dependents();
   __shared__ float weights[kMaxSplits];
+  __shared__ __align__(16) float4 parts[kMergeThreads - kColumns];  // [split_lane - 1][column], split-lanes 1..kLanes-1
   __shared__ __align__(16) float merged[D];
   const int head = int(blockIdx.x), z = int(blockIdx.y), lane = threadIdx.x & 31;
+  const int column = int(threadIdx.x) % kColumns, split_lane = int(threadIdx.x) / kColumns;
   const AttentionLaunch a = sequence_of(q, z);
   const float* base = partials + int64_t(z) * a.heads * max_splits * (D + 2);
-  const float* acc = base + int64_t(head) * max_splits * D;
+  const float* acc = base + int64_t(head) * max_splits * D + 4 * column;
   const float2* ml =
       reinterpret_cast<const float2*>(base + int64_t(a.heads) * max_splits * D) + int64_t(head) * max_splits;
   pdl_wait();
   const int pos = launch_position(a, 0);
   const int used = used_splits(pos, a.window, split_keys_at(pos, a.window, max_splits));
+  float4 rows[kBatch];
+  auto load = [&](int first) {  // splits first, first + kLanes, ... below used
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = first + b * kLanes;
+      if (s < used) rows[b] = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D));
+    }
+  };
+  load(split_lane);  // in flight while warp 0 computes the weights
   if (threadIdx.x < 32) {
     float ms[kPerLane], ls[kPerLane], mx = -FLT_MAX;
 #pragma unroll
@@ -747,20 +807,30 @@ __global__ void __launch_bounds__(kThreads) quantized_merge_kernel(QuantizedKvLa
       if (lane + 32 * j < used) weights[lane + 32 * j] = exp2f(ms[j] - mx) / total;
   }
   __syncthreads();
-  const int d = 4 * int(threadIdx.x);
-  if (d < D) {
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = 0; s < used; ++s) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s) * D + d));
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int first = split_lane; first < used; first += kBatch * kLanes) {
+    if (first != split_lane) load(first);  // the first batch is already loaded
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = first + b * kLanes;
+      if (s >= used) break;
       const float w = weights[s];
-      sum.x = fmaf(w, v.x, sum.x), sum.y = fmaf(w, v.y, sum.y);
-      sum.z = fmaf(w, v.z, sum.z), sum.w = fmaf(w, v.w, sum.w);
+      sum.x = fmaf(w, rows[b].x, sum.x), sum.y = fmaf(w, rows[b].y, sum.y);
+      sum.z = fmaf(w, rows[b].z, sum.z), sum.w = fmaf(w, rows[b].w, sum.w);
+    }
+  }
+  if (split_lane > 0) parts[threadIdx.x - kColumns] = sum;
+  __syncthreads();
+  if (split_lane == 0) {
+#pragma unroll
+    for (int j = 1; j < kLanes; ++j) {  // split-lane order: the same bits whatever finished first
+      const float4 p = parts[(j - 1) * kColumns + column];
+      sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
     }
     if constexpr (kType == DType::TQ4) {
-      *reinterpret_cast<float4*>(merged + d) = sum;
+      *reinterpret_cast<float4*>(merged + 4 * column) = sum;
     } else {
-      bf16* out = a.out + int64_t(head) * D + d;
+      bf16* out = a.out + int64_t(head) * D + 4 * column;
       out[0] = __float2bfloat16(sum.x), out[1] = __float2bfloat16(sum.y);
       out[2] = __float2bfloat16(sum.z), out[3] = __float2bfloat16(sum.w);
     }
@@ -864,10 +934,10 @@ void launch_quantized_decode_attention(const QuantizedKvLaunch& q, float* partia
     constexpr DType kType = decltype(type)::value;
     constexpr int D = decltype(dim)::value;
     launch_kernel("quantized_attention_kernel", quantized_attention_kernel<kType, D, true>,
-                  dim3(unsigned(a.kv_heads * column_tiles), unsigned(splits), unsigned(q.caches.sequences)), kThreads,
-                  Tile<kType, D, true>::kBytes, stream, Pdl::kOn, q, partials, max_splits);
+                  dim3(unsigned(a.kv_heads * column_tiles), unsigned(splits), unsigned(q.caches.sequences)),
+                  Tile<kType, D, true>::kThreads, Tile<kType, D, true>::kBytes, stream, Pdl::kOn, q, partials, max_splits);
     launch_kernel("quantized_merge_kernel", quantized_merge_kernel<kType, D>,
-                  dim3(unsigned(a.heads), unsigned(q.caches.sequences)), kThreads, 0, stream, Pdl::kOn, q,
+                  dim3(unsigned(a.heads), unsigned(q.caches.sequences)), kMergeThreads, 0, stream, Pdl::kOn, q,
                   static_cast<const float*>(partials), max_splits);
   });
 }
@@ -884,7 +954,7 @@ void launch_quantized_prefill_attention(const QuantizedKvLaunch& q, cudaStream_t
     constexpr DType kType = decltype(type)::value;
     constexpr int D = decltype(dim)::value;
     launch_kernel("quantized_attention_kernel", quantized_attention_kernel<kType, D, false>, dim3(unsigned(blocks)),
-                  kThreads, Tile<kType, D, false>::kBytes, stream, Pdl::kOn, q, static_cast<float*>(nullptr), 0);
+                  Tile<kType, D, false>::kThreads, Tile<kType, D, false>::kBytes, stream, Pdl::kOn, q, static_cast<float*>(nullptr), 0);
   });
 }
 
