@@ -1,19 +1,20 @@
-// Long-context key-value recall under each KV cache type: the model of tools/fixtures/train_recall.py
-// finds the record "KEY k1 k2 k3 VAL v…" that a prompt's final "ASK k1 k2 k3 VAL" asks among
-// random filler, 15 other records and two near misses. For every KV type (full/sliding) and prompt
-// length, each case is prefilled and its answer decoded greedily; the JSON printed gives exact
-// recall (cases whose whole answer is right), per-token accuracy, the margins of the expected ids
-// (their logit minus the largest other) and the wall time, beside transformers' bf16 recall of the
-// same cases from the cases file.
+// Long-context key-value recall under each KV cache type: the fixture of tests/fixtures/recall (an
+// induction circuit built by tools/fixtures/build_recall_model.py) finds the record "KEY k VAL v"
+// that a prompt's final "ASK k VAL" asks among random filler and 15 other records. For every KV
+// type (full/sliding) and prompt length, each case is prefilled and its answer decoded greedily; the
+// JSON printed gives exact recall (cases whose whole answer is right), per-token accuracy, the
+// margins of the expected ids (their logit minus the largest other) and the wall time, beside the
+// cases file's float64 forward of the same cases (build_recall_model.py's reference).
 //
 // usage: bench_recall MODEL_DIR_OR_GGUF CASES_JSON [--backend cpu|cuda] [--lengths 4096,16384,65536]
 //                     [--kv bf16/bf16,q8_0/q8_0,tq4/bf16,tq4/q8_0] [--cases N]
 //
 // CASES_JSON is the fixture's recall_cases.json: the prompts are rebuilt from its generator
-// parameters with splitmix64, exactly as train_recall.py's recall_case builds them, and checked
-// against the answers and prompt hashes listed there. A length the file does not list gets cases
-// from the same generator (without a transformers reference). --lengths defaults to the file's
-// lengths, --cases (the first N of each length) to the file's cases_per_length.
+// parameters with splitmix64, exactly as tools/fixtures/recall_task.py's recall_case builds them
+// (bench/recall_task.h), and checked against the answers and prompt hashes listed there. A length
+// the file does not list gets cases from the same generator (without a reference). --lengths
+// defaults to the file's lengths, --cases (the first N of each length) to the file's
+// cases_per_length.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -31,6 +32,7 @@
 #include "backend/backend_factory.h"
 #include "model/loader.h"
 #include "model/kv_types.h"
+#include "recall_task.h"
 #include "runtime/model_runner.h"
 #include "runtime/session.h"
 #include "util/error.h"
@@ -40,162 +42,8 @@ namespace {
 
 using nlohmann::json;
 
-// Steele, Lea and Flood's splitmix64, as train_recall.py's SplitMix64.
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    state += 0x9E3779B97F4A7C15ull;
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int32_t below(int64_t n) { return int32_t(next() % uint64_t(n)); }
-};
-
-// The cases file's "generator": what recall_case reads.
-struct Generator {
-  uint64_t base_seed = 0;
-  int32_t bos = 0, key_marker = 0, value_marker = 0, ask_marker = 0, content_first = 0;
-  int64_t content_count = 0, key_len = 0, value_len = 0, records = 0, near_misses = 0, cases_per_length = 0;
-  int64_t record_len() const { return 2 + key_len + value_len; }
-};
-
-int64_t integer_field(const json& j, const char* name, int64_t lo, int64_t hi) {
-  G4_CHECK(j.contains(name) && j[name].is_number_integer(), std::string("cases file: generator.") + name +
-                                                                 " must be an integer");
-  const int64_t v = j[name].get<int64_t>();
-  G4_CHECK(v >= lo && v <= hi, std::string("cases file: generator.") + name + " = " + std::to_string(v) +
-                                   " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
-
-Generator read_generator(const json& file) {
-  G4_CHECK(file.is_object() && file.contains("generator") && file["generator"].is_object(),
-           "cases file: no 'generator' object (expected train_recall.py's recall_cases.json)");
-  const json& j = file["generator"];
-  constexpr int64_t kIdMax = std::numeric_limits<int32_t>::max();
-  Generator g;
-  g.base_seed = uint64_t(integer_field(j, "base_seed", 0, (int64_t(1) << 24) - 1));
-  g.bos = int32_t(integer_field(j, "bos", 0, kIdMax));
-  g.key_marker = int32_t(integer_field(j, "key_marker", 0, kIdMax));
-  g.value_marker = int32_t(integer_field(j, "value_marker", 0, kIdMax));
-  g.ask_marker = int32_t(integer_field(j, "ask_marker", 0, kIdMax));
-  g.content_first = int32_t(integer_field(j, "content_first", 0, kIdMax));
-  g.content_count = integer_field(j, "content_count", 2, kIdMax - g.content_first);
-  g.key_len = integer_field(j, "key_len", 1, 64);
-  g.value_len = integer_field(j, "value_len", 1, 64);
-  g.records = integer_field(j, "records", 1, 1 << 16);
-  g.near_misses = integer_field(j, "near_misses", 0, g.records - 1);
-  g.cases_per_length = integer_field(j, "cases_per_length", 1, (1 << 20) - 1);
-  return g;
-}
-
-struct RecallCase {
-  int64_t length = 0, index = 0, depth_permille = 0;
-  std::vector<int32_t> prompt, answer;
-};
-
-// train_recall.py's recall_case, draw for draw: the depth, the filler, the asked key and value,
-// then each other record's key (near misses first), value and start.
-RecallCase make_case(const Generator& g, int64_t length, int64_t index) {
-  const int64_t record_len = g.record_len();
-  const int64_t query_start = length - (2 + g.key_len);
-  const int64_t span = query_start - 1 - record_len;
-  G4_CHECK(length < (int64_t(1) << 20) && index < (int64_t(1) << 20) && query_start - 1 >= 4 * g.records * record_len,
-           "no recall case of " + std::to_string(length) + " positions with " + std::to_string(g.records) +
-               " records: a length needs at least " + std::to_string(4 * g.records * record_len + 3 + g.key_len) +
-               " positions and less than 1048576");
-  SplitMix64 rng{(g.base_seed << 40) | (uint64_t(length) << 20) | uint64_t(index)};
-  auto draw = [&](int64_t n) {
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    for (int32_t& id : ids) id = g.content_first + rng.below(g.content_count);
-    return ids;
-  };
-  RecallCase c;
-  c.length = length;
-  c.index = index;
-  c.depth_permille = rng.below(1001);
-  std::vector<int32_t> tokens = draw(query_start - 1);
-  tokens.insert(tokens.begin(), g.bos);
-  const std::vector<int32_t> key = draw(g.key_len), value = draw(g.value_len);
-  auto place = [&](int64_t start, const std::vector<int32_t>& k, const std::vector<int32_t>& v) {
-    auto at = tokens.begin() + start;
-    *at++ = g.key_marker;
-    at = std::copy(k.begin(), k.end(), at);
-    *at++ = g.value_marker;
-    std::copy(v.begin(), v.end(), at);
-  };
-  const int64_t target = 1 + span * c.depth_permille / 1000;
-  place(target, key, value);
-  std::vector<int64_t> starts{target};
-  for (int64_t r = 0; r + 1 < g.records; ++r) {
-    std::vector<int32_t> k;
-    if (r < g.near_misses) {
-      k = key;
-      const int32_t j = rng.below(g.key_len);
-      k[size_t(j)] = g.content_first +
-                     int32_t((k[size_t(j)] - g.content_first + 1 + rng.below(g.content_count - 1)) % g.content_count);
-    } else {
-      do k = draw(g.key_len);
-      while (k == key);
-    }
-    std::vector<int32_t> v;
-    do v = draw(g.value_len);
-    while (v == value);
-    auto overlaps = [&](int64_t start) {
-      return std::any_of(starts.begin(), starts.end(), [&](int64_t s) { return std::abs(start - s) < record_len; });
-    };
-    int64_t start = 0;
-    do start = 1 + rng.below(span + 1);
-    while (overlaps(start));
-    place(start, k, v);
-    starts.push_back(start);
-  }
-  tokens.push_back(g.ask_marker);
-  tokens.insert(tokens.end(), key.begin(), key.end());
-  tokens.push_back(g.value_marker);
-  c.prompt = std::move(tokens);
-  c.answer = value;
-  return c;
-}
-
-// FNV-1a 64 over each id's 4 little-endian bytes, as train_recall.py's fnv1a64.
-std::string fnv1a64(std::span<const int32_t> ids) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (const int32_t id : ids) {
-    for (int b = 0; b < 4; ++b) h = (h ^ ((uint32_t(id) >> (8 * b)) & 0xFFu)) * 0x100000001B3ull;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016" PRIx64, h);
-  return hex;
-}
-
-// The cases file's entry for `length` ("lengths" -> "4096" -> {"cases": [...], "transformers_bf16": {...}}),
-// or null when it lists none.
-const json* listed_length(const json& file, int64_t length) {
-  if (!file.contains("lengths") || !file["lengths"].is_object()) return nullptr;
-  const auto it = file["lengths"].find(std::to_string(length));
-  return it == file["lengths"].end() ? nullptr : &*it;
-}
-
-// Throws unless every case the file lists for this length (among `cases`) has the answer, depth
-// and prompt hash that make_case gives: the two generators must agree id for id.
-void check_against_file(const json& listed, std::span<const RecallCase> cases) {
-  G4_CHECK(listed.contains("cases") && listed["cases"].is_array(), "cases file: a length without a 'cases' list");
-  for (const json& entry : listed["cases"]) {
-    G4_CHECK(entry.contains("index") && entry["index"].is_number_integer(), "cases file: a case without an index");
-    const int64_t index = entry["index"].get<int64_t>();
-    if (index < 0 || index >= int64_t(cases.size())) continue;
-    const RecallCase& c = cases[size_t(index)];
-    const std::string where = "case " + std::to_string(index) + " of " + std::to_string(c.length) + " positions";
-    G4_CHECK(entry.value("answer", std::vector<int32_t>{}) == c.answer &&
-                 entry.value("depth_permille", int64_t(-1)) == c.depth_permille &&
-                 entry.value("prompt_fnv1a64", std::string()) == fnv1a64(c.prompt),
-             where + " differs from the cases file (answer, depth or prompt hash): bench_recall's generator and "
-                     "train_recall.py's recall_case disagree");
-  }
-}
+namespace recall = g4::recall;
+using recall::RecallCase;
 
 struct KvChoice {
   g4::KvTypes types;
@@ -334,7 +182,7 @@ json measure_length(g4::Session& session, std::span<const RecallCase> cases) {
 
 int run(const Options& o) {
   const json file = g4::read_json_file(o.cases_path);
-  const Generator g = read_generator(file);
+  const recall::Generator g = recall::read_generator(file);
   std::vector<int64_t> lengths = o.lengths;
   if (lengths.empty() && file.contains("lengths") && file["lengths"].is_object()) {
     for (const auto& [name, _] : file["lengths"].items()) lengths.push_back(parse_count(name, "cases file length"));
@@ -346,12 +194,9 @@ int run(const Options& o) {
   std::vector<std::vector<RecallCase>> cases;
   json reference = json::object();
   for (const int64_t length : lengths) {
-    std::vector<RecallCase>& of_length = cases.emplace_back();
-    for (int64_t i = 0; i < per_length; ++i) of_length.push_back(make_case(g, length, i));
-    if (const json* listed = listed_length(file, length)) {
-      check_against_file(*listed, of_length);
-      if (listed->contains("transformers_bf16")) reference[std::to_string(length)] = (*listed)["transformers_bf16"];
-    }
+    cases.push_back(recall::cases_of_length(file, g, length, per_length));
+    const json* listed = recall::listed_length(file, length);
+    if (listed && listed->contains("float64")) reference[std::to_string(length)] = (*listed)["float64"];
   }
 
   auto backend = g4::make_backend(o.backend);
@@ -379,7 +224,7 @@ int run(const Options& o) {
   }
   const json report = {{"model", o.model_path},       {"cases_file", o.cases_path}, {"backend", o.backend},
                        {"max_seq_len", so.max_seq_len}, {"cases_per_length", per_length},
-                       {"results", results},          {"transformers_bf16", reference}};
+                       {"results", results},          {"float64", reference}};
   std::printf("%s\n", report.dump(1).c_str());
   return 0;
 }
