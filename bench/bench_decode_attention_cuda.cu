@@ -23,8 +23,10 @@
 #include "backend/backend.h"
 #include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/device_buffer.h"
 #include "backend/cuda/quantized_kv_kernels.h"
 #include "cuda_timing.h"
+#include "model/kv_types.h"
 #include "util/dtype.h"
 #include "util/half.h"
 
@@ -40,22 +42,10 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-g4::DType kv_type(const std::string& name) {
-  if (name == "bf16") return g4::DType::BF16;
-  if (name == "q8_0") return g4::DType::Q8_0;
-  if (name == "tq4") return g4::DType::TQ4;
-  throw std::runtime_error("unknown KV type " + name + " (bf16, q8_0, tq4)");
+// The cache rows of a --kv_type name on the CUDA backend (bf16 activations).
+g4::DType kv_row_type(const std::string& name) {
+  return g4::kv_row_dtype(g4::parse_kv_type(name, false), g4::DType::BF16);
 }
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) { check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-};
 
 // One cache row of `dtype` holding kv_heads heads of head_dim random values.
 std::vector<uint8_t> random_row(g4::DType dtype, int kv_heads, int head_dim, size_t bytes, std::mt19937& rng) {
@@ -92,8 +82,8 @@ void run(g4::DType dtype, int64_t context, int heads, int kv_heads, int head_dim
   std::mt19937 rng(7);
   std::shuffle(table.begin(), table.end(), rng);
   const size_t page_bytes = 2 * size_t(page) * row;
-  DeviceBuffer cache(size_t(pages) * page_bytes), table_d(table.size() * 4);
-  check(cudaMemcpy(table_d.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "upload table");
+  g4::DeviceBuffer cache(size_t(pages) * page_bytes), table_d(table.size() * 4);
+  check(cudaMemcpy(table_d.data(), table.data(), table.size() * 4, cudaMemcpyHostToDevice), "upload table");
   // A few distinct random rows repeated over the cache: the kernels' speed does not depend on which.
   std::vector<uint8_t> block;
   for (int r = 0; r < 61; ++r) {
@@ -109,11 +99,11 @@ void run(g4::DType dtype, int64_t context, int heads, int kv_heads, int head_dim
   std::vector<uint16_t> host(static_cast<size_t>(q_values));
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (uint16_t& v : host) v = g4::f32_to_bf16(value(rng));
-  DeviceBuffer q(size_t(q_values) * 2), kv_new(size_t(kv_values) * 2), out(size_t(q_values) * 2), position(4);
-  check(cudaMemcpy(q.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice), "upload q");
-  check(cudaMemcpy(kv_new.p, host.data(), size_t(kv_values) * 2, cudaMemcpyHostToDevice), "upload k");
+  g4::DeviceBuffer q(size_t(q_values) * 2), kv_new(size_t(kv_values) * 2), out(size_t(q_values) * 2), position(4);
+  check(cudaMemcpy(q.data(), host.data(), host.size() * 2, cudaMemcpyHostToDevice), "upload q");
+  check(cudaMemcpy(kv_new.data(), host.data(), size_t(kv_values) * 2, cudaMemcpyHostToDevice), "upload k");
   const int32_t last = int32_t(context - 1);
-  check(cudaMemcpy(position.p, &last, 4, cudaMemcpyHostToDevice), "upload position");
+  check(cudaMemcpy(position.data(), &last, 4, cudaMemcpyHostToDevice), "upload position");
 
   g4::AttentionLaunch a{};
   a.q = q.as<g4::bf16>(), a.k_new = kv_new.as<g4::bf16>(), a.v_new = kv_new.as<g4::bf16>();
@@ -127,7 +117,7 @@ void run(g4::DType dtype, int64_t context, int heads, int kv_heads, int head_dim
   a.q_stride = q_values, a.kv_stride = kv_values, a.out_stride = q_values;
   uint8_t* k_rows = cache.as<uint8_t>();
   uint8_t* v_rows = k_rows + size_t(page) * row;
-  DeviceBuffer partials(size_t(g4::decode_partial_floats(a, kSplits)) * 4);
+  g4::DeviceBuffer partials(size_t(g4::decode_partial_floats(a, kSplits)) * 4);
   float* partial_floats = partials.as<float>();
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "stream");
@@ -168,7 +158,7 @@ int main(int argc, char** argv) {
     const double copy_gbps = g4::measure_copy_bandwidth(size_t(1) << 30) / 1e9;
     std::printf("{\"copy_gb_per_s\": %.1f}\n", copy_gbps);
     for (const std::string& t : types)
-      for (const std::string& c : contexts) run(kv_type(t), std::stoll(c), heads, kv_heads, head_dim, page, copy_gbps);
+      for (const std::string& c : contexts) run(kv_row_type(t), std::stoll(c), heads, kv_heads, head_dim, page, copy_gbps);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_decode_attention_cuda: %s\n", e.what());

@@ -25,13 +25,14 @@ KvType parse_kv_type(std::string_view name, bool sliding) {
   throw Error(ErrorKind::kInvalidArgument, "--kv_type must be bf16, q8_0 or tq4, not '" + std::string(name) + "'");
 }
 
+DType kv_row_dtype(KvType t, DType activation) {
+  return t == KvType::kQ8_0 ? DType::Q8_0 : t == KvType::kTq4 ? DType::TQ4 : activation;
+}
+
 std::vector<DType> layer_kv_dtypes(const ModelConfig& config, KvTypes types, DType activation) {
-  auto dtype = [&](KvType t) {
-    return t == KvType::kQ8_0 ? DType::Q8_0 : t == KvType::kTq4 ? DType::TQ4 : activation;
-  };
   std::vector<DType> out;
   for (const LayerConfig& l : config.layers) {
-    out.push_back(dtype(l.sliding ? types.sliding : types.full));
+    out.push_back(kv_row_dtype(l.sliding ? types.sliding : types.full, activation));
     // The row layout checks the head dim against the type (Q8_0 blocks, TQ4's power of two).
     kv_cache_cols(out.back(), l.kv_heads, l.head_dim);
   }

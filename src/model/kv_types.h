@@ -35,8 +35,9 @@ std::string kv_type_name(KvType t);  // "bf16", "q8_0", "tq4"
 // naming the flag and the accepted values.
 KvType parse_kv_type(std::string_view name, bool sliding);
 
-// The row type of each layer's cache (KvCache::k.dtype) on a backend whose activations are
-// `activation`, in layer order.
+// The row type of a cache of type t (KvCache::k.dtype) on a backend whose activations are `activation`.
+DType kv_row_dtype(KvType t, DType activation);
+// The row type of each layer's cache, in layer order.
 std::vector<DType> layer_kv_dtypes(const ModelConfig& config, KvTypes types, DType activation);
 
 // Bytes one position takes in every layer of a kind, K and V together (what a token costs where it
