@@ -160,7 +160,7 @@ TEST(Scheduler, DecodeBatchesAreInvariantOnCuda) {
   // batch is one forward: expect_batch_invariance checks it). Every run starts from an empty pool:
   // a reused prefix (even the BOS alone) holds K/V that another sequence's prefill computed, by
   // cuBLAS when its chunk had more than 64 rows, which a fresh prefill would not reproduce bit for
-  // bit (the first H200 run failed this way, 2026-12-01).
+  // bit.
   expect_batch_invariance(*engine, {127}, /*fresh_pool=*/true);
 }
 

@@ -1,10 +1,9 @@
 // Decode attention (one query token), split-K "flash decoding" in two launches. The split
 // kernel's block (kv head, split) scores the split's keys for every query head of the GQA group at
 // once on the tensor cores, from K/V tiles staged with cp.async by all of its threads, and writes
-// each head's softmax state (m, l) and unnormalised output. Until 2026-12-01 a warp per head
-// scored one key per lane on the CUDA cores: with the 31B's full layers (8 heads of 512 dims per
-// K/V head) that is 4 FMAs per byte of K/V, which held 32 k-token decode attention to ~1.3 TB/s
-// (docs/DESIGN.md §3). The visible keys are spread over all splits whatever the context length
+// each head's softmax state (m, l) and unnormalised output. A warp per head scoring one key per lane
+// on the CUDA cores would do 4 FMAs per byte of K/V with the 31B's full layers (8 heads of 512 dims
+// per K/V head), which holds 32 k-token decode attention to ~1.3 TB/s (docs/DESIGN.md §3). The visible keys are spread over all splits whatever the context length
 // (split_keys_at), so a short context is many short splits rather than a few long ones. It can
 // fold in the head norms (AttentionLaunch::norm_inputs): each block norms its group's queries
 // itself, and the block whose split holds the new token norms that token's K/V, which it also
