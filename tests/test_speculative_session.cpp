@@ -54,9 +54,9 @@ struct Generated {
 };
 
 Generated generate_with(Session& s, const std::vector<int32_t>& prompt, const SamplingParams& params, int64_t n,
-                        DraftOptions draft, const LogitPenalties& penalties = {}) {
+                        DraftOptions draft, const LogitPenalties& penalties = {}, bool graph = false) {
   s.start(prompt);
-  s.begin_generation(Sampler(params), GenerationLimits{n, {}}, false, penalties, draft);
+  s.begin_generation(Sampler(params), GenerationLimits{n, {}}, graph, penalties, draft);
   Generated g;
   for (DecodedToken t{}; !t.last();) {
     t = s.next();
@@ -322,6 +322,11 @@ TEST(SpeculativeSession, BadDraftSettingsAreClearErrors) {
               s.begin_generation(Sampler(greedy()), GenerationLimits{8, {}}, false, {}, DraftOptions{m.assistant.get(), 4});
             }).find("--draft_tokens must be in [1, 3]"),
             std::string::npos);
+  // Replayed draft steps need a backend that records them.
+  EXPECT_NE(test::error_of([&] {
+              s.begin_generation(Sampler(greedy()), GenerationLimits{8, {}}, true, {}, DraftOptions{m.assistant.get(), 3});
+            }).find("needs a backend with graphs"),
+            std::string::npos);
 }
 
 // Logit bias and penalties with drafting: verify row i is adjusted as the draw after drafts 1..i
@@ -406,6 +411,46 @@ TEST(CudaSpeculativeSession, DraftStepsFollowTheCpuAndGreedyTextIsTheTargetsOwn)
   EXPECT_EQ(runs[0].tokens.size(), 32u);
   EXPECT_GT(runs[0].stats.rounds, 0);
   EXPECT_EQ(runs[1].tokens, runs[0].tokens);
+}
+
+// Replayed draft steps (Drafter::replay_steps: CUDA graphs) give the eager steps' drafts and logits
+// bit for bit, at every position, pending token and seed: a recording reads the inputs uploaded
+// before each replay. Rounds of 4 drafts, then of 2 (another recording).
+TEST(CudaSpeculativeSession, ReplayedDraftStepsGiveTheEagerDrafts) {
+  auto gpu = test::cuda_backend_or_null();
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu);
+  const std::unique_ptr<Gemma4> target = load_model(kTargetDir, *gpu);
+  const std::unique_ptr<Gemma4Assistant> assistant = load_assistant(kAssistantDir, *gpu, target->config());
+  Session s(*target, *gpu);
+  s.prefill(test::demo_prompt(5, 100));
+  const Tensor last_hidden = s.runner().workspace_logits(1).normed;  // the prefill's last row
+  std::vector<uint8_t> hidden(last_hidden.row_size());
+  gpu->download(last_hidden, hidden.data());
+  Drafter eager(*assistant, s.runner(), 1, 1, 4), replayed(*assistant, s.runner(), 1, 1, 4);
+  replayed.replay_steps(true);
+  const int64_t V = target->config().vocab_size;
+  int round = 0;
+  for (int64_t drafts : {4, 4, 4, 4, 2, 2, 2}) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const DraftRequest request{&s.kv().caches(), int32_t(600 + 37 * round), s.position() - 3 * round, hidden,
+                               seeded(uint64_t(100 + round)), drafts};
+    ++round;
+    std::vector<std::vector<float>> logits;
+    std::vector<std::vector<int32_t>> tokens;
+    for (Drafter* d : {&eager, &replayed}) {
+      const Drafts got = std::move(d->draft(std::span(&request, 1))[0]);
+      tokens.push_back(got.tokens);
+      logits.emplace_back(size_t(got.rows.count * V));
+      for (int64_t i = 0; i < got.rows.count; ++i)
+        gpu->download(got.rows.logits.rows_view(got.rows.first + i * got.rows.step, 1), logits.back().data() + i * V);
+    }
+    EXPECT_EQ(int64_t(tokens[0].size()), drafts);
+    EXPECT_EQ(tokens[1], tokens[0]);
+    EXPECT_TRUE(logits[1] == logits[0]) << "the replayed steps' logits differ from the eager steps'";
+  }
+  // Each key's first group runs eagerly (it sizes the buffers), the rest replay.
+  EXPECT_EQ(replayed.replayed_groups(), 5);
+  EXPECT_EQ(eager.replayed_groups(), 0);
 }
 
 }  // namespace

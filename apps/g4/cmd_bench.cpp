@@ -255,11 +255,22 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
                       {"draft_step_ms", stats.drafted > 0 ? stats.draft_seconds / double(stats.drafted) * 1e3 : 0.0},
                       {"verify_ms", stats.rounds > 0 ? stats.verify_seconds / double(stats.rounds) * 1e3 : 0.0}};
   if (o.draft_accept >= 0) r["draft_accept"] = o.draft_accept;
+  if (be.records_steps()) {  // the same rounds with the draft steps replayed (Drafter::replay_steps)
+    const SpeculationStats eager_rounds = *s.speculation_stats();
+    request.graph = true;
+    s.reset();
+    const GenerationResult replayed = generate(s, request);
+    const SpeculationStats rounds = s.speculation_stats()->since(eager_rounds);
+    request.graph = false;
+    r["drafted_decode_greedy_graph_tok_s"] = double(replayed.tokens.size() - 1) / replayed.decode_seconds;
+    r["draft_step_graph_ms"] = rounds.drafted > 0 ? rounds.draft_seconds / double(rounds.drafted) * 1e3 : 0.0;
+    r["verify_graph_ms"] = rounds.rounds > 0 ? rounds.verify_seconds / double(rounds.rounds) * 1e3 : 0.0;
+  }
   // Sampled rounds: the verdict's acceptance rule runs on the backend (Backend::judge_drafts). The
   // session's counts hold every generation's rounds: this run's are those after the greedy ones.
   request.sampler = Sampler(sampled);
   request.draft.forced = nullptr;
-  const SpeculationStats greedy_rounds = stats;
+  const SpeculationStats greedy_rounds = *s.speculation_stats();
   s.reset();
   const GenerationResult g_sampled = generate(s, request);
   const SpeculationStats sampled_rounds = s.speculation_stats()->since(greedy_rounds);

@@ -19,7 +19,7 @@
 // outlive the DecodeGraph.
 //
 // DecodeBatchGraphs: the scheduler's decode steps of B sequences (one token each), one recording
-// per B; see its comment.
+// per B, and a drafter's steps (runtime/drafter.h); see its comment.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/decode_graph.h"
 #include "util/error.h"
 
 namespace g4 {
@@ -32,6 +33,13 @@ Drafter::Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t 
   logits_ = be.alloc(DType::F32, max_drafts * max_requests, runner.config().vocab_size);
   tokens_ = be.alloc(DType::I64, max_drafts * max_requests, 1);
   params_ = be.alloc_sampling_rows(max_drafts * max_requests);
+}
+
+Drafter::~Drafter() = default;
+
+void Drafter::replay_steps(bool on) {
+  if (!on) graphs_.reset();
+  else if (!graphs_) graphs_ = std::make_unique<DecodeBatchGraphs>(runner_);
 }
 
 std::vector<Drafts> Drafter::draft(std::span<const DraftRequest> requests) {
@@ -85,13 +93,21 @@ void Drafter::draft_group(std::span<const DraftRequest> requests, int64_t first,
   be.upload(positions.data(), positions_.rows_view(0, n));
   be.upload(hidden.data(), h);
   be.upload(ids.data(), ids_n);
-  for (int64_t i = 0; i < steps; ++i) {
-    const int64_t at = i * R + first;  // step i's rows of this group
-    if (i > 0) be.tokens_to_ids(tokens_.rows_view(at - R, n), ids_n);
-    const Tensor logits = logits_.rows_view(at, n);
-    assistant_.step(be, buf_, runner_.model(), rows, ids_n, positions_.rows_view(0, n), h, logits, h);
-    be.sample(logits, params_.slice(at, n), tokens_.rows_view(at, n));
-  }
+  auto run_steps = [&] {
+    for (int64_t i = 0; i < steps; ++i) {
+      const int64_t at = i * R + first;  // step i's rows of this group
+      if (i > 0) be.tokens_to_ids(tokens_.rows_view(at - R, n), ids_n);
+      const Tensor logits = logits_.rows_view(at, n);
+      assistant_.step(be, buf_, runner_.model(), rows, ids_n, positions_.rows_view(0, n), h, logits, h);
+      be.sample(logits, params_.slice(at, n), tokens_.rows_view(at, n));
+    }
+  };
+  if (!graphs_) return run_steps();
+  // The steps read their inputs from the buffers uploaded above and write rows fixed by (first,
+  // steps): a recording of them replays for any group with that key over the same caches.
+  std::vector<const std::vector<KvCache>*> caches;
+  for (const DraftRequest& q : requests) caches.push_back(q.caches);
+  if (graphs_->run(first * (kMaxDraftTokens + 1) + steps, caches, run_steps)) ++replayed_groups_;
 }
 
 }  // namespace g4

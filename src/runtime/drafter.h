@@ -6,6 +6,7 @@
 // a session's drafts do not depend on the other sequences of the batch.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include "sampling/sampling_params.h"
 
 namespace g4 {
+
+class DecodeBatchGraphs;
 
 // A benchmark's control of acceptance (`g4 bench --draft_accept`): the assistant drafts as
 // always, then a greedy round's drafts are replaced so that a chosen number stand — the first ones by
@@ -74,6 +77,14 @@ class Drafter {
   // verdict: max_drafts × max_requests rows of the vocabulary (4 MiB a sequence for the 31B at K = 4).
   Drafter(const Gemma4Assistant& assistant, ModelRunner& runner, int64_t max_rows, int64_t max_requests,
           int64_t max_drafts);
+  ~Drafter();
+  // Whether a group's draft steps replay a recording of themselves (CUDA graphs; throws on a backend
+  // without them): a round's steps are a few dozen small launches each, which eagerly cost more
+  // to launch than to run. One recording per (group, steps) and cache layout, made the second time
+  // that key drafts (the first sizes the backend's buffers eagerly), as DecodeBatchGraphs does.
+  void replay_steps(bool on);
+  // Groups whose steps replayed a recording (replay_steps), over the drafter's life.
+  int64_t replayed_groups() const { return replayed_groups_; }
   const Gemma4Assistant& assistant() const { return assistant_; }
   // The drafts of every request, in order.
   std::vector<Drafts> draft(std::span<const DraftRequest> requests);
@@ -89,6 +100,8 @@ class Drafter {
   // Request r's step i: row i·max_requests + r of each.
   Tensor logits_, tokens_;
   SamplingRows params_;
+  std::unique_ptr<DecodeBatchGraphs> graphs_;  // with replay_steps
+  int64_t replayed_groups_ = 0;
 };
 
 }  // namespace g4

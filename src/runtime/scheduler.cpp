@@ -374,6 +374,7 @@ StepExecutor::StepExecutor(ModelRunner& runner, bool cuda_graphs, const DraftOpt
                                                            draft.draft_tokens)
                                : nullptr) {
   if (!drafter_) return;
+  drafter_->replay_steps(cuda_graphs);
   Backend& be = runner.backend();
   const int64_t rows = runner.max_batch_sequences();  // a forward's verify rows
   verdict_params_ = be.alloc_sampling_rows(rows);

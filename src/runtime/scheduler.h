@@ -69,7 +69,8 @@ struct SchedulerOptions {
   // matmuls run differently from small ones (CUDA) (docs/DESIGN.md §7).
   bool batch_invariant = true;
   // Steps that only decode replay a recorded forward per batch size (DecodeBatchGraphs: CUDA
-  // graphs; a backend with graphs, one device), with the tokens of eager steps.
+  // graphs; a backend with graphs, one device), with the tokens of eager steps; so do the drafter's
+  // steps (Drafter::replay_steps).
   bool cuda_graphs = false;
   // Speculative decoding with an MTP assistant (runtime/drafter.h): every request decodes in rounds
   // of up to draft_tokens drafts, verified in the step's forwards beside the other sequences' rows,

@@ -166,6 +166,7 @@ void Session::begin_generation(const Sampler& sampler, GenerationLimits limits, 
   if (drafting_) {
     speculation_->take_hidden(last_hidden());  // the prefill's: it draws the first token
     speculation_->force(draft.forced);
+    speculation_->replay_draft_steps(graph);
   }
   generation_.emplace(sampler, std::move(limits));
   penalties_ = PenaltyState(std::move(penalties), kv_.tokens());

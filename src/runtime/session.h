@@ -90,9 +90,9 @@ class Session {
   // `graph`, decode steps replay one recorded step (a backend with graphs, backend sampling).
   // With penalties (logit bias and penalties over this session's tokens and the output), every
   // draw adjusts the logits first, and decode steps run eagerly whatever `graph` says. With an
-  // assistant (`draft`), tokens come in draft-and-verify rounds (runtime/speculation.h), eagerly:
-  // the same text for greedy and the same distribution for sampling, with penalties too (each
-  // verify row adjusted as its draw would be).
+  // assistant (`draft`), tokens come in draft-and-verify rounds (runtime/speculation.h): the same
+  // text for greedy and the same distribution for sampling, with penalties too (each verify row
+  // adjusted as its draw would be); `graph` then replays the draft steps, the verify runs eagerly.
   void begin_generation(const Sampler& sampler, GenerationLimits limits, bool graph = false,
                         LogitPenalties penalties = {}, DraftOptions draft = {});
   // Draws the next token: the first from the prefill's logits, each later one after feeding the

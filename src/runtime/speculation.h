@@ -30,6 +30,9 @@ class Speculation {
   // The acceptance a benchmark forces on the rounds that follow (null: none); greedy rounds only.
   void force(const ForcedAcceptance* forced) { forced_ = forced; }
   const Gemma4Assistant& assistant() const { return drafter_.assistant(); }
+  // Whether the rounds' draft steps replay recordings of themselves (Drafter::replay_steps); the
+  // verify forward runs eagerly either way.
+  void replay_draft_steps(bool on) { drafter_.replay_steps(on); }
   int64_t draft_tokens() const { return k_; }
   // Keeps a host copy of the target's final-normed hidden state (one row, the activation dtype) of
   // the position whose logits drew the pending token.
