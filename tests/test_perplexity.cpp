@@ -3,9 +3,11 @@
 // llama-perplexity's own numbers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/backend_factory.h"
+#include "model/kv_types.h"
 #include "model/loader.h"
 #include "runtime/perplexity.h"
 #include "support/demo_engine.h"
@@ -71,6 +73,43 @@ TEST(Perplexity, AModelAgainstItselfHasNoDivergence) {
   const PerplexityResult r = measure_perplexity(a, &b, some_tokens(100), o);
   EXPECT_NEAR(*r.mean_kl, 0.0, 1e-9);
   EXPECT_EQ(*r.same_top_token, 1.0);
+}
+
+// Against a base, the share of same top tokens over the clear positions (the base's top-2 margin
+// above kClearTopMargin) is the direct count's: a tq4/q8_0-cache session against bf16 caches.
+TEST(Perplexity, SameTopTokenAtClearPositionsCountsOnlyThem) {
+  Demo demo;
+  SessionOptions so;
+  so.max_seq_len = 64;
+  Session base(*demo.model, *demo.backend, so);
+  so.kv_types = KvTypes{KvType::kTq4, KvType::kQ8_0};
+  Session quantized(*demo.model, *demo.backend, so);
+  const std::vector<int32_t> tokens = some_tokens(128);
+  PerplexityOptions o;
+  o.n_ctx = 64;
+  const PerplexityResult r = measure_perplexity(quantized, &base, tokens, o);
+  const int64_t V = base.vocab_size();
+  int64_t clear = 0, same = 0;
+  for (int c = 0; c < 2; ++c) {
+    std::vector<int32_t> chunk(tokens.begin() + c * 64, tokens.begin() + (c + 1) * 64);
+    chunk[0] = 2;
+    base.reset();
+    quantized.reset();
+    const std::vector<float> want = base.logits_all(chunk), got = quantized.logits_all(chunk);
+    for (int j = 32; j < 63; ++j) {
+      std::vector<float> row(want.begin() + j * V, want.begin() + (j + 1) * V);
+      const int64_t top = std::max_element(row.begin(), row.end()) - row.begin();
+      const float first = row[size_t(top)];
+      row[size_t(top)] = -INFINITY;
+      if (first - *std::max_element(row.begin(), row.end()) <= kClearTopMargin) continue;
+      ++clear;
+      same += std::max_element(got.begin() + j * V, got.begin() + (j + 1) * V) - (got.begin() + j * V) == top;
+    }
+  }
+  ASSERT_GT(clear, 0);
+  EXPECT_LT(clear, r.scored) << "every position clear: the count would not show the filter";
+  EXPECT_EQ(r.clear_positions, clear);
+  EXPECT_DOUBLE_EQ(*r.same_top_token_clear, double(same) / double(clear));
 }
 
 TEST(Perplexity, BadInputsAreNamed) {

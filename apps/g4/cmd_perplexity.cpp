@@ -57,6 +57,8 @@ void run_perplexity(const PerplexityFlags& f) {
     out["mean_kl"] = *r.mean_kl;
     out["mean_kl_error"] = *r.mean_kl_error;
     out["same_top_token"] = *r.same_top_token;
+    out["clear_positions"] = r.clear_positions;  // the base's top-2 margin > kClearTopMargin
+    if (r.same_top_token_clear) out["same_top_token_clear"] = *r.same_top_token_clear;
   }
   std::printf("%s\n", out.dump(2).c_str());
 }

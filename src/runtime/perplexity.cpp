@@ -22,6 +22,14 @@ std::vector<double> log_softmax(const float* logits, int64_t vocab) {
   return out;
 }
 
+// The largest value of `row` other than the one at `top` (its largest).
+double second_largest(const std::vector<double>& row, std::vector<double>::const_iterator top) {
+  double second = -INFINITY;
+  for (auto it = row.begin(); it != row.end(); ++it)
+    if (it != top) second = std::max(second, *it);
+  return second;
+}
+
 // Running mean and the standard error of the mean.
 struct MeanAndError {
   double sum = 0, sum_sq = 0;
@@ -58,7 +66,7 @@ PerplexityResult measure_perplexity(Session& model, Session* base, std::span<con
   const int64_t first = o.n_ctx / 2, vocab = model.vocab_size();
 
   MeanAndError nll, kl;
-  int64_t same_top = 0;
+  int64_t same_top = 0, clear = 0, same_top_clear = 0;
   for (int64_t c = 0; c < chunks; ++c) {
     std::vector<int32_t> chunk(tokens.begin() + c * o.n_ctx, tokens.begin() + (c + 1) * o.n_ctx);
     chunk[0] = o.bos_id;
@@ -77,8 +85,13 @@ PerplexityResult measure_perplexity(Session& model, Session* base, std::span<con
       double d = 0;
       for (int64_t i = 0; i < vocab; ++i) d += std::exp(base_lp[i]) * (base_lp[i] - lp[i]);
       kl.add(d);
-      same_top += std::max_element(lp.begin(), lp.end()) - lp.begin() ==
-                  std::max_element(base_lp.begin(), base_lp.end()) - base_lp.begin();
+      const auto base_top = std::max_element(base_lp.begin(), base_lp.end());
+      const bool same = std::max_element(lp.begin(), lp.end()) - lp.begin() == base_top - base_lp.begin();
+      same_top += same;
+      if (*base_top - second_largest(base_lp, base_top) > kClearTopMargin) {
+        ++clear;
+        same_top_clear += same;
+      }
     }
   }
   PerplexityResult r;
@@ -90,6 +103,8 @@ PerplexityResult measure_perplexity(Session& model, Session* base, std::span<con
     r.mean_kl = kl.mean();
     r.mean_kl_error = kl.error();
     r.same_top_token = double(same_top) / double(kl.n);
+    r.clear_positions = clear;
+    if (clear > 0) r.same_top_token_clear = double(same_top_clear) / double(clear);
   }
   return r;
 }

@@ -23,9 +23,14 @@ struct PerplexityResult {
   int64_t chunks = 0, scored = 0;  // chunks evaluated, positions scored
   double perplexity = 0, perplexity_error = 0;  // exp(mean negative log-likelihood) ± its standard error
   // Against the base model (when one was given): mean KL(base || model) in nats with its standard
-  // error, and the share of positions whose most likely token is the base model's.
-  std::optional<double> mean_kl, mean_kl_error, same_top_token;
+  // error, and the share of positions whose most likely token is the base model's; the same share
+  // over the clear positions, where the base's top two logits are more than kClearTopMargin apart
+  // (SPEC §6: closer ones may part under any rounding), and how many those are.
+  std::optional<double> mean_kl, mean_kl_error, same_top_token, same_top_token_clear;
+  int64_t clear_positions = 0;
 };
+
+inline constexpr double kClearTopMargin = 1.0;
 
 // `model` (and `base`) must be sessions with max_seq_len >= n_ctx; they are reset per chunk.
 // Throws g4::Error when the text is shorter than one chunk or an option is out of range.
