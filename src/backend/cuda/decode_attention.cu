@@ -36,14 +36,23 @@ namespace g4 {
 namespace {
 
 constexpr int kTileKeys = 32;     // keys staged per step: two 16-key tiles of the mma
-constexpr int kSplitWarps = 4;    // QK: (key tile, half of the head dims) per warp; PV: every 4th 16-dim tile
-constexpr int kSplitThreads = 32 * kSplitWarps;
-constexpr int kMaxDimTiles = kMaxAttentionHeadDim / 16 / kSplitWarps;  // 16-dim tiles of O a warp owns
-// Registers for as many split blocks a multiprocessor as their shared memory allows at head dim
-// 256: 5 with up to 8 heads a group, 4 with 16 (left to itself, ptxas gave the 16-head kernel 158
-// registers: 3 blocks).
-template <int kHeadTiles>
-constexpr int kSplitMinBlocks = kHeadTiles == 1 ? 5 : kHeadTiles == 2 ? 4 : 1;
+// A split block's warps: QK gives warp w key tile w % 2 over dim part w / 2 of kWarps / 2 parts, PV
+// every kWarps-th 16-dim tile of O, the softmax kHeads / kWarps heads. Four warps, or eight for a
+// group of up to 8 heads of more than 256 dims (kWideHeadDim): two blocks of 4 warps (the most
+// a multiprocessor's shared memory holds at 512 dims) left it waiting on latency at ~40 % of the
+// copy bandwidth over long contexts.
+constexpr int kWideHeadDim = 256;
+template <int kWarps>
+struct SplitWarps {
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kDimParts = kWarps / 2;
+  static constexpr int kDimTiles = kMaxAttentionHeadDim / 16 / kWarps;  // 16-dim tiles of O a warp owns
+};
+// Registers for as many split blocks a multiprocessor as their shared memory allows: at head dim
+// 256, 5 with up to 8 heads a group, 4 with 16 (left to itself, ptxas gave the 16-head kernel 158
+// registers: 3 blocks); at 512 dims, 2 of 8 warps.
+template <int kHeadTiles, int kWarps>
+constexpr int kSplitMinBlocks = kWarps == 8 ? 2 : kHeadTiles == 1 ? 5 : kHeadTiles == 2 ? 4 : 1;
 constexpr int kMaxSplits = 256;   // the merge holds every split's (m, l) in a warp's registers
 // Merge block: kMergeColumns threads own 4 output dims each; kMergeLanes of them share a column,
 // each summing every kMergeLanes-th split with kMergeLoads loads in flight.
@@ -120,9 +129,9 @@ __host__ __device__ inline int used_splits(int pos, int window, int split_keys) 
 }
 
 // The split kernel's shared memory for head dim D and a GQA group padded to 8 * kHeadTiles heads
-// (the mma's 8 columns per tile). K, V and Q rows are D + 8 elements long, so the 8 rows of an
-// ldmatrix fall in distinct banks.
-template <int kHeadTiles>
+// (the mma's 8 columns per tile), scored by kWarps warps. K, V and Q rows are D + 8 elements long,
+// so the 8 rows of an ldmatrix fall in distinct banks.
+template <int kHeadTiles, int kWarps>
 struct DecodeSmem {
   static constexpr int kHeads = 8 * kHeadTiles;
   static constexpr int kPLd = kTileKeys + 8;  // P rows (bf16): B fragment loads in distinct banks
@@ -132,8 +141,8 @@ struct DecodeSmem {
     k = 0;
     v = k + size_t(kTileKeys) * ld * 2;
     q = v + size_t(kTileKeys) * ld * 2;
-    scores = q + size_t(kHeads) * ld * 2;          // float [2 dim halves][kTileKeys][kHeads]
-    p = scores + size_t(2) * kTileKeys * kHeads * 4;  // bf16 [kHeads][kPLd]
+    scores = q + size_t(kHeads) * ld * 2;  // float [dim parts][kTileKeys][kHeads]
+    p = scores + size_t(SplitWarps<kWarps>::kDimParts) * kTileKeys * kHeads * 4;  // bf16 [kHeads][kPLd]
     alpha = p + size_t(kHeads) * kPLd * 2;          // float [kHeads]
     fresh_k = alpha + size_t(kHeads) * 4;
     fresh_v = fresh_k + size_t(D) * 2;
@@ -228,12 +237,14 @@ __device__ void load_queries(const AttentionLaunch& a, int64_t pos, int kvh, bf1
 }
 
 // Raw scores S^T = K·Q^T of a staged tile (keys x heads) on the tensor cores: warp w takes key
-// tile w % 2 over half w / 2 of the head dims; the halves land in scores[half][key][head].
-template <int kHeadTiles>
-__device__ void tile_scores(const DecodeSmem<kHeadTiles>& lay, const bf16* ks, const bf16* qs, float* scores, int D) {
-  constexpr int kHeads = 8 * kHeadTiles;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, key_tile = warp & 1, half = warp >> 1;
-  const int steps = D / 16, mid = (steps + 1) / 2, step_end = half ? steps : mid;
+// tile w % 2 over dim part w / 2 (of the 16-dim steps, part p takes [ceil(p·S/P), ceil((p+1)·S/P)));
+// the parts land in scores[part][key][head].
+template <int kHeadTiles, int kWarps>
+__device__ void tile_scores(const DecodeSmem<kHeadTiles, kWarps>& lay, const bf16* ks, const bf16* qs, float* scores,
+                            int D) {
+  constexpr int kHeads = 8 * kHeadTiles, kParts = SplitWarps<kWarps>::kDimParts;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, key_tile = warp & 1, part = warp >> 1;
+  const int steps = D / 16, step_end = ((part + 1) * steps + kParts - 1) / kParts;
   const bf16* a_row = ks + (key_tile * 16 + (lane & 15)) * lay.ld + (lane >> 4) * 8;
   const bf16* b_row = qs + (lane & 7) * lay.ld + ((lane >> 3) & 1) * 8;
   // Two independent sums (even and odd steps), so that consecutive mmas do not wait on each other.
@@ -248,7 +259,7 @@ __device__ void tile_scores(const DecodeSmem<kHeadTiles>& lay, const bf16* ks, c
       mma_bf16(acc[nt], k_frag, q0, q1);
     }
   };
-  int step = half ? mid : 0;
+  int step = (part * steps + kParts - 1) / kParts;
 #pragma unroll 2
   for (; step + 1 < step_end; step += 2) {
     step_into(step, s);
@@ -263,29 +274,39 @@ __device__ void tile_scores(const DecodeSmem<kHeadTiles>& lay, const bf16* ks, c
 #pragma unroll
   for (int nt = 0; nt < kHeadTiles; ++nt) {
     const int h = nt * 8 + 2 * (lane & 3);
-    *reinterpret_cast<float2*>(scores + (half * kTileKeys + key) * kHeads + h) = make_float2(s[nt][0], s[nt][1]);
-    *reinterpret_cast<float2*>(scores + (half * kTileKeys + key + 8) * kHeads + h) = make_float2(s[nt][2], s[nt][3]);
+    *reinterpret_cast<float2*>(scores + (part * kTileKeys + key) * kHeads + h) = make_float2(s[nt][0], s[nt][1]);
+    *reinterpret_cast<float2*>(scores + (part * kTileKeys + key + 8) * kHeads + h) = make_float2(s[nt][2], s[nt][3]);
   }
 }
 
-// The online softmax over one tile for the heads warp w owns (2 kHeadTiles of them, lane = key):
-// m and l advance, P = exp(scale (s - m)) goes to shared memory in bf16, and each head's rescale
-// factor of O to alphas. In base 2, as prefill: exp2(s * scale_log2 - m * scale_log2).
-template <int kHeadTiles>
+// Heads of a tile's softmax a warp owns.
+template <int kHeadTiles, int kWarps>
+constexpr int kWarpHeads = 8 * kHeadTiles / kWarps;
+
+// The online softmax over one tile for the heads warp w owns (kWarpHeads of them, lane = key; a
+// score is its dim parts' sum, added in part order): m and l advance, P = exp(scale (s - m)) goes to
+// shared memory in bf16, and each head's rescale factor of O to alphas. In base 2, as prefill:
+// exp2(s * scale_log2 - m * scale_log2).
+template <int kHeadTiles, int kWarps>
 __device__ void tile_softmax(int64_t kb, int64_t end, int group, float scale_log2, const float* scores, bf16* p,
-                             float* alphas, float (&m)[2 * kHeadTiles], float (&l)[2 * kHeadTiles]) {
-  constexpr int kHeads = 8 * kHeadTiles, kPLd = DecodeSmem<kHeadTiles>::kPLd;
+                             float* alphas, float (&m)[kWarpHeads<kHeadTiles, kWarps>],
+                             float (&l)[kWarpHeads<kHeadTiles, kWarps>]) {
+  constexpr int kHeads = 8 * kHeadTiles, kPLd = DecodeSmem<kHeadTiles, kWarps>::kPLd;
+  constexpr int kOwn = kWarpHeads<kHeadTiles, kWarps>, kParts = SplitWarps<kWarps>::kDimParts;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool valid = kb + lane < end;
 #pragma unroll
-  for (int i = 0; i < 2 * kHeadTiles; ++i) {
-    const int h = warp * 2 * kHeadTiles + i;
+  for (int i = 0; i < kOwn; ++i) {
+    const int h = warp * kOwn + i;
     if (h >= group) {  // a padding column of the mma (its O is discarded): P zero, alpha one
       p[h * kPLd + lane] = __float2bfloat16(0.0f);
       if (lane == 0) alphas[h] = 1.0f;
       continue;
     }
-    const float s = valid ? scores[lane * kHeads + h] + scores[(kTileKeys + lane) * kHeads + h] : -INFINITY;
+    float s = scores[lane * kHeads + h];
+#pragma unroll
+    for (int part = 1; part < kParts; ++part) s += scores[(part * kTileKeys + lane) * kHeads + h];
+    s = valid ? s : -INFINITY;
     const float mx = fmaxf(m[i], warp_reduce<MaxOp>(s));  // finite: a tile holds at least one key
     const float ref = mx * scale_log2;
     const float pj = exp2_approx(fmaf(s, scale_log2, -ref));
@@ -298,11 +319,11 @@ __device__ void tile_softmax(int64_t kb, int64_t end, int group, float scale_log
 }
 
 // O^T += V^T·P^T for the tile (dims x heads) on the tensor cores, after O is rescaled by alpha:
-// warp w owns the 16-dim tiles w, w + 4, ...
-template <int kHeadTiles>
-__device__ void tile_values(const DecodeSmem<kHeadTiles>& lay, const bf16* vs, const bf16* p, const float* alphas,
-                            int D, float (&o)[kMaxDimTiles][kHeadTiles][4]) {
-  constexpr int kPLd = DecodeSmem<kHeadTiles>::kPLd;
+// warp w owns the 16-dim tiles w, w + kWarps, ...
+template <int kHeadTiles, int kWarps>
+__device__ void tile_values(const DecodeSmem<kHeadTiles, kWarps>& lay, const bf16* vs, const bf16* p,
+                            const float* alphas, int D, float (&o)[SplitWarps<kWarps>::kDimTiles][kHeadTiles][4]) {
+  constexpr int kPLd = DecodeSmem<kHeadTiles, kWarps>::kPLd, kDimTiles = SplitWarps<kWarps>::kDimTiles;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float alpha[kHeadTiles][2];
 #pragma unroll
@@ -311,7 +332,7 @@ __device__ void tile_values(const DecodeSmem<kHeadTiles>& lay, const bf16* vs, c
     alpha[nt][0] = a2.x, alpha[nt][1] = a2.y;
   }
 #pragma unroll
-  for (int t = 0; t < kMaxDimTiles; ++t)
+  for (int t = 0; t < kDimTiles; ++t)
 #pragma unroll
     for (int nt = 0; nt < kHeadTiles; ++nt) {
       o[t][nt][0] *= alpha[nt][0], o[t][nt][1] *= alpha[nt][1];
@@ -328,8 +349,8 @@ __device__ void tile_values(const DecodeSmem<kHeadTiles>& lay, const bf16* vs, c
       p1[nt] = *reinterpret_cast<const uint32_t*>(row + 8);
     }
 #pragma unroll
-    for (int t = 0; t < kMaxDimTiles; ++t) {
-      const int dim_tile = warp + kSplitWarps * t;
+    for (int t = 0; t < kDimTiles; ++t) {
+      const int dim_tile = warp + kWarps * t;
       if (dim_tile * 16 >= D) break;
       uint32_t v_frag[4];
       ldmatrix_x4_trans(v_frag, shared_addr(v_row + kk * 16 * lay.ld + dim_tile * 16));
@@ -450,9 +471,10 @@ struct Tile {
 // for the merge, which the block then does itself when merged_in_split. K and V are bf16, Q is
 // rounded to bf16 (as the separate head-norm op stores it) and P to bf16, as in prefill; sums are
 // float32. A split's arithmetic does not depend on which block takes it.
-template <int kHeadTiles>
-__global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
+template <int kHeadTiles, int kWarps>
+__global__ void __launch_bounds__(SplitWarps<kWarps>::kThreads, (kSplitMinBlocks<kHeadTiles, kWarps>))
     decode_split_kernel(AttentionLaunch batch, DecodeCaches caches, SplitPartials batch_parts, uint4* planes) {
+  constexpr int kOwn = kWarpHeads<kHeadTiles, kWarps>, kDimTiles = SplitWarps<kWarps>::kDimTiles;
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t decode_smem[];
   const SplitBlock block = split_block(batch_parts);
@@ -460,7 +482,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   const SplitPartials parts = sequence_partials(batch_parts, batch, block.sequence);
   const int D = a.head_dim, group = a.heads / a.kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kvh = block.kvh, y = block.y;
-  const DecodeSmem<kHeadTiles> lay(D);
+  const DecodeSmem<kHeadTiles, kWarps> lay(D);
   bf16* ks = reinterpret_cast<bf16*>(decode_smem + lay.k);
   bf16* vs = reinterpret_cast<bf16*>(decode_smem + lay.v);
   bf16* qs = reinterpret_cast<bf16*>(decode_smem + lay.q);
@@ -492,12 +514,12 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
     make_fresh_row(a, pos, kvh, fresh_k, fresh_v);  // the last split is ours
   __syncthreads();  // the new K/V rows (normed by two warps) visible to place_fresh_row's threads
   const float scale_log2 = a.scale * 1.4426950408889634f;
-  float m[2 * kHeadTiles], l[2 * kHeadTiles], o[kMaxDimTiles][kHeadTiles][4];
+  float m[kOwn], l[kOwn], o[kDimTiles][kHeadTiles][4];
   auto reset = [&] {
 #pragma unroll
-    for (int i = 0; i < 2 * kHeadTiles; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+    for (int i = 0; i < kOwn; ++i) m[i] = -INFINITY, l[i] = 0.0f;
 #pragma unroll
-    for (int t = 0; t < kMaxDimTiles; ++t)
+    for (int t = 0; t < kDimTiles; ++t)
 #pragma unroll
       for (int nt = 0; nt < kHeadTiles; ++nt)
 #pragma unroll
@@ -506,14 +528,14 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
   // The state of the heads this warp's softmax owns, then the outputs of its dim tiles.
   auto store_split = [&](int split) {
 #pragma unroll
-    for (int i = 0; i < 2 * kHeadTiles; ++i) {
-      const int h = warp * 2 * kHeadTiles + i;
+    for (int i = 0; i < kOwn; ++i) {
+      const int h = warp * kOwn + i;
       if (h < group && lane == 0)
         parts.ml[int64_t(kvh * group + h) * parts.max_splits + split] = make_float2(m[i] * a.scale, l[i]);
     }
 #pragma unroll
-    for (int t = 0; t < kMaxDimTiles; ++t) {
-      const int d = (warp + kSplitWarps * t) * 16 + (lane >> 2);
+    for (int t = 0; t < kDimTiles; ++t) {
+      const int d = (warp + kWarps * t) * 16 + (lane >> 2);
       if (d >= D) break;
 #pragma unroll
       for (int nt = 0; nt < kHeadTiles; ++nt)
@@ -533,7 +555,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<kHeadTiles>)
     tile_scores(lay, ks, qs, scores, D);
     __syncthreads();  // K consumed, the scores complete
     stage(a.k_cache, tile.next(walk), ks);
-    tile_softmax<kHeadTiles>(tile.kb, tile.end, group, scale_log2, scores, p, alphas, m, l);
+    tile_softmax<kHeadTiles, kWarps>(tile.kb, tile.end, group, scale_log2, scores, p, alphas, m, l);
     cp_async_wait_group<1>();  // this tile's V (the next K may still be in flight)
     place_fresh_row(tile.kb, fresh, D, lay.ld, fresh_v, vs);
     __syncthreads();  // V, P and alpha visible to every warp
@@ -643,19 +665,22 @@ void launch_splits_and_merge(const AttentionLaunch& a, const DecodeCaches& cache
   if (splits_bound > 0) splits = std::min(splits, splits_bound);  // past it every split is empty
   parts.launched = splits;  // the merge loads no more (at 64 sequences the loads were most of its time)
   const int group = a.heads / a.kv_heads;
-  auto launch_split = [&](auto kernel, size_t smem) {
+  auto launch_split = [&](auto kernel, size_t smem, int threads) {
     // Every split its own block when the GPU holds them all at once; else the fewest blocks per
     // (kv head, sequence) that still fill it, each taking every P-th split.
     const int64_t heads = int64_t(a.kv_heads) * caches.sequences, blocks = int64_t(splits) * heads;
-    const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), kSplitThreads, smem);
+    const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem);
     parts.blocks_per_head = blocks <= resident ? splits : int(ceil_div(splits, ceil_div(blocks, resident)));
     const unsigned kv_heads = unsigned(a.kv_heads), p = unsigned(parts.blocks_per_head), z = unsigned(caches.sequences);
     launch_kernel("decode_split_kernel", kernel, sequences_fastest ? dim3(z, kv_heads, p) : dim3(kv_heads, p, z),
-                  kSplitThreads, smem, stream, Pdl::kOn, a, caches, parts, planes);
+                  threads, smem, stream, Pdl::kOn, a, caches, parts, planes);
   };
-  if (group <= 8) launch_split(decode_split_kernel<1>, DecodeSmem<1>(a.head_dim).total);
-  else if (group <= 16) launch_split(decode_split_kernel<2>, DecodeSmem<2>(a.head_dim).total);
-  else launch_split(decode_split_kernel<4>, DecodeSmem<4>(a.head_dim).total);
+  const int D = a.head_dim;
+  if (group <= 8 && D > kWideHeadDim)
+    launch_split(decode_split_kernel<1, 8>, DecodeSmem<1, 8>(D).total, SplitWarps<8>::kThreads);
+  else if (group <= 8) launch_split(decode_split_kernel<1, 4>, DecodeSmem<1, 4>(D).total, SplitWarps<4>::kThreads);
+  else if (group <= 16) launch_split(decode_split_kernel<2, 4>, DecodeSmem<2, 4>(D).total, SplitWarps<4>::kThreads);
+  else launch_split(decode_split_kernel<4, 4>, DecodeSmem<4, 4>(D).total, SplitWarps<4>::kThreads);
   if (merged_in_split(parts, splits, group, a.head_dim)) return;  // at every position this launch can be at
   launch_kernel("decode_merge_kernel", decode_merge_kernel,
                 dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))),
