@@ -79,9 +79,10 @@ class Drafter {
           int64_t max_drafts);
   ~Drafter();
   // Whether a group's draft steps replay a recording of themselves (CUDA graphs; throws on a backend
-  // without them): a round's steps are a few dozen small launches each, which eagerly cost more
-  // to launch than to run. One recording per (group, steps) and cache layout, made the second time
-  // that key drafts (the first sizes the backend's buffers eagerly), as DecodeBatchGraphs does.
+  // without them): a step is a few dozen small launches, whose host cost a replay drops (most of a
+  // small assistant's step, 7 % of the 31B's; docs/DESIGN.md). One recording per (group, steps) and
+  // cache layout, made the second time that key drafts (the first sizes the backend's buffers
+  // eagerly), as DecodeBatchGraphs does.
   void replay_steps(bool on);
   // Groups whose steps replayed a recording (replay_steps), over the drafter's life.
   int64_t replayed_groups() const { return replayed_groups_; }
