@@ -79,8 +79,8 @@ class Drafter {
           int64_t max_drafts);
   ~Drafter();
   // Whether a group's draft steps replay a recording of themselves (CUDA graphs; throws on a backend
-  // without them): a step is a few dozen small launches, whose host cost a replay drops (most of a
-  // small assistant's step, 7 % of the 31B's; docs/DESIGN.md). One recording per (group, steps) and
+  // without them): a step is a few dozen small launches, whose host cost a replay drops (7 % of the
+  // 31B assistant's step on an H100; docs/DESIGN.md). One recording per (group, steps) and
   // cache layout, made the second time that key drafts (the first sizes the backend's buffers
   // eagerly), as DecodeBatchGraphs does.
   void replay_steps(bool on);
