@@ -25,7 +25,7 @@ struct PerplexityResult {
   // Against the base model (when one was given): mean KL(base || model) in nats with its standard
   // error, and the share of positions whose most likely token is the base model's; the same share
   // over the clear positions, where the base's top two logits are more than kClearTopMargin apart
-  // (SPEC §6: closer ones may part under any rounding), and how many those are.
+  // (closer ones may part under rounding alone: docs/DESIGN.md §6, "Tolerances"), and how many.
   std::optional<double> mean_kl, mean_kl_error, same_top_token, same_top_token_clear;
   int64_t clear_positions = 0;
 };
