@@ -252,8 +252,8 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
                       {"draft_tokens_per_round", stats.tokens_per_round()},
                       {"draft_s", stats.draft_seconds},
                       {"verify_s", stats.verify_seconds},
-                      {"draft_step_ms", stats.drafted > 0 ? stats.draft_seconds / double(stats.drafted) * 1e3 : 0.0},
-                      {"verify_ms", stats.rounds > 0 ? stats.verify_seconds / double(stats.rounds) * 1e3 : 0.0}};
+                      {"draft_step_ms", stats.draft_step_ms()},
+                      {"verify_ms", stats.verify_ms()}};
   if (o.draft_accept >= 0) r["draft_accept"] = o.draft_accept;
   if (be.records_steps()) {  // the same rounds with the draft steps replayed (Drafter::replay_steps)
     const SpeculationStats eager_rounds = *s.speculation_stats();
@@ -263,8 +263,8 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
     const SpeculationStats rounds = s.speculation_stats()->since(eager_rounds);
     request.graph = false;
     r["drafted_decode_greedy_graph_tok_s"] = double(replayed.tokens.size() - 1) / replayed.decode_seconds;
-    r["draft_step_graph_ms"] = rounds.drafted > 0 ? rounds.draft_seconds / double(rounds.drafted) * 1e3 : 0.0;
-    r["verify_graph_ms"] = rounds.rounds > 0 ? rounds.verify_seconds / double(rounds.rounds) * 1e3 : 0.0;
+    r["draft_step_graph_ms"] = rounds.draft_step_ms();
+    r["verify_graph_ms"] = rounds.verify_ms();
   }
   // Sampled rounds: the verdict's acceptance rule runs on the backend (Backend::judge_drafts). The
   // session's counts hold every generation's rounds: this run's are those after the greedy ones.
@@ -277,10 +277,8 @@ nlohmann::json drafted_decode_report(const BenchOptions& o, const Gemma4& model,
   r["drafted_decode_topk_topp_tok_s"] = double(g_sampled.tokens.size() - 1) / g_sampled.decode_seconds;
   r["draft_rounds_topk_topp"] = sampled_rounds.rounds;
   r["draft_tokens_per_round_topk_topp"] = sampled_rounds.tokens_per_round();
-  r["verify_topk_topp_ms"] =
-      sampled_rounds.rounds > 0 ? sampled_rounds.verify_seconds / double(sampled_rounds.rounds) * 1e3 : 0.0;
-  r["draft_step_topk_topp_ms"] =
-      sampled_rounds.drafted > 0 ? sampled_rounds.draft_seconds / double(sampled_rounds.drafted) * 1e3 : 0.0;
+  r["verify_topk_topp_ms"] = sampled_rounds.verify_ms();
+  r["draft_step_topk_topp_ms"] = sampled_rounds.draft_step_ms();
   return r;
 }
 

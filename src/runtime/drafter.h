@@ -43,6 +43,9 @@ struct SpeculationStats {
   // Tokens a round gives on average: its accepted drafts and the verdict's token.
   double tokens_per_round() const { return rounds > 0 ? double(accepted + rounds) / double(rounds) : 0.0; }
   double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  // Milliseconds a draft step and a verify took on average.
+  double draft_step_ms() const { return drafted > 0 ? draft_seconds / double(drafted) * 1e3 : 0.0; }
+  double verify_ms() const { return rounds > 0 ? verify_seconds / double(rounds) * 1e3 : 0.0; }
   // The rounds after `earlier` (an earlier copy of these counts).
   SpeculationStats since(const SpeculationStats& earlier) const {
     return {rounds - earlier.rounds, drafted - earlier.drafted, accepted - earlier.accepted,
