@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/perplexity.h"
 #include "util/error.h"
 
 namespace g4::test {
@@ -27,8 +28,9 @@ struct Reference {
   TransformersError transformers_bf16, transformers_f32;
 };
 
-// A position whose reference top-2 margin exceeds this has an unambiguous greedy token.
-inline constexpr double kClearMargin = 1.0;
+// A position whose reference top-2 margin exceeds this has an unambiguous greedy token: the rule
+// g4 perplexity's clear positions follow.
+inline constexpr double kClearMargin = kClearTopMargin;
 
 std::string fixture_dir(const std::string& name);
 Reference load_reference(const std::string& name);
