@@ -3,8 +3,9 @@
 // once on the tensor cores, from K/V tiles staged with cp.async by all of its threads, and writes
 // each head's softmax state (m, l) and unnormalised output. A warp per head scoring one key per lane
 // on the CUDA cores would do 4 FMAs per byte of K/V with the 31B's full layers (8 heads of 512 dims
-// per K/V head), which holds 32 k-token decode attention to ~1.3 TB/s (docs/DESIGN.md §3). The visible keys are spread over all splits whatever the context length
-// (split_keys_at), so a short context is many short splits rather than a few long ones. It can
+// per K/V head), which holds 32 k-token decode attention to ~1.3 TB/s (docs/DESIGN.md §3). The
+// visible keys are spread over all splits whatever the context length (split_keys_at), so a short
+// context is many short splits rather than a few long ones. It can
 // fold in the head norms (AttentionLaunch::norm_inputs): each block norms its group's queries
 // itself, and the block whose split holds the new token norms that token's K/V, which it also
 // stores in the cache (no split reads that slot: a ring is at least a window long). The merge
