@@ -17,6 +17,7 @@
 #include "sampling/speculative.h"
 #include "support/draft_cases.h"
 #include "support/fixtures.h"
+#include "support/row_copies.h"
 
 namespace g4 {
 namespace {
@@ -158,6 +159,11 @@ TEST(CpuBackendOps, TokensToIdsFeedZeroForAFailedDraw) {
   EXPECT_EQ(got, (std::vector<int32_t>{5, 0, 262143}));
   EXPECT_THROW(be.tokens_to_ids(ids, t), Error);
   EXPECT_THROW(be.tokens_to_ids(t, be.alloc(DType::I32, 2, 1)), Error);
+}
+
+TEST(CpuBackendOps, RowCopiesLandInTheirRows) {
+  CpuBackend be(1);
+  EXPECT_EQ(test::row_copy_mismatches(be, 9, 5, {7, 0, 3, 8, 4}), 0);
 }
 
 // The CPU backend's verdict is judge_drafts's on the drafts gathered from a drafter's rows (here

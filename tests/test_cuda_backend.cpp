@@ -32,6 +32,7 @@
 #include "support/demo_engine.h"
 #include "support/fixtures.h"
 #include "support/generation.h"
+#include "support/row_copies.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -610,6 +611,15 @@ TEST_F(CudaOps, TooLargeAllocationIsAClearError) {
   std::vector<float> zeros(16, 1.0f);
   gpu_->download(ok, zeros.data());
   EXPECT_EQ(zeros[0], 0.0f);
+}
+
+// KV pages' size (512 KiB rows): 150 of 200 rows in a scattered order run through both pinned
+// halves of the staging twice each (64 rows a half).
+TEST_F(CudaOps, RowCopiesLandInTheirRowsThroughThePinnedHalves) {
+  std::vector<int32_t> order(200);
+  for (int32_t r = 0; r < 200; ++r) order[size_t(r)] = (r * 37) % 200;
+  order.resize(150);
+  EXPECT_EQ(test::row_copy_mismatches(*gpu_, 200, 131072, order), 0);
 }
 
 // ---------------------------------------------------------------- fixtures

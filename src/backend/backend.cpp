@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <cstddef>
+
 #include "quant/tq4.h"
 
 namespace g4 {
@@ -71,6 +73,29 @@ void Backend::check_concat_cols(std::span<const Tensor> parts, const Tensor& out
     cols += p.cols;
   }
   G4_CHECK(cols == out.cols, "concat_cols: the parts' columns must add up to the output's");
+}
+
+void Backend::check_rows(const Tensor& t, std::span<const int32_t> rows) {
+  for (const int32_t r : rows)
+    G4_CHECK(r >= 0 && r < t.rows, "row " + std::to_string(r) + " of a tensor of " + std::to_string(t.rows) + " rows");
+}
+
+void Backend::download_rows(const Tensor& src, std::span<const int32_t> rows, void* host) {
+  check_rows(src, rows);
+  auto* out = static_cast<std::byte*>(host);
+  for (const int32_t r : rows) {
+    download(src.rows_view(r, 1), out);
+    out += src.row_size();
+  }
+}
+
+void Backend::upload_rows(const void* host, std::span<const int32_t> rows, const Tensor& dst) {
+  check_rows(dst, rows);
+  const auto* in = static_cast<const std::byte*>(host);
+  for (const int32_t r : rows) {
+    upload(in, dst.rows_view(r, 1));
+    in += dst.row_size();
+  }
 }
 
 SamplingRows Backend::alloc_sampling_rows(int64_t rows) {

@@ -179,6 +179,12 @@ class Backend {
   virtual Tensor alloc(DType dtype, int64_t rows, int64_t cols) = 0;
   virtual void upload(const void* host, const Tensor& dst) = 0;   // host bytes already in dst.dtype
   virtual void download(const Tensor& src, void* host) = 0;       // waits for pending work
+  // Rows `rows` of src, in that order, into host memory back to back, with one wait for all of
+  // them; and back: host rows back to back into rows `rows` of dst. What swapping a sequence's KV
+  // pages out and in takes: thousands of scattered rows, where a copy and a wait each would cost
+  // the bus's latency every row (the CUDA backend stages them through pinned memory).
+  virtual void download_rows(const Tensor& src, std::span<const int32_t> rows, void* host);
+  virtual void upload_rows(const void* host, std::span<const int32_t> rows, const Tensor& dst);
   // Make a weight usable by matmul/embed/norm ops. `storage` is the type the caller wants kept
   // (the file's type, or F32); the backend may pick its own (e.g. CUDA keeps BF16).
   virtual Tensor upload_weight(const HostTensor& w) = 0;
@@ -212,6 +218,8 @@ class Backend {
   virtual void concat_cols(std::span<const Tensor> parts, const Tensor& out) = 0;
   // What every backend's concat_cols checks first: one dtype and row count, the columns adding up.
   static void check_concat_cols(std::span<const Tensor> parts, const Tensor& out);
+  // download_rows / upload_rows: every row inside t.
+  static void check_rows(const Tensor& t, std::span<const int32_t> rows);
   // The attention block's q/k/v head norms and RoPE (see HeadNorms).
   virtual void head_norms(const HeadNorms& args) = 0;
   // Causal (optionally sliding-window) GQA attention of the chunk's queries over the cached

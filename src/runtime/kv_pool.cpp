@@ -485,17 +485,18 @@ SwappedSequence KvPool::swap_out(KvSequence&& sequence) {
   sequence.pool_ = nullptr;
   register_written(state);  // its written pages stay cached for others while it waits
   SwappedSequence out;
-  const size_t page = page_bytes();
-  out.bytes.resize(size_t(state.pages.held) * page);
   SequencePages& pages = state.pages;
   const KvPageLayout& l = layout(state.max_seq_len);
+  std::vector<int32_t> held;  // the arena's rows, in slot order
   for (size_t i = 0; i < config_.layers.size(); ++i)
     for (int64_t slot = l.table_offset[i]; slot < l.table_offset[i] + l.slots[i]; ++slot) {
       if (pages.page[size_t(slot)] < 0) continue;
-      backend_.download(page_bytes_view(pages.page[size_t(slot)]), out.bytes.data() + out.slots.size() * page);
+      held.push_back(pages.page[size_t(slot)]);
       out.slots.push_back(int32_t(slot));
       out.logical.push_back(pages.logical[size_t(slot)]);
     }
+  out.bytes.resize(held.size() * page_bytes());
+  backend_.download_rows(arena_, held, out.bytes.data());
   out.max_seq_len = state.max_seq_len;
   out.tokens = std::move(state.tokens);
   out.prefix_hashes = std::move(state.prefix_hashes);
@@ -510,14 +511,14 @@ KvSequence KvPool::swap_in(const SwappedSequence& swapped) {
   s.prefix_hashes = swapped.prefix_hashes;
   s.pages.freed_below = swapped.freed_below;
   const KvPageLayout& l = layout(s.max_seq_len);
-  const size_t page = page_bytes();
+  std::vector<int32_t> taken(swapped.slots.size());
   size_t layer = 0;
   for (size_t k = 0; k < swapped.slots.size(); ++k) {
     while (swapped.slots[k] >= l.table_offset[layer] + l.slots[layer]) ++layer;
-    const int32_t taken = take_page();
-    backend_.upload(swapped.bytes.data() + k * page, page_bytes_view(taken));
-    set_slot(s.pages, size_t(swapped.slots[k]), int64_t(layer), taken, swapped.logical[k]);
+    taken[k] = take_page();
+    set_slot(s.pages, size_t(swapped.slots[k]), int64_t(layer), taken[k], swapped.logical[k]);
   }
+  backend_.upload_rows(swapped.bytes.data(), taken, arena_);
   return live(std::move(s), 0);
 }
 

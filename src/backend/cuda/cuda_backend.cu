@@ -7,6 +7,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -18,6 +19,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_workspace.h"
 #include "backend/cuda/draft_verdict.h"
+#include "backend/cuda/host_staging.h"
 #include "backend/cuda/packed_kernels.h"
 #include "backend/cuda/q4_0_records.h"
 #include "backend/cuda/quantized_kv_kernels.h"
@@ -237,6 +239,21 @@ class CudaBackend final : public Backend {
   void download(const Tensor& src, void* host) override {
     G4_CUDA(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
     G4_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  void download_rows(const Tensor& src, std::span<const int32_t> rows, void* host) override {
+    check_rows(src, rows);
+    host_staging_.download_rows(static_cast<const std::byte*>(src.data), src.row_size(), rows,
+                                static_cast<std::byte*>(host), stream_);
+  }
+
+  void upload_rows(const void* host, std::span<const int32_t> rows, const Tensor& dst) override {
+    check_rows(dst, rows);
+    dequantize_must_wait_ = true;  // as upload
+    records_.erase(dst.data);
+    host_staging_.upload_rows(static_cast<const std::byte*>(host), dst.row_size(), rows,
+                              static_cast<std::byte*>(dst.data), stream_);
+    keep_in_records(dst);
   }
 
   // Streamed through a device staging buffer in chunks of rows, widened (launch_convert_weight) or
@@ -1154,6 +1171,7 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<CudaSampler> sampler_;
   DeviceBuffer distributions_;  // judge_drafts: the rows' RowDistribution
+  HostStaging host_staging_;    // download_rows, upload_rows
   MemoryMeter memory_;
   bool capturing_ = false;
   uint64_t allocations_ = 0;  // alloc() calls so far (CudaGraph::allocations)
