@@ -182,15 +182,19 @@ class CudaQuantizedKv : public test::CudaVsCpu {
   }
 
   // Chunk after chunk through one layer on both backends, over caches paged alike: every output
-  // within the bounds of the CPU's.
-  void expect_chunks_match(DType type, const Layer& l, const std::vector<Chunk>& chunks, int64_t page_positions) {
+  // within the bounds of the CPU's. A sliding layer's cache is a ring of the window and the largest
+  // chunk, or with `as_long_as_the_context` as many pages as the chunks' positions (the pool's layout
+  // when the context is no longer than that ring).
+  void expect_chunks_match(DType type, const Layer& l, const std::vector<Chunk>& chunks, int64_t page_positions,
+                           bool as_long_as_the_context = false) {
     const int64_t total = std::accumulate(chunks.begin(), chunks.end(), int64_t(0),
                                           [](int64_t n, const Chunk& c) { return n + c.T; });
     int64_t largest = 0;
     for (const Chunk& c : chunks) largest = std::max(largest, c.T);
     // The pool's rule for a quantized ring: the window and the largest chunk (kv_page_layout).
-    const int64_t slots = l.window ? (l.window + largest + page_positions - 1) / page_positions + 1
-                                   : (total + page_positions - 1) / page_positions;
+    const int64_t slots = l.window && !as_long_as_the_context
+                              ? (l.window + largest + page_positions - 1) / page_positions + 1
+                              : (total + page_positions - 1) / page_positions;
     const std::vector<int32_t> table = shuffled_table(slots, seed_++);
     PagedCache cpu_cache = paged_cache(cpu_, type, l, page_positions, slots, table);
     PagedCache gpu_cache = paged_cache(*gpu_, type, l, page_positions, slots, table);
@@ -270,6 +274,14 @@ TEST_F(CudaQuantizedKv, ChunksAndDecodeStepsMatchTheCpu) {
   const std::vector<Chunk> chunks = {{37}, {1}, {1}, {1}, {20, 1}, {1}, {1}, {70}, {1}, {9, 0}, {1}};
   for (DType type : {DType::Q8_0, DType::TQ4})
     for (const Layer& l : layers()) expect_chunks_match(type, l, chunks, l.head_dim == 64 ? 8 : 16);
+}
+
+// Sliding layers whose cache holds the whole context (64 positions) but not the window and a chunk
+// (48 + 29 and 40 + 29): the chunks never wrap, so they run, and match the CPU.
+TEST_F(CudaQuantizedKv, ChunksOverACacheAsLongAsTheContextMatchTheCpu) {
+  const std::vector<Chunk> chunks = {{30}, {1}, {17}, {1}};
+  for (DType type : {DType::Q8_0, DType::TQ4})
+    for (const Layer& l : {Layer{4, 2, 256, 48}, Layer{8, 4, 128, 40}}) expect_chunks_match(type, l, chunks, 16, true);
 }
 
 // 20 000 positions: prefill chunks of 4 000 (their last query compared), then decode steps whose

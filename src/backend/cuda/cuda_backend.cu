@@ -1139,6 +1139,7 @@ class CudaBackend final : public Backend {
     q.caches.k[0] = ptr<uint8_t>(cache.k);
     q.caches.v[0] = ptr<uint8_t>(cache.v);
     q.caches.table[0] = ptr<int32_t>(cache.table);
+    q.last_position = args.last_position;
     return q;
   }
 

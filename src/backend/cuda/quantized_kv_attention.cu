@@ -874,7 +874,11 @@ void check_quantized_launch(const QuantizedKvLaunch& q) {
   G4_CHECK(q.row_bytes == int64_t(row_bytes(q.dtype, kv_cache_cols(q.dtype, a.kv_heads, a.head_dim))),
            "cuda attention: " + dtype_name(q.dtype) + " cache rows of " + std::to_string(q.row_bytes) +
                " bytes do not hold " + std::to_string(a.kv_heads) + " heads of " + std::to_string(a.head_dim));
-  G4_CHECK(a.window == 0 || a.capacity() >= a.window + a.T - 1,
+  // The chunk's rows are stored before its queries read the cache, so they must not overwrite keys
+  // its first query still reads: the ring holds the window and the chunk, or the chunk ends before
+  // the ring would wrap (a cache as long as the context).
+  G4_CHECK(a.window == 0 || a.capacity() >= a.window + a.T - 1 ||
+               (q.last_position >= 0 && q.last_position < a.capacity()),
            "cuda attention: a quantized ring must hold the window and the chunk (window + T - 1 positions)");
   G4_CHECK(a.scale > 0.0f, "cuda attention: the softmax scale must be positive");
   G4_CHECK(q.caches.sequences >= 1 && q.caches.sequences <= kMaxDecodeSequences,

@@ -22,6 +22,9 @@ struct QuantizedKvLaunch {
   DType dtype = DType::TQ4;  // the rows' type: Q8_0 or TQ4
   int64_t row_bytes = 0;     // bytes of one cache row: kv_cache_cols of the type
   SequenceCaches<uint8_t> caches;
+  // positions[T - 1] when the host knows it (AttentionArgs::last_position), else -1: a chunk that
+  // ends before the cache's capacity overwrites no key, whatever the ring's size.
+  int64_t last_position = -1;
 };
 
 // Uploads TQ4's levels, boundaries and signs (quant/tq4.h) to the current device's constant
