@@ -39,7 +39,7 @@ void HostStaging::prepare(size_t row_bytes) {
   pinned_ = nullptr;
   half_bytes_ = 0;
   void* p = nullptr;
-  G4_CUDA(cudaHostAlloc(&p, 2 * wanted, cudaHostAllocDefault));
+  G4_CUDA(cudaHostAlloc(&p, 2 * wanted, cudaHostAllocPortable));  // pinned for every device's context
   pinned_ = static_cast<std::byte*>(p);
   half_bytes_ = wanted;
 }
