@@ -448,5 +448,24 @@ TEST(CudaQuantizedKvDemo, LogitsAndGreedyTokensFollowTheCpu) {
   }
 }
 
+// A context no longer than the sliding window (the demo's 128, the least it takes: what a batch of
+// short chats gets) has sliding caches as long as the context, shorter than the window and a chunk:
+// q8_0 caches in chunks of 60 run and follow the CPU.
+TEST(CudaQuantizedKvDemo, AContextAsShortAsTheWindowRunsInChunks) {
+  auto gpu = test::cuda_backend_or_null();
+  G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu);
+  CpuBackend cpu(2);
+  const test::Reference ref = test::load_demo_reference();
+  auto cpu_model = load_model(test::fortune_demo_path(), cpu), gpu_model = load_model(test::fortune_demo_path(), *gpu);
+  SessionOptions o;
+  o.max_seq_len = 128;
+  o.kv_types = KvTypes{KvType::kQ8_0, KvType::kQ8_0};
+  Session cs(*cpu_model, cpu, o), gs(*gpu_model, *gpu, o);
+  const std::vector<int32_t> tokens(ref.tokens.begin(), ref.tokens.begin() + std::min<ptrdiff_t>(120, ptrdiff_t(ref.tokens.size())));
+  const std::vector<float> want = cs.logits_all(tokens, 60), got = gs.logits_all(tokens, 60);
+  EXPECT_LE(relative_l2(got, want), kDemoRelativeL2);
+  expect_clear_tokens_agree(got, want, cs.vocab_size(), "q8_0 caches, a context of 128");
+}
+
 }  // namespace
 }  // namespace g4
