@@ -208,33 +208,18 @@ struct AttentionCase {
   bool cache_only_queries = false;
 };
 
-// The routing rule alone (no GPU): a chunk's keys fit beside the window, or the chunk ends before
-// the cache would wrap; an unknown last position takes the first rule only.
-TEST(ChunkRouting, AChunkRunsOnTheDecodeKernelsWhenItOverwritesNoKeyItsRowsSee) {
-  EXPECT_TRUE(chunk_on_decode_kernels(5, 0, 128, 256));
-  EXPECT_FALSE(chunk_on_decode_kernels(5, 0, 128, 128));
-  EXPECT_TRUE(chunk_on_decode_kernels(5, 0, 128, 128, 104));
-  EXPECT_FALSE(chunk_on_decode_kernels(5, 0, 128, 128, 128));
-  EXPECT_TRUE(chunk_on_decode_kernels(5, 0, 0, 64));
-  EXPECT_FALSE(chunk_on_decode_kernels(1, 0, 0, 64));
-  EXPECT_FALSE(chunk_on_decode_kernels(kMaxChunkRowsOnDecodeKernels + 1, 0, 0, 4096));
-}
-
 // A short chunk of decode-step rows (a verify chunk) runs on the decode kernels (row_routing.h:
 // chunk_on_decode_kernels): each of its rows gets exactly the bits a decode step at that position gives, over a ring (a 31B sliding layer's
-// shape), a sliding layer's cache no longer than its window that the chunk does not wrap (a context
-// as short as the window), and a flat cache (a full layer's, many splits), after a prompt on the
-// prefill kernel.
+// shape) and a flat cache (a full layer's, many splits), after a prompt on the prefill kernel.
 TEST_F(CudaOps, ShortChunksGiveTheDecodeStepsBits) {
   struct Case {
     int heads, kv_heads, head_dim, window;
     int64_t capacity, prompt;
   };
-  for (const Case c : {Case{32, 16, 256, 128, 256, 300}, Case{32, 16, 256, 128, 128, 100},
-                       Case{32, 4, 512, 0, 1400, 1000}}) {
+  for (const Case c : {Case{32, 16, 256, 128, 256, 300}, Case{32, 4, 512, 0, 1400, 1000}}) {
     const int64_t kv_cols = int64_t(c.kv_heads) * c.head_dim, q_cols = int64_t(c.heads) * c.head_dim;
     for (const int64_t T : {int64_t(2), int64_t(5), kMaxChunkRowsOnDecodeKernels}) {
-      ASSERT_TRUE(chunk_on_decode_kernels(T, 0, c.window, c.capacity, c.prompt + T - 1));
+      ASSERT_TRUE(chunk_on_decode_kernels(T, 0, c.window, c.capacity));
       KvCache chunked = one_page_kv_cache(*gpu_, DType::BF16, c.capacity, kv_cols);
       KvCache stepped = one_page_kv_cache(*gpu_, DType::BF16, c.capacity, kv_cols);
       auto args = [&](KvCache& cache, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
@@ -257,9 +242,7 @@ TEST_F(CudaOps, ShortChunksGiveTheDecodeStepsBits) {
       const Tensor positions = raw(DType::I32, T, 1, p.data() + c.prompt).gpu;
       Both qc = activation(T, q_cols), kc = activation(T, kv_cols), vc = activation(T, kv_cols);
       const Tensor chunk_out = gpu_->alloc(DType::BF16, T, q_cols), step_out = gpu_->alloc(DType::BF16, T, q_cols);
-      AttentionArgs chunk = args(chunked, qc.gpu, kc.gpu, vc.gpu, positions, chunk_out);
-      chunk.last_position = c.prompt + T - 1;
-      gpu_->attention(chunk);
+      gpu_->attention(args(chunked, qc.gpu, kc.gpu, vc.gpu, positions, chunk_out));
       for (int64_t z = 0; z < T; ++z)
         gpu_->attention(args(stepped, qc.gpu.rows_view(z, 1), kc.gpu.rows_view(z, 1), vc.gpu.rows_view(z, 1),
                              positions.rows_view(z, 1), step_out.rows_view(z, 1)));

@@ -466,11 +466,10 @@ class CudaBackend final : public Backend {
   void attention(const AttentionArgs& args) override {
     if (is_quantized_kv(args.cache->k.dtype)) return quantized_attention(args);
     const AttentionLaunch a = attention_launch(args);
-    if (args.rows_as_decode_steps && !a.cache_only &&
-        chunk_on_decode_kernels(a.T, a.q_first, a.window, a.capacity(), args.last_position)) {
+    if (args.rows_as_decode_steps && !a.cache_only && chunk_on_decode_kernels(a.T, a.q_first, a.window, a.capacity())) {
       reserve_decode_attention(a.heads, a.head_dim, a.T);
-      return launch_chunk_on_decode_kernels(a, args.last_position, ptr<float>(workspace_.attention_partials),
-                                            kDecodeSplits, stream_, splits_bound(std::span(&args, 1)));
+      return launch_chunk_on_decode_kernels(a, ptr<float>(workspace_.attention_partials), kDecodeSplits, stream_,
+                                            splits_bound(std::span(&args, 1)));
     }
     if (a.T > 1) return launch_prefill_attention(a, stream_);
     launch_decode_attention(a, own_caches(a), ptr<float>(workspace_.attention_partials), kDecodeSplits, nullptr, stream_,

@@ -137,13 +137,13 @@ int decode_attention_splits(int64_t position, int window, int max_splits);
 void launch_prefill_attention(const AttentionLaunch& a, cudaStream_t stream);
 // The chunk's K/V rows stored in the cache (the last capacity() of them), nothing else.
 void launch_store_kv(const AttentionLaunch& a, cudaStream_t stream);
-// A short chunk (every row a query; chunk_on_decode_kernels of `last_position`, -1 when unknown) on
-// the decode kernels: its K/V stored first, then each row z
+// A short chunk (2 <= T <= kMaxDecodeSequences, every row a query, the chunk's keys fitting the cache
+// beside a window of older ones) on the decode kernels: its K/V stored first, then each row z
 // attended as a decode query at positions[z] over the same cache, exactly as a decode step there
 // would, split over the context (a verify chunk of speculative decoding: the prefill kernel's few
 // blocks walk the whole context). Blocks of the rows that read the same keys run next to each other,
 // so the keys come from DRAM about once. `partials` holds T * decode_partial_floats(a, max_splits).
-void launch_chunk_on_decode_kernels(const AttentionLaunch& a, int64_t last_position, float* partials, int max_splits,
-                                    cudaStream_t stream, int splits_bound = 0);
+void launch_chunk_on_decode_kernels(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream,
+                                    int splits_bound = 0);
 
 }  // namespace g4

@@ -30,7 +30,6 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quantized_planes.cuh"
-#include "backend/cuda/row_routing.h"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace g4 {
@@ -697,11 +696,13 @@ void launch_decode_attention(const AttentionLaunch& a, const DecodeCaches& cache
   launch_splits_and_merge(a, caches, partials, max_splits, planes, stream, splits_bound, false);
 }
 
-void launch_chunk_on_decode_kernels(const AttentionLaunch& a, int64_t last_position, float* partials, int max_splits,
-                                    cudaStream_t stream, int splits_bound) {
-  G4_CHECK(!a.cache_only && !a.norm_inputs && chunk_on_decode_kernels(a.T, a.q_first, a.window, a.capacity(), last_position),
-           "decode kernels: a chunk of 2 to " + std::to_string(kMaxChunkRowsOnDecodeKernels) +
-               " normed query rows with keys of their own, which overwrite no key its first rows still see");
+void launch_chunk_on_decode_kernels(const AttentionLaunch& a, float* partials, int max_splits, cudaStream_t stream,
+                                    int splits_bound) {
+  G4_CHECK(a.T >= 2 && a.T <= kMaxDecodeSequences && a.q_first == 0 && !a.cache_only && !a.norm_inputs,
+           "decode kernels: a chunk of 2 to " + std::to_string(kMaxDecodeSequences) +
+               " normed query rows with keys of their own");
+  G4_CHECK(a.window == 0 || a.T <= a.capacity() - a.window,
+           "decode kernels: the chunk's keys would overwrite keys its first rows still see");
   launch_store_kv(a, stream);
   DecodeCaches caches;  // every row reads the one cache (its own keys stored by now)
   caches.sequences = int(a.T);

@@ -42,12 +42,9 @@ inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
 inline constexpr int64_t kMaxChunkRowsOnDecodeKernels = 8;
 // Whether a chunk of T rows whose queries start at q_first, over a cache of `capacity` key rows with
 // `window` (0: none), runs on the decode kernels: its keys are stored before its rows read them, so
-// they must fit beside a window of older keys, or end before the cache would wrap (`last_position`,
-// the chunk's last, when known: a cache as long as the context).
-inline bool chunk_on_decode_kernels(int64_t T, int64_t q_first, int64_t window, int64_t capacity,
-                                    int64_t last_position = -1) {
-  return T >= 2 && T <= kMaxChunkRowsOnDecodeKernels && q_first == 0 &&
-         (window == 0 || T <= capacity - window || (last_position >= 0 && last_position < capacity));
+// they must fit beside a window of older keys.
+inline bool chunk_on_decode_kernels(int64_t T, int64_t q_first, int64_t window, int64_t capacity) {
+  return T >= 2 && T <= kMaxChunkRowsOnDecodeKernels && q_first == 0 && (window == 0 || T <= capacity - window);
 }
 
 }  // namespace g4
