@@ -230,10 +230,8 @@ class CudaBackend final : public Backend {
   }
 
   void upload(const void* host, const Tensor& dst) override {
-    dequantize_must_wait_ = true;  // dst may be a weight
-    records_.erase(dst.data);      // ... in the packed layout again
     G4_CUDA(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
-    keep_in_records(dst);
+    rewritten(dst);
   }
 
   void download(const Tensor& src, void* host) override {
@@ -249,11 +247,9 @@ class CudaBackend final : public Backend {
 
   void upload_rows(const void* host, std::span<const int32_t> rows, const Tensor& dst) override {
     check_rows(dst, rows);
-    dequantize_must_wait_ = true;  // as upload
-    records_.erase(dst.data);
     host_staging_.upload_rows(static_cast<const std::byte*>(host), dst.row_size(), rows,
                               static_cast<std::byte*>(dst.data), stream_);
-    keep_in_records(dst);
+    rewritten(dst);
   }
 
   // Streamed through a device staging buffer in chunks of rows, widened (launch_convert_weight) or
@@ -657,20 +653,19 @@ class CudaBackend final : public Backend {
   }
 
   void fill_uniform(const Tensor& t, float center, float spread, uint64_t seed) override {
-    dequantize_must_wait_ = true;  // t may be a weight
-    records_.erase(t.data);        // ... in the packed layout again
     if (is_block_quantized(t.dtype)) {
       G4_CHECK(center == 0.0f, "fill_uniform: block-quantized tensors are filled around 0");
       launch_fill_random_blocks(t.dtype, ptr<uint8_t>(t), t.rows, t.cols, spread, seed, stream_);
-      keep_in_records(t);
-      return;
-    }
-    G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_uniform: F32, BF16 or block-quantized tensors only");
-    if (t.dtype == DType::F32) {
-      launch_fill_uniform(ptr<float>(t), t.numel(), center, spread, seed, stream_);
     } else {
-      launch_fill_uniform(ptr<bf16>(t), t.numel(), center, spread, seed, stream_);
+      G4_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16,
+               "fill_uniform: F32, BF16 or block-quantized tensors only");
+      if (t.dtype == DType::F32) {
+        launch_fill_uniform(ptr<float>(t), t.numel(), center, spread, seed, stream_);
+      } else {
+        launch_fill_uniform(ptr<bf16>(t), t.numel(), center, spread, seed, stream_);
+      }
     }
+    rewritten(t);
   }
 
   void sample(const Tensor& logits, const SamplingRows& params, const Tensor& tokens) override {
@@ -847,6 +842,14 @@ class CudaBackend final : public Backend {
     // The same allocation, not a later one at a freed weight's address.
     return w.dtype == DType::Q4_0 && it != records_.end() && !it->second.owner_before(w.owner) &&
            !w.owner.owner_before(it->second);
+  }
+  // After t's bytes were written anew (uploaded, filled), t may be a weight: the dequantize stream
+  // waits for the write, and a Q4_0 matrix is in the packed layout again (records_), then in records
+  // if invariance asks.
+  void rewritten(const Tensor& t) {
+    dequantize_must_wait_ = true;
+    records_.erase(t.data);
+    keep_in_records(t);
   }
   // Rearranges t into records when batch invariance asks for it (see choose_matmul_path) and t is
   // a whole Q4_0 matrix of whole records, just written in the packed layout.
