@@ -388,17 +388,27 @@ void expect_clear_tokens_agree(const std::vector<float>& got, const std::vector<
   EXPECT_EQ(agreed, clear) << what << ": greedy tokens at clear positions";
 }
 
+// The demo model on the CPU and on the GPU, and its transformers reference; skips without a GPU.
+class CudaQuantizedKvDemo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu_);
+    ref_ = test::load_demo_reference();
+    cpu_model_ = load_model(test::fortune_demo_path(), cpu_);
+    gpu_model_ = load_model(test::fortune_demo_path(), *gpu_);
+  }
+  std::unique_ptr<Backend> gpu_ = test::cuda_backend_or_null();
+  CpuBackend cpu_{2};
+  test::Reference ref_;
+  std::unique_ptr<Gemma4> cpu_model_, gpu_model_;
+};
+
 // The demo model with quantized caches (full layers tq4 and sliding q8_0, then full q8_0 and
 // sliding bf16) on CUDA against the CPU with the same caches: the reference text's logits by
 // chunks of 7 and token by token (the prefill and the decode kernels) within kDemoRelativeL2 and
 // with the CPU's greedy token wherever its margin is clear; then a greedy generation of 32 tokens
 // after the golden prompt, the same tokens until a step whose margin is not clear.
-TEST(CudaQuantizedKvDemo, LogitsAndGreedyTokensFollowTheCpu) {
-  auto gpu = test::cuda_backend_or_null();
-  G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu);
-  CpuBackend cpu(2);
-  const test::Reference ref = test::load_demo_reference();
-  auto cpu_model = load_model(test::fortune_demo_path(), cpu), gpu_model = load_model(test::fortune_demo_path(), *gpu);
+TEST_F(CudaQuantizedKvDemo, LogitsAndGreedyTokensFollowTheCpu) {
   const auto golden = nlohmann::json::parse(std::ifstream(std::string(G4_FIXTURES_DIR) + "/demo/golden.json"));
   const std::vector<int32_t> prompt = golden["continuations"][0]["prompt_ids"].get<std::vector<int32_t>>();
   for (KvTypes types : {KvTypes{KvType::kTq4, KvType::kQ8_0}, KvTypes{KvType::kQ8_0, KvType::kBf16}}) {
@@ -406,12 +416,12 @@ TEST(CudaQuantizedKvDemo, LogitsAndGreedyTokensFollowTheCpu) {
     SessionOptions o;
     o.max_seq_len = 256;
     o.kv_types = types;
-    Session cs(*cpu_model, cpu, o), gs(*gpu_model, *gpu, o);
-    const std::vector<float> want = cs.logits_all(ref.tokens, 7);
-    const std::vector<float> chunked = gs.logits_all(ref.tokens, 7);
+    Session cs(*cpu_model_, cpu_, o), gs(*gpu_model_, *gpu_, o);
+    const std::vector<float> want = cs.logits_all(ref_.tokens, 7);
+    const std::vector<float> chunked = gs.logits_all(ref_.tokens, 7);
     gs.reset();
     std::vector<float> decoded;  // logits row by row
-    for (int32_t t : ref.tokens) {
+    for (int32_t t : ref_.tokens) {
       gs.prefill(std::span<const int32_t>(&t, 1));
       const std::vector<float> row = gs.last_logits_host();
       decoded.insert(decoded.end(), row.begin(), row.end());
@@ -451,17 +461,12 @@ TEST(CudaQuantizedKvDemo, LogitsAndGreedyTokensFollowTheCpu) {
 // A context no longer than the sliding window (the demo's 128, the least it takes: what a batch of
 // short chats gets) has sliding caches as long as the context, shorter than the window and a chunk:
 // q8_0 caches in chunks of 60 run and follow the CPU.
-TEST(CudaQuantizedKvDemo, AContextAsShortAsTheWindowRunsInChunks) {
-  auto gpu = test::cuda_backend_or_null();
-  G4_SKIP_OR_FAIL_WITHOUT_GPU(gpu);
-  CpuBackend cpu(2);
-  const test::Reference ref = test::load_demo_reference();
-  auto cpu_model = load_model(test::fortune_demo_path(), cpu), gpu_model = load_model(test::fortune_demo_path(), *gpu);
+TEST_F(CudaQuantizedKvDemo, AContextAsShortAsTheWindowRunsInChunks) {
   SessionOptions o;
   o.max_seq_len = 128;
   o.kv_types = KvTypes{KvType::kQ8_0, KvType::kQ8_0};
-  Session cs(*cpu_model, cpu, o), gs(*gpu_model, *gpu, o);
-  const std::vector<int32_t> tokens(ref.tokens.begin(), ref.tokens.begin() + std::min<ptrdiff_t>(120, ptrdiff_t(ref.tokens.size())));
+  Session cs(*cpu_model_, cpu_, o), gs(*gpu_model_, *gpu_, o);
+  const std::vector<int32_t> tokens(ref_.tokens.begin(), ref_.tokens.begin() + std::min<ptrdiff_t>(120, ptrdiff_t(ref_.tokens.size())));
   const std::vector<float> want = cs.logits_all(tokens, 60), got = gs.logits_all(tokens, 60);
   EXPECT_LE(relative_l2(got, want), kDemoRelativeL2);
   expect_clear_tokens_agree(got, want, cs.vocab_size(), "q8_0 caches, a context of 128");
