@@ -132,6 +132,7 @@ void ConnectionWatch::watch() {
 // Brings connections_ up to date with the sockets open now, and shuts down every idle one past its
 // deadline (its handler thread then sees the connection end and closes it).
 void ConnectionWatch::scan() {
+  std::lock_guard whole_scan(scanning_);
   std::map<std::string, int> open;  // peer -> socket
   if (DIR* dir = opendir("/proc/self/fd")) {
     while (const dirent* entry = readdir(dir)) {

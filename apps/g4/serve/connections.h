@@ -76,6 +76,10 @@ class ConnectionWatch {
   const int port_;
   const std::chrono::milliseconds request_deadline_, interval_;
   mutable std::mutex mutex_;
+  // Held through a whole scan, from listing the sockets to updating connections_: a scan that
+  // listed them before a connection arrived must not end after that connection's begin_request,
+  // or it would forget a busy connection, and the next scan would find it idle and close it.
+  std::mutex scanning_;
   std::condition_variable wake_;
   bool stop_ = false;
   std::map<std::string, Connection> connections_;  // by the peer's "addr:port"
