@@ -13,6 +13,7 @@
 //
 // Setup as test_tokenizer_gemma: the pinned npm packages installed once into the build tree (a lock
 // file shared by the test processes). No node, npm or network means failure, never a skip.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -288,6 +289,18 @@ void expect_error(const std::string& schema, ErrorKind kind, const std::string& 
     EXPECT_EQ(e.kind(), kind) << schema << ": " << e.what();
     EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
   }
+}
+
+// The schema oracle checks every integer that fits in 64 bits, however many digits it has, and
+// leaves only larger ones (which nlohmann holds as doubles) unchecked.
+TEST(GrammarOracleJson, ChecksIntegersUpTo64Bits) {
+  const std::string schema = R"({"type":"array","items":{"type":"string"}})";
+  EXPECT_NONFATAL_FAILURE(test::expect_valid_json(schema, "[3630015547773544349]"), "against");
+  EXPECT_NONFATAL_FAILURE(test::expect_valid_json(schema, "[-9223372036854775808]"), "against");
+  EXPECT_NONFATAL_FAILURE(test::expect_valid_json(schema, "[18446744073709551615]"), "against");
+  EXPECT_NONFATAL_FAILURE(test::expect_valid_json(schema, R"(["a", 1.25])"), "against");
+  test::expect_valid_json(schema, R"(["0.1234567890123456789"])");
+  test::expect_valid_json(schema, "[18446744073709551616]");  // beyond: reported, not checked
 }
 
 TEST(GrammarSchema, RefusesKeywordsOutsideTheSubsetByName) {
