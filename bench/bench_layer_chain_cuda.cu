@@ -1,189 +1,163 @@
-// Whether a persistent decode kernel keeps the weight stream going across a layer's matrix
-// boundaries (docs/DESIGN.md §3, "the next design step"): batch-1 4-bit decode runs at ~2.9 TB/s
-// in its GEMVs against ~4 TB/s for one matrix alone, the difference being each launch's ramp and
-// tail. A chain of 4-bit GEMVs shaped like the 31B's layers (q/k/v, o_proj, gate/up with its
-// gated product, down_proj: 269 MB a layer), each matrix's input quantized from the previous
-// output, runs three ways; prints the time per layer and the weights' bandwidth:
-//   launches            one launch per matrix with programmatic dependent launch (the production
-//                       structure: a warp's row head asked of L2 before griddepcontrol.wait);
-//   persistent          one cooperative kernel, grid.sync() between the matrices;
-//   persistent+preload  the same, each warp loading its first blocks of the next matrix into
-//                       registers before the barrier (weights never depend on the activations).
-// All three use the same grid (the cooperative kernel's) and the same per-warp loop. Weights:
-// 16 bytes of nibbles per 32 weights plus an f16 scale per block; the input int8 per block of 32
-// with a float scale and the block's sum, so a block's dot product is 8 dp4a (simpler than
-// g4's int16 activations: the question is the memory pipeline, not the arithmetic).
-//   bench_layer_chain_cuda [layers=8]
-#include <cooperative_groups.h>
-#include <cuda_fp16.h>
+// Whether one persistent kernel per decode step streams the weights faster than a launch per matrix
+// (docs/DESIGN.md §3, "Single-sequence decode and prefill: where they stand, and the next design
+// step"). A chain of 31B-shaped Q4_0 layers — q/k/v, o_proj (reading q/k/v's first 8 192 outputs in
+// place of the attention's), gate/up with the GELU-mul, down_proj (whose output is the next layer's
+// input, in place of the residual norm) — each input quantized from the previous output, all with
+// the production GEMV's own per-warp arithmetic (packed_gemv.cuh: one token, 3 blocks a row in
+// flight, 4-warp blocks, the fastest sum order), runs two ways:
+//   launches  the production structure: a GEMV launch and a quantize launch per matrix, with PDL,
+//             replayed as one CUDA graph;
+//   dataflow  one cooperative launch for the whole chain, no barrier: warp w takes units w,
+//             w + warps, ... of each matrix in turn (a unit: 2 rows, or gate/up's row), asks L2 for
+//             a unit's first weight bytes, waits only until its input is complete (a counter of
+//             quantized blocks), and after storing its rows counts them into their block of 32;
+//             the warp that completes a block quantizes it into the next matrix's input. So warps
+//             done with a matrix ask for the next one's weights while the slowest finish.
+// Prints the time per layer and the weights' bandwidth of each, and whether both gave every output
+// the same bits (the same arithmetic: a synchronisation that let a warp read an incomplete input
+// would not).
+//   bench_layer_chain_cuda [layers=8] [blocks_per_sm=as many as fit]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
-#include "backend/cuda/gemv_common.cuh"
-#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/packed_gemv.cuh"
+#include "backend/cuda/packed_kernels.h"
 #include "cuda_timing.h"
+#include "util/dtype.h"
 
 namespace {
 
-namespace cg = cooperative_groups;
-using g4::load_streaming;
+using namespace g4;
+using namespace g4::packed;
 using g4::bench::check;
 
-constexpr int kThreads = 256, kWarps = kThreads / 32;
-constexpr int kInFlight = 6;  // 16-byte blocks in flight per lane
-constexpr int kMaxK = 21504;  // the widest input (down_proj)
-constexpr int kMaxLayers = 64;
-constexpr int kLayerParts = 4;
+constexpr DType kType = DType::Q4_0;
+using G = OneToken;
+constexpr int kMaxLayers = 16;
 
-struct Matrix {
-  const uint4* quants;  // [rows][K / 32] nibble blocks
-  const __half* scales;  // [rows][K / 32]
-  int rows, K;
-  bool gated;       // rows = 2n: out[i] = silu(row i) * row n + i, n outputs
-  const float* in;  // the previous output's first K values
-  float* out;
+// One matrix of the chain: where its input comes from and where its output goes.
+struct Link {
+  const uint8_t* w;     // packed [rows, K]; gated: gate
+  const uint8_t* w_up;  // gated: up (row i's output is gelu(gate_i) · up_i); else null
+  int64_t rows, K;
+  const uint4* x;       // the input's planes, K / 32 blocks
+  bf16* y;              // [rows]
+  uint4* next_x;        // the next link's input: y's first next_blocks blocks, quantized
+  int64_t next_blocks;
+  unsigned* ready;      // the input's blocks quantized so far (null: complete at launch)
+  unsigned* next_ready;
+  unsigned* done;       // per block of 32 outputs: rows stored
 };
 
-struct Chain {
-  Matrix parts[kLayerParts * kMaxLayers];
-  int count;
-};
-
-struct QuantizedInput {
-  int8_t q[kMaxK];
-  float scale[kMaxK / 32];
-  int sum[kMaxK / 32];
-};
-
-// The input, K floats written by the previous matrix, into the block's shared memory.
-__device__ void quantize_input(const float* in, int K, QuantizedInput& x) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int b = warp; b < K / 32; b += kWarps) {
-    const float v = __ldcg(in + b * 32 + lane);
-    float amax = fabsf(v);
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax > 0.0f ? amax / 127.0f : 1.0f;
-    const int q = max(-127, min(127, __float2int_rn(v / d)));
-    x.q[b * 32 + lane] = int8_t(q);
-    int sum = q;
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) x.scale[b] = d, x.sum[b] = sum;
-  }
+__device__ inline unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
-// Block b's dot product: nibbles (low: weights 0..15, high: 16..31) against the int8 input.
-__device__ inline int dot_block(const uint4& w, const int8_t* x) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  const int* xv = reinterpret_cast<const int*>(x);
-  int acc = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    acc = __dp4a(int(words[i] & 0x0F0F0F0Fu), xv[i], acc);
-    acc = __dp4a(int((words[i] >> 4) & 0x0F0F0F0Fu), xv[4 + i], acc);
-  }
-  return acc;
+// Returns once `count` blocks of the input are quantized (lane 0 waits; the warp barrier passes its
+// acquire on to the other lanes' loads).
+__device__ inline void wait_for_input(const unsigned* ready, unsigned count, int lane) {
+  if (ready != nullptr && lane == 0)
+    while (load_acquire(ready) < count) __nanosleep(64);
+  __syncwarp();
 }
 
-// A warp's first kInFlight blocks of its first row, loaded ahead of the barrier.
-struct Preload {
-  uint4 blocks[kInFlight];
-  int row = -1;
-};
-
-__device__ void preload_first_row(const Matrix& m, int row, Preload& pre) {
-  const int lane = threadIdx.x % 32, blocks = m.K / 32;
-  pre.row = row < (m.gated ? m.rows / 2 : m.rows) ? row : -1;
-  if (pre.row < 0) return;
-#pragma unroll
-  for (int u = 0; u < kInFlight; ++u) {
-    const int b = lane + 32 * u;
-    pre.blocks[u] = b < blocks ? load_streaming(m.quants + int64_t(row) * blocks + b) : make_uint4(0, 0, 0, 0);
+// Counts the warp's n rows stored from `first` into their block of 32; the warp that completes the
+// block quantizes it (from L2: another SM's L1 may hold none of it, this one's may hold it stale)
+// into the next link's input and counts it there.
+__device__ void rows_stored(const Link& l, int64_t first, int n, int lane) {
+  const int64_t b = first / kBlock;
+  unsigned before = 0;
+  if (lane == 0) {
+    __threadfence();
+    before = atomicAdd(l.done + b, unsigned(n));
   }
+  before = __shfl_sync(0xffffffffu, before, 0);
+  if (before + unsigned(n) != unsigned(kBlock) || b >= l.next_blocks || lane != 0) return;
+  __threadfence();
+  float values[kBlock];
+  const uint4* src = reinterpret_cast<const uint4*>(l.y + b * kBlock);
+#pragma unroll
+  for (int k = 0; k < kBlock / 8; ++k) unpack8(__ldcg(src + k), values + 8 * k);
+  ActivationBlock a;
+  quantize_activation_block(values, a);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    l.next_x[plane_index(0, k, l.next_blocks, b)] = make_uint4(a.q[4 * k], a.q[4 * k + 1], a.q[4 * k + 2], a.q[4 * k + 3]);
+  l.next_x[plane_index(0, 4, l.next_blocks, b)] =
+      make_uint4(__float_as_uint(a.d), __float_as_uint(a.dsum), uint32_t(a.sum), uint32_t(a.sum_lo));
+  __threadfence();
+  atomicAdd(l.next_ready, 1u);
 }
 
-// One row's dot product with the input, kInFlight blocks per lane in flight (the first of them
-// from `pre` when it holds them).
-__device__ float row_dot(const Matrix& m, int row, const QuantizedInput& x, const Preload* pre) {
-  const int lane = threadIdx.x % 32, blocks = m.K / 32;
-  const uint4* quants = m.quants + int64_t(row) * blocks;
-  const __half* scales = m.scales + int64_t(row) * blocks;
-  float acc = 0.0f;
-  for (int b0 = 0; b0 < blocks; b0 += 32 * kInFlight) {
-    const bool preloaded = pre != nullptr && b0 == 0 && pre->row == row;
-    uint4 w[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int b = b0 + lane + 32 * u;
-      w[u] = preloaded ? pre->blocks[u] : b < blocks ? load_streaming(quants + b) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int b = b0 + lane + 32 * u;
-      if (b < blocks)
-        acc = fmaf(__half2float(__ldg(scales + b)) * x.scale[b], float(dot_block(w[u], x.q + b * 32) - 8 * x.sum[b]), acc);
+// Unit u of link l: rows 2u and 2u + 1, or gate/up's row u; what packed_gemv_kernel and
+// packed_gated_gelu_kernel compute for them, stored by lane 0.
+template <bool kGated>
+__device__ void run_unit(const Link& l, int64_t u, int lane) {
+  const int64_t blocks = l.K / kBlock;
+  const int64_t first = kGated ? u : u * kRowsPerWarp;
+  const int n = kGated ? 1 : int(min(int64_t(kRowsPerWarp), l.rows - first));
+  RowRegions<const uint8_t> rows[2];
+  if constexpr (kGated) {
+    rows[0] = row_regions<kType>(l.w, l.rows, l.K, u);
+    rows[1] = row_regions<kType>(l.w_up, l.rows, l.K, u);
+  } else {
+    for (int r = 0; r < 2; ++r) rows[r] = row_regions<kType>(l.w, l.rows, l.K, min(first + r, l.rows - 1));
+  }
+  for (int r = 0; r < 2; ++r) prefetch_first_blocks<kType, G::kInFlight>(rows[r], blocks, lane);
+  wait_for_input(l.ready, unsigned(blocks), lane);
+  const float sum = packed_rows_dot<kType, 1, 2, G::kInFlight, SumOrder::kFastest>(rows, l.x, blocks, 1, l.rows, lane);
+  const float second = __shfl_sync(0xffffffffu, sum, 1);  // row first + 1, or up
+  if (lane == 0) {
+    if constexpr (kGated) {
+      l.y[first] = __float2bfloat16(gelu_tanh(round_bf16(sum)) * round_bf16(second));
+    } else {
+      l.y[first] = __float2bfloat16(sum);
+      if (n == 2) l.y[first + 1] = __float2bfloat16(second);
     }
   }
-  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  return acc;
+  rows_stored(l, first, n, lane);
 }
 
-// Rows warp, warp + warps, ... of m (gated: the products of row i and row n + i).
-__device__ void multiply(const Matrix& m, int warp, int warps, const QuantizedInput& x, Preload* pre) {
-  const int n = m.gated ? m.rows / 2 : m.rows;
-  for (int r = warp; r < n; r += warps) {
-    const float y = row_dot(m, r, x, pre);
-    const float out = m.gated ? y / (1.0f + __expf(-y)) * row_dot(m, r + n, x, nullptr) : y;
-    if (threadIdx.x % 32 == 0) m.out[r] = out;
-    if (pre != nullptr) pre->row = -1;
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) matrix_kernel(Matrix m) {
-  g4::pdl_launch_dependents();
-  __shared__ QuantizedInput x;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / 32, warps = gridDim.x * kWarps, lane = threadIdx.x % 32;
-  if (warp < m.rows && lane < 4)  // the row head's first 4 lines
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(m.quants + int64_t(warp) * (m.K / 32) + lane * 8));
-  g4::pdl_wait();
-  quantize_input(m.in, m.K, x);
-  __syncthreads();
-  multiply(m, warp, warps, x, nullptr);
-}
-
-template <bool kPreload>
-__global__ void __launch_bounds__(kThreads) chain_kernel(const Chain* chain) {
-  __shared__ QuantizedInput x;
-  const cg::grid_group grid = cg::this_grid();
-  const int warp = blockIdx.x * kWarps + threadIdx.x / 32, warps = gridDim.x * kWarps;
-  Preload pre;
-  for (int i = 0; i < chain->count; ++i) {
-    const Matrix m = chain->parts[i];
-    if (i > 0) {
-      if constexpr (kPreload) preload_first_row(m, warp, pre);
-      grid.sync();  // the previous output complete
+// Every link in order; warps never wait on a later link, and a cooperative launch keeps every
+// warp resident, so every wait ends.
+__global__ __launch_bounds__(G::kWarps * 32) void dataflow_kernel(const Link* links, int count) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = int64_t(blockIdx.x) * G::kWarps + threadIdx.x / 32, warps = int64_t(gridDim.x) * G::kWarps;
+  for (int i = 0; i < count; ++i) {
+    const Link l = links[i];
+    if (l.w_up != nullptr) {
+      for (int64_t u = warp; u < l.rows; u += warps) run_unit<true>(l, u, lane);
+    } else {
+      for (int64_t u = warp; u < (l.rows + 1) / 2; u += warps) run_unit<false>(l, u, lane);
     }
-    quantize_input(m.in, m.K, x);
-    __syncthreads();
-    multiply(m, warp, warps, x, kPreload ? &pre : nullptr);
-    __syncthreads();  // x is rewritten by the next matrix
   }
 }
+
+// The 31B's shapes: hidden, MLP width, q/k/v rows (8 192 + 4 096 + 4 096), attention output.
+constexpr int64_t kHidden = 5376, kMlp = 21504, kQkv = 16384, kAttention = 8192;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const int layers = argc > 1 ? std::atoi(argv[1]) : 8;
-    if (layers < 1 || layers > kMaxLayers) throw std::runtime_error("layers: 1 to 64");
+    if (layers < 1 || layers > kMaxLayers) throw std::runtime_error("layers: 1 to 16");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    // rows, K, gated: q/k/v, o_proj (reads q/k/v's first 8 192 outputs), gate/up, down_proj.
-    const int shapes[kLayerParts][3] = {{16384, 5376, 0}, {5376, 8192, 0}, {43008, 5376, 1}, {5376, 21504, 0}};
+    int fit = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, dataflow_kernel, G::kWarps * 32, 0), "occupancy");
+    const int per_sm = argc > 2 ? std::atoi(argv[2]) : fit;
+    if (per_sm < 1 || per_sm > fit) throw std::runtime_error("blocks_per_sm: 1 to " + std::to_string(fit));
+
     std::vector<void*> owned;
     auto device_alloc = [&](size_t bytes) {
       void* p = nullptr;
@@ -191,68 +165,124 @@ int main(int argc, char** argv) {
       owned.push_back(p);
       return p;
     };
-    float* outputs[kLayerParts];
-    for (float*& o : outputs) o = static_cast<float*>(device_alloc(43008 * sizeof(float)));
-    std::vector<float> first(kMaxK);
-    for (int i = 0; i < kMaxK; ++i) first[size_t(i)] = float(i * 7919 % 1000) / 1000.0f - 0.5f;
-    check(cudaMemcpy(outputs[kLayerParts - 1], first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice),
-          "cudaMemcpy");
-    Chain chain{};
-    chain.count = kLayerParts * layers;
+    auto planes = [&](int64_t K) { return static_cast<uint4*>(device_alloc(size_t(K / kBlock) * kActivationPlanes * 16)); };
+    auto weights = [&](int64_t rows, int64_t K, uint64_t seed) {
+      auto* w = static_cast<uint8_t*>(device_alloc(row_bytes(kType, K) * size_t(rows)));
+      launch_fill_random_blocks(kType, w, rows, K, 0.01f, seed, nullptr);
+      return w;
+    };
+
+    // The links, each with its output, the next link's input planes and counters.
+    std::vector<Link> links;
     double bytes = 0;
-    for (int i = 0; i < chain.count; ++i) {
-      const int* s = shapes[i % kLayerParts];
-      const size_t blocks = size_t(s[0]) * (s[1] / 32);
-      void* quants = device_alloc(blocks * 16);
-      void* scales = device_alloc(blocks * 2);
-      check(cudaMemset(quants, 0x5A, blocks * 16), "cudaMemset");
-      check(cudaMemset(scales, 0x11, blocks * 2), "cudaMemset");  // a small positive f16
-      chain.parts[i] = {static_cast<const uint4*>(quants), static_cast<const __half*>(scales), s[0], s[1], s[2] != 0,
-                        outputs[(i + kLayerParts - 1) % kLayerParts], outputs[i % kLayerParts]};
-      bytes += double(blocks) * 18;
+    size_t counters = 0;
+    uint4* const first_x = planes(kHidden);
+    const uint4* x = first_x;
+    for (int layer = 0; layer < layers; ++layer) {
+      const struct {
+        int64_t rows, K;
+        bool gated;
+        int64_t next_K;
+      } parts[] = {{kQkv, kHidden, false, kAttention}, {kHidden, kAttention, false, kHidden},
+                   {kMlp, kHidden, true, kMlp}, {kHidden, kMlp, false, kHidden}};
+      for (const auto& p : parts) {
+        Link l{};
+        const uint64_t seed = 1000 + links.size() * 2;
+        l.w = weights(p.rows, p.K, seed);
+        l.w_up = p.gated ? weights(p.rows, p.K, seed + 1) : nullptr;
+        l.rows = p.rows, l.K = p.K, l.x = x;
+        l.y = static_cast<bf16*>(device_alloc(size_t(p.rows) * sizeof(bf16)));
+        l.next_x = planes(p.next_K);
+        l.next_blocks = p.next_K / kBlock;
+        links.push_back(l);
+        x = l.next_x;
+        bytes += double(row_bytes(kType, p.K)) * double(p.rows) * (p.gated ? 2 : 1);
+        counters += 1 + size_t(p.rows / kBlock);  // next_ready, done
+      }
     }
-    Chain* device_chain = static_cast<Chain*>(device_alloc(sizeof(Chain)));
-    check(cudaMemcpy(device_chain, &chain, sizeof(Chain), cudaMemcpyHostToDevice), "cudaMemcpy");
+    auto* counter_memory = static_cast<unsigned*>(device_alloc(counters * sizeof(unsigned)));
+    unsigned* next_counter = counter_memory;
+    for (size_t i = 0; i < links.size(); ++i) {
+      links[i].ready = i == 0 ? nullptr : links[i - 1].next_ready;
+      links[i].next_ready = next_counter++;
+      links[i].done = next_counter;
+      next_counter += links[i].rows / kBlock;
+    }
+    Link* device_links = static_cast<Link*>(device_alloc(links.size() * sizeof(Link)));
+    check(cudaMemcpy(device_links, links.data(), links.size() * sizeof(Link), cudaMemcpyHostToDevice), "cudaMemcpy");
+
+    // The first input: a fixed bf16 row, quantized once.
+    std::vector<bf16> first(kHidden);
+    for (int64_t i = 0; i < kHidden; ++i) first[size_t(i)] = __float2bfloat16(float(i * 7919 % 1000) / 1000.0f - 0.5f);
+    auto* first_row = static_cast<bf16*>(device_alloc(first.size() * sizeof(bf16)));
+    check(cudaMemcpy(first_row, first.data(), first.size() * sizeof(bf16), cudaMemcpyHostToDevice), "cudaMemcpy");
+    launch_quantize_activations(first_row, 1, kHidden, first_x, nullptr);
+    check(cudaDeviceSynchronize(), "setup");
+
     cudaStream_t stream;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    // The grid every variant uses: the cooperative kernel with the preload (more registers) resident at once.
-    int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_kernel<true>, kThreads, 0), "occupancy");
     const int grid = prop.multiProcessorCount * per_sm;
-    std::printf("%s: %d layers of 4-bit q/k/v, o_proj, gate/up, down_proj (%.0f MB); %d blocks of %d threads\n",
-                prop.name, layers, bytes / 1e6, grid, kThreads);
-    auto launches = [&](int) {
-      for (int i = 0; i < chain.count; ++i) {
-        const Matrix& m = chain.parts[i];
-        cudaLaunchAttribute pdl{};
-        pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        pdl.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(unsigned(grid));
-        config.blockDim = dim3(kThreads);
-        config.stream = stream;
-        config.attrs = &pdl;
-        config.numAttrs = 1;
-        check(cudaLaunchKernelEx(&config, matrix_kernel, m), "matrix_kernel");
+    std::printf("%s: %d layers of Q4_0 q/k/v, o_proj, gate/up, down_proj (%.0f MB); dataflow grid %d blocks of %d "
+                "threads (%d of %d a multiprocessor)\n",
+                prop.name, layers, bytes / 1e6, grid, G::kWarps * 32, per_sm, fit);
+
+    // launches: the production kernels, recorded once as a graph.
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    for (const Link& l : links) {
+      if (l.w_up != nullptr) {
+        launch_packed_gated_gelu(kType, l.x, l.w, l.w_up, l.y, 1, l.rows, l.K, SumOrder::kFastest, stream);
+      } else {
+        const PackedGemvTarget target{l.w, l.y, l.rows};
+        launch_packed_gemv(kType, l.x, &target, 1, 1, l.K, SumOrder::kFastest, stream);
       }
+      launch_quantize_activations(l.y, 1, l.next_blocks * kBlock, l.next_x, stream);
+    }
+    cudaGraph_t graph;
+    check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cudaGraphExec_t replay;
+    check(cudaGraphInstantiate(&replay, graph, 0), "instantiate");
+    const auto launches = [&](int) { check(cudaGraphLaunch(replay, stream), "cudaGraphLaunch"); };
+
+    const int count = int(links.size());
+    const auto dataflow = [&](int) {
+      check(cudaMemsetAsync(counter_memory, 0, counters * sizeof(unsigned), stream), "cudaMemsetAsync");
+      const Link* chain = device_links;
+      void* args[] = {&chain, const_cast<int*>(&count)};
+      check(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(dataflow_kernel), dim3(unsigned(grid)),
+                                        dim3(G::kWarps * 32), args, 0, stream),
+            "cudaLaunchCooperativeKernel");
     };
-    auto cooperative = [&](const void* kernel) {
-      return [&, kernel](int) {
-        void* args[] = {&device_chain};
-        check(cudaLaunchCooperativeKernel(kernel, dim3(unsigned(grid)), dim3(kThreads), args, 0, stream),
-              "cudaLaunchCooperativeKernel");
-      };
+
+    // The outputs of one run of each, compared bit for bit.
+    auto outputs = [&] {
+      check(cudaStreamSynchronize(stream), "sync");
+      std::vector<std::vector<bf16>> all;
+      for (const Link& l : links) {
+        all.emplace_back(size_t(l.rows));
+        check(cudaMemcpy(all.back().data(), l.y, size_t(l.rows) * sizeof(bf16), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      }
+      return all;
     };
+    launches(0);
+    const auto expected = outputs();
+    for (const Link& l : links) check(cudaMemset(l.y, 0xFF, size_t(l.rows) * sizeof(bf16)), "cudaMemset");
+    dataflow(0);
+    const auto got = outputs();
+    int differing = 0;
+    for (size_t i = 0; i < links.size(); ++i)
+      differing += std::memcmp(expected[i].data(), got[i].data(), expected[i].size() * sizeof(bf16)) != 0;
+
     const auto report = [&](const char* name, double ms) {
-      std::printf("  %-20s %8.1f us a layer  %.2f TB/s\n", name, ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e12);
+      std::printf("  %-10s %8.1f us a layer  %.2f TB/s\n", name, ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e12);
     };
-    report("launches", g4::bench::ms_per_launch(launches, 2, 10, stream));
-    report("persistent", g4::bench::ms_per_launch(cooperative(reinterpret_cast<const void*>(chain_kernel<false>)), 2,
-                                                  10, stream));
-    report("persistent+preload", g4::bench::ms_per_launch(
-                                     cooperative(reinterpret_cast<const void*>(chain_kernel<true>)), 2, 10, stream));
+    report("launches", g4::bench::ms_per_launch(launches, 2, 20, stream));
+    report("dataflow", g4::bench::ms_per_launch(dataflow, 2, 20, stream));
+    std::printf("  the same bits: %s (%d of %zu matrices' outputs differ)\n", differing == 0 ? "yes" : "NO", differing,
+                links.size());
+    cudaGraphExecDestroy(replay);
+    cudaGraphDestroy(graph);
     for (void* p : owned) cudaFree(p);
-    return 0;
+    return differing == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

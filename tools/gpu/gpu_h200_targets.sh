@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The single-GPU figures whose targets are set on the H200, in one call of under ten minutes: many
 # long sequences held at once (quantized caches), decode at 131 072 and 262 144 tokens of context,
-# the drafted 31B pair at a forced acceptance, and the quantized caches' GPU tests. Builds g4 and the
-# two test binaries in build-gpu (gpu-check preset; G4_VALIJSON_INCLUDE: valijson's headers when the
+# the drafted 31B pair at a forced acceptance, the quantized caches' GPU tests, and the persistent
+# decode kernel's premise (bench_layer_chain_cuda: a launch per matrix against one dataflow launch).
+# Builds g4, the two test binaries and the bench in build-gpu (gpu-check preset; G4_VALIJSON_INCLUDE: valijson's headers when the
 # machine has none), then, each under its own time limit, JSON and logs under $OUT (default
 # /tmp/g4-h200):
 #   g4 bench --synthetic 31b --weights q4_0 --held 1,$HELD --prompt_len 131072 --kv_type tq4 --kv_sliding_type q8_0
@@ -18,14 +19,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 t0=$SECONDS
 valijson=()
 [ -n "${G4_VALIJSON_INCLUDE:-}" ] && valijson=(-DG4_VALIJSON_INCLUDE="$G4_VALIJSON_INCLUDE")
-(cmake --preset gpu-check -DG4_BUILD_TESTS=ON -DG4_BUILD_BENCH=OFF "${valijson[@]}" &&
- cmake --build build-gpu -j"$(nproc)" --target g4 test_cuda_quantized_kv test_cuda_backend) > "$OUT/build.log" 2>&1 ||
+(cmake --preset gpu-check -DG4_BUILD_TESTS=ON -DG4_BUILD_BENCH=ON "${valijson[@]}" &&
+ cmake --build build-gpu -j"$(nproc)" --target g4 test_cuda_quantized_kv test_cuda_backend bench_layer_chain_cuda) > "$OUT/build.log" 2>&1 ||
   { grep -E "error" "$OUT/build.log" | head; exit 1; }
 echo "built in $((SECONDS - t0)) s"
 G4_REQUIRE_GPU=1 ./build-gpu/tests/test_cuda_quantized_kv > "$OUT/test_cuda_quantized_kv.log" 2>&1
 echo "test_cuda_quantized_kv rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_quantized_kv.log" | tr '\n' ' ')"
 G4_REQUIRE_GPU=1 ./build-gpu/tests/test_cuda_backend --gtest_filter='CudaOps.*' > "$OUT/test_cuda_backend.log" 2>&1
 echo "test_cuda_backend CudaOps.* rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_backend.log" | tr '\n' ' ')"
+timeout 60 ./build-gpu/bench/bench_layer_chain_cuda 8 > "$OUT/layer_chain.log" 2>&1
+echo "bench_layer_chain_cuda 8 rc=$?:"; cat "$OUT/layer_chain.log"
 bench() {  # NAME SECONDS ARGS...
   local name=$1 limit=$2
   shift 2
