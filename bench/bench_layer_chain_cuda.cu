@@ -12,9 +12,12 @@
 //             a unit's first weight bytes, waits only until its input is complete (a counter of
 //             quantized blocks), and after storing its rows counts them into their block of 32;
 //             the warp that completes a block quantizes it into the next matrix's input. So warps
-//             done with a matrix ask for the next one's weights while the slowest finish.
-// Prints the time per layer and the weights' bandwidth of each, and whether both gave every output
-// the same bits (the same arithmetic: a synchronisation that let a warp read an incomplete input
+//             done with a matrix ask for the next one's weights while the slowest finish;
+//   dataflow, whole units in L2  the same, each warp asking L2 for its unit's whole rows (quants
+//             and scales) before it waits, not only their first blocks: a wait for the input then
+//             leaves the unit's weights arriving rather than idle bandwidth.
+// Prints the time per layer and the weights' bandwidth of each, and whether the dataflow runs gave
+// every output the launches' bits (the same arithmetic: a synchronisation that let a warp read an incomplete input
 // would not).
 //   bench_layer_chain_cuda [layers=8] [blocks_per_sm=as many as fit]
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -98,9 +102,12 @@ __device__ void rows_stored(const Link& l, int64_t first, int n, int lane) {
   atomicAdd(l.next_ready, 1u);
 }
 
+// What a warp asks L2 for before it waits for a unit's input.
+enum class Prefetch { kFirstBlocks, kWholeUnit };
+
 // Unit u of link l: rows 2u and 2u + 1, or gate/up's row u; what packed_gemv_kernel and
 // packed_gated_gelu_kernel compute for them, stored by lane 0.
-template <bool kGated>
+template <bool kGated, Prefetch kPrefetch>
 __device__ void run_unit(const Link& l, int64_t u, int lane) {
   const int64_t blocks = l.K / kBlock;
   const int64_t first = kGated ? u : u * kRowsPerWarp;
@@ -112,7 +119,14 @@ __device__ void run_unit(const Link& l, int64_t u, int lane) {
   } else {
     for (int r = 0; r < 2; ++r) rows[r] = row_regions<kType>(l.w, l.rows, l.K, min(first + r, l.rows - 1));
   }
-  for (int r = 0; r < 2; ++r) prefetch_first_blocks<kType, G::kInFlight>(rows[r], blocks, lane);
+  for (int r = 0; r < 2; ++r) {
+    if constexpr (kPrefetch == Prefetch::kFirstBlocks) {
+      prefetch_first_blocks<kType, G::kInFlight>(rows[r], blocks, lane);
+    } else {
+      prefetch_l2(rows[r].qs, blocks * format_of(kType).qs, lane);
+      prefetch_l2(rows[r].params, blocks * format_of(kType).params, lane);
+    }
+  }
   wait_for_input(l.ready, unsigned(blocks), lane);
   const float sum = packed_rows_dot<kType, 1, 2, G::kInFlight, SumOrder::kFastest>(rows, l.x, blocks, 1, l.rows, lane);
   const float second = __shfl_sync(0xffffffffu, sum, 1);  // row first + 1, or up
@@ -129,15 +143,17 @@ __device__ void run_unit(const Link& l, int64_t u, int lane) {
 
 // Every link in order; warps never wait on a later link, and a cooperative launch keeps every
 // warp resident, so every wait ends.
-__global__ __launch_bounds__(G::kWarps * 32) void dataflow_kernel(const Link* links, int count) {
+// 5 blocks a multiprocessor: the occupancy of the production gate/up kernel (96 registers).
+template <Prefetch kPrefetch>
+__global__ __launch_bounds__(G::kWarps * 32, 5) void dataflow_kernel(const Link* links, int count) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = int64_t(blockIdx.x) * G::kWarps + threadIdx.x / 32, warps = int64_t(gridDim.x) * G::kWarps;
   for (int i = 0; i < count; ++i) {
     const Link l = links[i];
     if (l.w_up != nullptr) {
-      for (int64_t u = warp; u < l.rows; u += warps) run_unit<true>(l, u, lane);
+      for (int64_t u = warp; u < l.rows; u += warps) run_unit<true, kPrefetch>(l, u, lane);
     } else {
-      for (int64_t u = warp; u < (l.rows + 1) / 2; u += warps) run_unit<false>(l, u, lane);
+      for (int64_t u = warp; u < (l.rows + 1) / 2; u += warps) run_unit<false, kPrefetch>(l, u, lane);
     }
   }
 }
@@ -154,7 +170,13 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     int fit = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, dataflow_kernel, G::kWarps * 32, 0), "occupancy");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, dataflow_kernel<Prefetch::kWholeUnit>, G::kWarps * 32, 0),
+          "occupancy");
+    int fit_first = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit_first, dataflow_kernel<Prefetch::kFirstBlocks>,
+                                                        G::kWarps * 32, 0),
+          "occupancy");
+    fit = std::min(fit, fit_first);
     const int per_sm = argc > 2 ? std::atoi(argv[2]) : fit;
     if (per_sm < 1 || per_sm > fit) throw std::runtime_error("blocks_per_sm: 1 to " + std::to_string(fit));
 
@@ -244,14 +266,17 @@ int main(int argc, char** argv) {
     const auto launches = [&](int) { check(cudaGraphLaunch(replay, stream), "cudaGraphLaunch"); };
 
     const int count = int(links.size());
-    const auto dataflow = [&](int) {
-      check(cudaMemsetAsync(counter_memory, 0, counters * sizeof(unsigned), stream), "cudaMemsetAsync");
-      const Link* chain = device_links;
-      void* args[] = {&chain, const_cast<int*>(&count)};
-      check(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(dataflow_kernel), dim3(unsigned(grid)),
-                                        dim3(G::kWarps * 32), args, 0, stream),
-            "cudaLaunchCooperativeKernel");
+    const auto dataflow = [&](const void* kernel) {
+      return [&, kernel](int) {
+        check(cudaMemsetAsync(counter_memory, 0, counters * sizeof(unsigned), stream), "cudaMemsetAsync");
+        const Link* chain = device_links;
+        void* args[] = {&chain, const_cast<int*>(&count)};
+        check(cudaLaunchCooperativeKernel(kernel, dim3(unsigned(grid)), dim3(G::kWarps * 32), args, 0, stream),
+              "cudaLaunchCooperativeKernel");
+      };
     };
+    const auto first_blocks = dataflow(reinterpret_cast<const void*>(dataflow_kernel<Prefetch::kFirstBlocks>));
+    const auto whole_units = dataflow(reinterpret_cast<const void*>(dataflow_kernel<Prefetch::kWholeUnit>));
 
     // The outputs of one run of each, compared bit for bit.
     auto outputs = [&] {
@@ -265,24 +290,33 @@ int main(int argc, char** argv) {
     };
     launches(0);
     const auto expected = outputs();
-    for (const Link& l : links) check(cudaMemset(l.y, 0xFF, size_t(l.rows) * sizeof(bf16)), "cudaMemset");
-    dataflow(0);
-    const auto got = outputs();
-    int differing = 0;
-    for (size_t i = 0; i < links.size(); ++i)
-      differing += std::memcmp(expected[i].data(), got[i].data(), expected[i].size() * sizeof(bf16)) != 0;
+    // The matrices whose outputs differ from the launches' after one run of `run`.
+    const auto differing = [&](const auto& run) {
+      for (const Link& l : links) check(cudaMemset(l.y, 0xFF, size_t(l.rows) * sizeof(bf16)), "cudaMemset");
+      run(0);
+      const auto got = outputs();
+      int count = 0;
+      for (size_t i = 0; i < links.size(); ++i)
+        count += std::memcmp(expected[i].data(), got[i].data(), expected[i].size() * sizeof(bf16)) != 0;
+      return count;
+    };
+    const int differing_first = differing(first_blocks), differing_whole = differing(whole_units);
 
     const auto report = [&](const char* name, double ms) {
-      std::printf("  %-10s %8.1f us a layer  %.2f TB/s\n", name, ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e12);
+      std::printf("  %-28s %8.1f us a layer  %.2f TB/s\n", name, ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e12);
     };
     report("launches", g4::bench::ms_per_launch(launches, 2, 20, stream));
-    report("dataflow", g4::bench::ms_per_launch(dataflow, 2, 20, stream));
-    std::printf("  the same bits: %s (%d of %zu matrices' outputs differ)\n", differing == 0 ? "yes" : "NO", differing,
-                links.size());
+    report("dataflow", g4::bench::ms_per_launch(first_blocks, 2, 20, stream));
+    report("dataflow, whole units in L2", g4::bench::ms_per_launch(whole_units, 2, 20, stream));
+    const std::pair<const char*, int> checks[] = {{"dataflow", differing_first},
+                                                  {"dataflow, whole units in L2", differing_whole}};
+    for (const auto& [name, d] : checks)
+      std::printf("  %s, the launches' bits: %s (%d of %zu matrices' outputs differ)\n", name, d == 0 ? "yes" : "NO", d,
+                  links.size());
     cudaGraphExecDestroy(replay);
     cudaGraphDestroy(graph);
     for (void* p : owned) cudaFree(p);
-    return differing == 0 ? 0 : 1;
+    return differing_first == 0 && differing_whole == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
