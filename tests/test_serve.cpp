@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/rank_inputs.h"
+#include "sampling/sampling_settings.h"
 #include "serve/engine_worker.h"
 #include "serve/openai_api.h"
 #include "serve/reply_text.h"
@@ -245,6 +247,63 @@ TEST_F(Serve, CompletionsTakeListsOfPromptsTokenIdsAndEcho) {
   outside["prompt"] = {2, int32_t(tokenizer_->vocab_size())};
   const json error = post("/v1/completions", outside, 400)["error"];
   EXPECT_EQ(error["param"], "prompt");
+  EXPECT_EQ(serve::EngineGauges(worker_->gauges()).running, 0u);
+}
+
+// n asks for several samples of one prompt. Choice j samples as a request of one with seed
+// choice_seed(seed, j) (choice 0: the request's own seed), so each is reproducible alone and they
+// differ; usage counts the prompt once and every choice's tokens; streamed, each choice's chunks
+// (its role chunk too) carry its index and add up to its whole reply; greedy choices are equal.
+// More choices than the server runs and queues at once (2 + 8 here) is a 400 naming n.
+TEST_F(Serve, NAsksForSeveralSamplesOfOnePrompt) {
+  json body = chat("Tell me a story.", 12);
+  body["temperature"] = 1.0;
+  auto content = [](const json& choice) { return choice["message"]["content"].get<std::string>(); };
+  std::vector<std::string> alone;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (uint64_t j = 0; j < 3; ++j) {
+    body["seed"] = choice_seed(42, j);
+    const json one = post("/v1/chat/completions", body);
+    alone.push_back(content(one["choices"][0]));
+    prompt_tokens = one["usage"]["prompt_tokens"];
+    completion_tokens += one["usage"]["completion_tokens"].get<int64_t>();
+  }
+  body["seed"] = 42;
+  body["n"] = 3;
+  const json three = post("/v1/chat/completions", body);
+  ASSERT_EQ(three["choices"].size(), 3u);
+  for (size_t j = 0; j < 3; ++j) {
+    EXPECT_EQ(three["choices"][j]["index"], j);
+    EXPECT_EQ(content(three["choices"][j]), alone[j]) << "choice " << j;
+  }
+  EXPECT_GE(std::set<std::string>(alone.begin(), alone.end()).size(), 2u) << "the choices sampled alike";
+  EXPECT_EQ(three["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(three["usage"]["completion_tokens"], completion_tokens);
+
+  body["stream"] = true;
+  std::map<int, std::string> streamed;
+  std::set<int> roles;
+  for (const std::string& e : events("/v1/chat/completions", body)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    const json& c = chunk["choices"][0];
+    const int index = c["index"];
+    if (c["delta"].contains("role")) roles.insert(index);
+    streamed[index] += c["delta"].value("content", "");
+  }
+  EXPECT_EQ(roles, (std::set<int>{0, 1, 2}));
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(streamed[j], alone[size_t(j)]) << "choice " << j;
+
+  json greedy = chat("Tell me a story.", 8);
+  greedy["n"] = 2;
+  const json two = post("/v1/chat/completions", greedy);
+  ASSERT_EQ(two["choices"].size(), 2u);
+  EXPECT_EQ(content(two["choices"][0]), content(two["choices"][1]));
+
+  greedy["n"] = 11;
+  const json error = post("/v1/chat/completions", greedy, 400)["error"];
+  EXPECT_EQ(error["param"], "n");
+  EXPECT_NE(error["message"].get<std::string>().find("11 choices"), std::string::npos) << error["message"];
   EXPECT_EQ(serve::EngineGauges(worker_->gauges()).running, 0u);
 }
 
@@ -810,7 +869,10 @@ TEST_F(Serve, BadInputIsA400NamingTheField) {
       {"/v1/chat/completions", json{{"messages", user}, {"stop", 7}}.dump(), "stop"},
       {"/v1/chat/completions", json{{"messages", user}, {"stop", {""}}}.dump(), "stop"},
       {"/v1/chat/completions", json{{"messages", user}, {"stream", "yes"}}.dump(), "stream"},
-      {"/v1/chat/completions", json{{"messages", user}, {"n", 2}}.dump(), "n"},
+      {"/v1/chat/completions", json{{"messages", user}, {"n", 0}}.dump(), "n"},
+      {"/v1/chat/completions", json{{"messages", user}, {"n", 129}}.dump(), "n"},
+      {"/v1/chat/completions", json{{"messages", user}, {"n", 1.5}}.dump(), "n"},
+      {"/v1/completions", json{{"prompt", {"a", "b", "c"}}, {"n", 43}}.dump(), "n"},
       {"/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", long_prompt}}}}}.dump(), "messages"},
       {"/v1/chat/completions", json{{"messages", {{{"role", "tool"}, {"content", "42"}}}}}.dump(), "messages[0].role"},
       {"/v1/chat/completions",

@@ -74,7 +74,7 @@ TEST(OpenAiClient, ChatCompletionsToolsSeedsLogprobsAndErrors) {
   std::string transcript;
   ASSERT_NO_THROW(transcript = run_driver(server, "conformance", "conformance.log"));
   std::printf("%s", transcript.c_str());
-  for (const char* check : {"chat:", "completions:", "tool round trip:", "seeds:", "logprobs:", "errors:"})
+  for (const char* check : {"chat:", "completions:", "tool round trip:", "seeds:", "choices:", "logprobs:", "errors:"})
     EXPECT_NE(transcript.find(check), std::string::npos) << check;
 }
 

@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "util/uniform_hash.h"
+
 namespace g4 {
 
 namespace {
@@ -38,6 +40,8 @@ ResolvedSampling resolve_sampling(const SamplingChoices& given, std::optional<ui
   r.sampler = Sampler(p);  // checks every value, the model's too
   return r;
 }
+
+uint64_t choice_seed(uint64_t seed, uint64_t choice) { return choice == 0 ? seed : hash_bits(seed, choice); }
 
 uint64_t draw_seed() {
   thread_local std::mt19937_64 random{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};

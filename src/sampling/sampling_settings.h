@@ -34,4 +34,10 @@ ResolvedSampling resolve_sampling(const SamplingChoices& given, std::optional<ui
 // A fresh random base seed (std::random_device once per thread; any thread may call it).
 uint64_t draw_seed();
 
+// The base seed of choice `choice` of a request whose base seed is `seed`, when one request asks for
+// several samples of one prompt: `seed` itself for choice 0 (one choice samples as a request of one),
+// a mixed one for the others. Not seed + choice: token j draws with base + j, so choice 1 would
+// repeat choice 0's draws a token later.
+uint64_t choice_seed(uint64_t seed, uint64_t choice);
+
 }  // namespace g4

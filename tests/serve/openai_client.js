@@ -1,7 +1,7 @@
 // The official `openai` npm client against a g4 serve started by test_serve_clients.cpp
 // (docs/DESIGN.md §8). Two modes:
 //   conformance: chat and text completions, whole and streamed (with the usage chunk), a tool-call
-//     round trip, seed reproducibility, logprobs, and every error status with OpenAI's error body;
+//     round trip, seed reproducibility, several choices (n), logprobs, and every error status with OpenAI's error body;
 //     prints a transcript, exits 1 at the first failed check.
 //   load: CLIENTS concurrent streaming clients send REQUESTS requests in total with random
 //     parameters, some hanging up mid-stream; every request that is not abandoned must succeed.
@@ -137,6 +137,25 @@ const checks = {
     return `seeds: 42 twice → ${JSON.stringify(a)}; seeds 1-4 differ`;
   },
 
+  // n: 3 samples of one prompt, whole and streamed (each chunk names its choice), reproducible.
+  async choices() {
+    const params = { model, messages: user("Tell me a story."), max_tokens: 12, temperature: 1.0, seed: 42, n: 3 };
+    const whole = await client().chat.completions.create(params);
+    assert.deepEqual(whole.choices.map((c) => c.index), [0, 1, 2]);
+    const texts = whole.choices.map((c) => c.message.content);
+    const single = await client().chat.completions.create({ ...params, n: 1 });
+    assert.equal(texts[0], single.choices[0].message.content, "choice 0 is the reply of n = 1");
+    assert.equal(whole.usage.prompt_tokens, single.usage.prompt_tokens, "the prompt counted once");
+    assert.ok(new Set(texts).size > 1, "the choices sampled alike");
+    const again = await client().chat.completions.create(params);
+    assert.deepEqual(again.choices.map((c) => c.message.content), texts, "the same seed, the same choices");
+    const stream = await client().chat.completions.create({ ...params, stream: true });
+    const streamed = ["", "", ""];
+    for await (const chunk of stream) for (const c of chunk.choices) streamed[c.index] += c.delta.content ?? "";
+    assert.deepEqual(streamed, texts, "streamed = whole, choice by choice");
+    return `choices: n = 3 → ${JSON.stringify(texts)}; streamed the same`;
+  },
+
   async logprobs() {
     const r = await client().chat.completions.create({
       model, messages: user("Hello"), max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2,
@@ -158,7 +177,7 @@ const checks = {
       (e) => assert.equal(e.error.code, "invalid_api_key")));
     note(await expectError(client().chat.completions.create({ model: "gpt-9", messages: user("hi") }), 404,
       (e) => assert.equal(e.error.code, "model_not_found")));
-    note(await expectError(client().chat.completions.create({ model, messages: user("hi"), n: 2 }), 400,
+    note(await expectError(client().chat.completions.create({ model, messages: user("hi"), n: 0 }), 400,
       (e) => assert.equal(e.error.param, "n")));
     note(await expectError(client().chat.completions.create({ model, messages: user("hi"), temperature: 9 }), 400,
       (e) => assert.equal(e.error.param, "temperature")));

@@ -558,8 +558,15 @@ CompletionRequest parse_completion_request(std::string_view body_text, Endpoint 
     if (*r.max_tokens < 1) throw bad(name, std::string("'") + name + "' must be >= 1");
   }
   parse_logprobs(body, r);
-  if (given("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1))
-    throw bad("n", "'n' must be 1 (one choice per request)");
+  if (given("n")) {
+    r.n = integer_field(body, "n");
+    if (r.n < 1 || r.n > kMaxChoices)
+      throw bad("n", "'n' must be in [1, " + std::to_string(kMaxChoices) + "] (choices per prompt)");
+  }
+  const size_t prompts = endpoint == Endpoint::kChat ? 1 : r.prompts.size();
+  if (int64_t(prompts) * r.n > kMaxChoices)
+    throw bad("n", std::to_string(prompts) + " prompts × n " + std::to_string(r.n) + " asks for " +
+                       std::to_string(int64_t(prompts) * r.n) + " choices; the most is " + std::to_string(kMaxChoices));
   if (body.contains("stop")) r.stop = parse_stop(body["stop"]);
   if (given("stream")) r.stream = bool_field(body, "stream");
   r.include_usage = nested_bool(body, "stream_options", "include_usage").value_or(false);
@@ -702,9 +709,9 @@ json chunk_json(const ResponseHeader& h, const ReplyPart& part, const std::strin
   return out;
 }
 
-json role_chunk_json(const ResponseHeader& h) {
+json role_chunk_json(const ResponseHeader& h, size_t index) {
   json out = envelope(h, true);
-  out["choices"] = json::array({{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}});
+  out["choices"] = json::array({{{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}});
   return out;
 }
 

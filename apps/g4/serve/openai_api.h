@@ -42,8 +42,10 @@ struct CompletionPrompt {
   std::string text;
   std::optional<std::vector<int32_t>> ids;
 };
-// The most prompts one /v1/completions request holds (each is a choice of its own).
+// The most prompts one /v1/completions request holds, and the most choices (prompts × n) one
+// request asks for: each choice is a sequence of its own.
 inline constexpr size_t kMaxPrompts = 128;
+inline constexpr int64_t kMaxChoices = 128;
 
 // What the reply must be, enforced by constrained decoding (docs/DESIGN.md §4 "Constrained
 // decoding", §8): JSON valid against a schema (response_format), or tool calls (tool_choice
@@ -68,6 +70,9 @@ struct CompletionRequest {
   // ids), one choice each, in order; with echo, each choice's text starts with its prompt's.
   std::vector<CompletionPrompt> prompts;
   bool echo = false;
+  // Choices per prompt ("n"): prompt i's choice j is choice i · n + j. Choice 0 samples with the
+  // request's seed, choice j > 0 with choice_seed(seed, j), so each choice is reproducible alone.
+  int64_t n = 1;
   std::optional<float> temperature, top_p, min_p;
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
@@ -134,7 +139,7 @@ nlohmann::json completion_json(const ResponseHeader& header, std::span<const Cho
 // empty. The first chat chunk (role) and the usage chunk (no choices) have their own makers.
 nlohmann::json chunk_json(const ResponseHeader& header, const ReplyPart& part, const std::string& finish_reason,
                           bool with_logprobs, size_t index = 0);
-nlohmann::json role_chunk_json(const ResponseHeader& header);
+nlohmann::json role_chunk_json(const ResponseHeader& header, size_t index);
 nlohmann::json usage_chunk_json(const ResponseHeader& header, const Usage& usage);
 
 }  // namespace g4::serve

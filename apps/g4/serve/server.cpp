@@ -10,6 +10,7 @@
 #include <functional>
 #include <span>
 
+#include "sampling/sampling_settings.h"
 #include "serve/openai_api.h"
 #include "serve/reply_assembler.h"
 #include "tokenizer/chat_template.h"
@@ -364,29 +365,37 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(r);
     const LogitPenalties penalties = request_penalties(r);
     const std::shared_ptr<const grammar::CompiledGrammar> grammar = grammars_.get(r);
-    // Every prompt is submitted before any is awaited, so that they run batched; one refused
-    // cancels those already in.
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      SchedulerRequest scheduled;
-      scheduled.prompt = prompts[i];
-      scheduled.sampling = sampler.params();
-      scheduled.max_new_tokens =
-          std::min(r.max_tokens.value_or(options_.default_max_tokens), worker_.max_seq_len() - int64_t(prompts[i].size()));
-      scheduled.stop_ids = options_.stop_ids;
-      scheduled.top_logprobs = r.top_logprobs;
-      scheduled.penalties = penalties;
-      scheduled.grammar = grammar;
-      Generating g;
-      try {
-        g.channel = worker_.submit(std::move(scheduled));
-      } catch (const Error& e) {
-        throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
+    const size_t choices = prompts.size() * size_t(r.n);
+    if (choices > worker_.max_in_flight())
+      throw ApiError(ErrorKind::kInvalidArgument,
+                     "the request asks for " + std::to_string(choices) + " choices; this server runs and queues at most " +
+                         std::to_string(worker_.max_in_flight()) + " requests at once (--max_sessions plus --max_waiting)",
+                     r.n > 1 ? "n" : "prompt");
+    // Every choice is submitted before any is awaited, so that they run batched; one refused
+    // cancels those already in. Prompt i's choice j is choice i · n + j.
+    for (size_t i = 0; i < prompts.size(); ++i)
+      for (int64_t j = 0; j < r.n; ++j) {
+        SchedulerRequest scheduled;
+        scheduled.prompt = prompts[i];
+        scheduled.sampling = sampler.params();
+        scheduled.sampling.seed = choice_seed(scheduled.sampling.seed, uint64_t(j));
+        scheduled.max_new_tokens = std::min(r.max_tokens.value_or(options_.default_max_tokens),
+                                            worker_.max_seq_len() - int64_t(prompts[i].size()));
+        scheduled.stop_ids = options_.stop_ids;
+        scheduled.top_logprobs = r.top_logprobs;
+        scheduled.penalties = penalties;
+        scheduled.grammar = grammar;
+        Generating g;
+        try {
+          g.channel = worker_.submit(std::move(scheduled));
+        } catch (const Error& e) {
+          throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
+        }
+        g.reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
+        g.prompt_tokens = j == 0 ? int64_t(prompts[i].size()) : 0;  // usage counts a prompt once, as OpenAI does
+        if (r.echo) g.echo = r.prompts[i].ids ? tokenizer_.decode(*r.prompts[i].ids) : r.prompts[i].text;
+        all.push_back(std::move(g));
       }
-      g.reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
-      g.prompt_tokens = int64_t(prompts[i].size());
-      if (r.echo) g.echo = r.prompts[i].ids ? tokenizer_.decode(*r.prompts[i].ids) : r.prompts[i].text;
-      all.push_back(std::move(g));
-    }
     for (const Generating& g : all)
       if (std::optional<Error> why = g.channel->wait_admitted()) throw ApiError(*why);
 
@@ -436,7 +445,7 @@ void Server::complete(const httplib::Request& req, httplib::Response& res, Endpo
           TokenTimer timer(metrics_, arrived);
           for (size_t i = 0; i < all.size(); ++i) {
             const Generating& g = all[i];
-            const bool opened = header.endpoint == Endpoint::kChat ? send(dump(role_chunk_json(header)))
+            const bool opened = header.endpoint == Endpoint::kChat ? send(dump(role_chunk_json(header, i)))
                                 : g.echo.empty() ? true
                                                  : send(dump(chunk_json(header, ReplyPart{g.echo, {}, {}, {}}, "",
                                                                         with_logprobs, i)));
