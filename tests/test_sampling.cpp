@@ -2,6 +2,7 @@
 // (also through the CPU backend's sample), the RNG, the CLI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -310,6 +311,20 @@ TEST(PenaltyState, AdjustmentsAlongDraftsAreTheDrawsAfterThem) {
   EXPECT_EQ(rows[3].size(), rows[0].size() + 1) << "token 3 is adjusted once drafted";
   EXPECT_EQ(state.adjustments().size(), rows[0].size()) << "the state moved";
   EXPECT_TRUE(PenaltyState(LogitPenalties{}, prompt).adjustments_along(drafts).empty());
+}
+
+// A request's choices: choice 0 keeps the seed; the others get seeds that are neither the seed nor
+// one of the next per-token seeds of any choice (base + t), and all differ.
+TEST(SamplingSettings, ChoiceSeedsAreUnrelated) {
+  for (const uint64_t seed : {uint64_t(0), uint64_t(42), ~uint64_t(0)}) {
+    EXPECT_EQ(choice_seed(seed, 0), seed);
+    std::vector<uint64_t> bases;
+    for (uint64_t j = 0; j < 1000; ++j) bases.push_back(choice_seed(seed, j));
+    std::vector<uint64_t> sorted = bases;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 1; i < sorted.size(); ++i)
+      EXPECT_GT(sorted[i] - sorted[i - 1], uint64_t(1) << 20) << "two choices' token seeds overlap, seed " << seed;
+  }
 }
 
 TEST(SamplingParams, ValidationFollowsTheSpecTable) {
