@@ -45,6 +45,10 @@ using g4::bench::check;
 constexpr DType kType = DType::Q4_0;
 using G = OneToken;
 constexpr int kMaxLayers = 16;
+constexpr size_t kLine = 128 / sizeof(unsigned);  // counters in an L2 line
+
+// A link's counters: next_ready alone on its line, then the done counters, up to a whole line.
+size_t counter_span(int64_t rows) { return kLine + (size_t(rows / kBlock) + kLine - 1) / kLine * kLine; }
 
 // One matrix of the chain: where its input comes from and where its output goes.
 struct Link {
@@ -219,16 +223,18 @@ int main(int argc, char** argv) {
         links.push_back(l);
         x = l.next_x;
         bytes += double(row_bytes(kType, p.K)) * double(p.rows) * (p.gated ? 2 : 1);
-        counters += 1 + size_t(p.rows / kBlock);  // next_ready, done
+        counters += counter_span(p.rows);
       }
     }
     auto* counter_memory = static_cast<unsigned*>(device_alloc(counters * sizeof(unsigned)));
     unsigned* next_counter = counter_memory;
     for (size_t i = 0; i < links.size(); ++i) {
       links[i].ready = i == 0 ? nullptr : links[i - 1].next_ready;
-      links[i].next_ready = next_counter++;
-      links[i].done = next_counter;
-      next_counter += links[i].rows / kBlock;
+      // Every warp of the next link polls next_ready: a line of its own, away from the done counters
+      // the producers add to.
+      links[i].next_ready = next_counter;
+      links[i].done = next_counter + kLine;
+      next_counter += counter_span(links[i].rows);
     }
     Link* device_links = static_cast<Link*>(device_alloc(links.size() * sizeof(Link)));
     check(cudaMemcpy(device_links, links.data(), links.size() * sizeof(Link), cudaMemcpyHostToDevice), "cudaMemcpy");
