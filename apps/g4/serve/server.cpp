@@ -334,156 +334,163 @@ LogitPenalties Server::request_penalties(const CompletionRequest& r) const {
   return p;
 }
 
-namespace {
-
-// One prompt's generation: its channel, the assembler of its reply and what it echoes first.
-struct Generating {
+// One choice's generation: its channel, the assembler of its reply and what it echoes first.
+struct Server::Choice {
   std::shared_ptr<RequestChannel> channel;
   std::shared_ptr<ReplyAssembler> reply;
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;  // its prompt's, on the prompt's first choice (usage counts a prompt once)
   std::string echo;
 };
 
-void cancel_all(EngineWorker& worker, const std::vector<Generating>& all) {
-  for (const Generating& g : all) worker.cancel(g.channel);
+void Server::cancel_all(const std::vector<Choice>& choices) {
+  for (const Choice& c : choices) worker_.cancel(c.channel);
 }
 
-}  // namespace
+void Server::submit_choices(const CompletionRequest& r, std::vector<Choice>& choices) {
+  const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
+  const std::vector<std::vector<int32_t>> prompts = prompt_ids(r);
+  const LogitPenalties penalties = request_penalties(r);
+  const std::shared_ptr<const grammar::CompiledGrammar> grammar = grammars_.get(r);
+  const size_t count = prompts.size() * size_t(r.n);
+  if (count > worker_.max_in_flight())
+    throw ApiError(ErrorKind::kInvalidArgument,
+                   "the request asks for " + std::to_string(count) + " choices; this server runs and queues at most " +
+                       std::to_string(worker_.max_in_flight()) + " requests at once (--max_sessions plus --max_waiting)",
+                   r.n > 1 ? "n" : "prompt");
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (int64_t j = 0; j < r.n; ++j) {
+      SchedulerRequest scheduled;
+      scheduled.prompt = prompts[i];
+      scheduled.sampling = sampler.params();
+      scheduled.sampling.seed = choice_seed(scheduled.sampling.seed, uint64_t(j));
+      scheduled.max_new_tokens = std::min(r.max_tokens.value_or(options_.default_max_tokens),
+                                          worker_.max_seq_len() - int64_t(prompts[i].size()));
+      scheduled.stop_ids = options_.stop_ids;
+      scheduled.top_logprobs = r.top_logprobs;
+      scheduled.penalties = penalties;
+      scheduled.grammar = grammar;
+      Choice c;
+      try {
+        c.channel = worker_.submit(std::move(scheduled));
+      } catch (const Error& e) {
+        throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
+      }
+      c.reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
+      c.prompt_tokens = j == 0 ? int64_t(prompts[i].size()) : 0;
+      if (r.echo) c.echo = r.prompts[i].ids ? tokenizer_.decode(*r.prompts[i].ids) : r.prompts[i].text;
+      choices.push_back(std::move(c));
+    }
+}
+
+void Server::answer_whole(const std::vector<Choice>& choices, const ResponseHeader& header, bool with_logprobs,
+                          Clock::time_point arrived, int socket, httplib::Response& res) {
+  // A client that hung up cancels its requests at the next token, as a stream's would.
+  std::vector<ChoiceReply> replies;
+  Usage usage;
+  TokenTimer timer(metrics_, arrived);
+  for (const Choice& c : choices) {
+    ChoiceReply reply{ReplyPart{c.echo, {}, {}, {}}, ""};
+    const Outcome outcome = collect(worker_, c.channel, *c.reply, timer, [&](ReplyPart part) {
+      reply.reply.append(std::move(part));
+      return !ConnectionWatch::client_gone(socket);
+    });
+    metrics_.count_tokens(c.prompt_tokens, outcome.completion_tokens);
+    if (outcome.client_gone) {  // nobody reads an answer; logged as nginx logs it
+      cancel_all(choices);
+      res.status = http_status(ErrorKind::kCancelled);
+      return;
+    }
+    if (outcome.failure) throw ApiError(*outcome.failure);
+    reply.finish_reason = outcome.finish_reason;
+    replies.push_back(std::move(reply));
+    usage.prompt_tokens += c.prompt_tokens;
+    usage.completion_tokens += outcome.completion_tokens;
+  }
+  send_json(res, 200, completion_json(header, replies, usage, with_logprobs));
+}
+
+void Server::answer_stream(std::vector<Choice> choices, const ResponseHeader& header, bool with_logprobs,
+                           bool include_usage, Clock::time_point arrived, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  // The choices stream one after another (each chunk names its choice's index); they generate
+  // together, the later ones' tokens waiting in their channels.
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, choices, header, with_logprobs, arrived, include_usage](size_t, httplib::DataSink& sink) {
+        auto send = [&](const std::string& data) {
+          const std::string event = "data: " + data + "\n\n";
+          return sink.write(event.data(), event.size());
+        };
+        Usage usage;
+        TokenTimer timer(metrics_, arrived);
+        for (size_t i = 0; i < choices.size(); ++i) {
+          const Choice& c = choices[i];
+          const bool opened = header.endpoint == Endpoint::kChat ? send(dump(role_chunk_json(header, i)))
+                              : c.echo.empty()                   ? true
+                                  : send(dump(chunk_json(header, ReplyPart{c.echo, {}, {}, {}}, "", with_logprobs, i)));
+          if (!opened) {
+            cancel_all(choices);
+            return false;
+          }
+          const Outcome outcome = collect(worker_, c.channel, *c.reply, timer, [&](ReplyPart part) {
+            return send(dump(chunk_json(header, part, "", with_logprobs, i)));
+          });
+          metrics_.count_tokens(c.prompt_tokens, outcome.completion_tokens);
+          if (outcome.client_gone) {
+            cancel_all(choices);
+            return false;
+          }
+          if (outcome.failure) {
+            cancel_all(choices);
+            send(dump(error_json(ApiError(*outcome.failure))));
+            break;
+          }
+          send(dump(chunk_json(header, {}, outcome.finish_reason, with_logprobs, i)));
+          usage.prompt_tokens += c.prompt_tokens;
+          usage.completion_tokens += outcome.completion_tokens;
+          if (i + 1 == choices.size() && include_usage) send(dump(usage_chunk_json(header, usage)));
+        }
+        send("[DONE]");
+        sink.done();
+        return true;
+      },
+      // The connection broke before the stream ended: the requests must not run on for nobody.
+      [this, choices](bool success) {
+        if (!success) cancel_all(choices);
+      });
+}
 
 void Server::complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
   const Clock::time_point arrived = Clock::now();
   // The request is read whole: no deadline while it generates (the other routes answer at once).
   const int socket = connections_ ? connections_->begin_request(req.remote_addr, req.remote_port) : -1;
-  std::vector<Generating> all;
+  std::vector<Choice> choices;
   try {
     const CompletionRequest r = parse_completion_request(req.body, endpoint);
     if (r.model && *r.model != options_.model_id)
       throw ApiError(ErrorKind::kNotFound,
                      "the model '" + *r.model + "' does not exist: this server serves '" + options_.model_id + "'",
                      "model", "model_not_found");
-    const Sampler sampler = request_sampler(r, options_.default_sampler, options_.random_seed);
-    const std::vector<std::vector<int32_t>> prompts = prompt_ids(r);
-    const LogitPenalties penalties = request_penalties(r);
-    const std::shared_ptr<const grammar::CompiledGrammar> grammar = grammars_.get(r);
-    const size_t choices = prompts.size() * size_t(r.n);
-    if (choices > worker_.max_in_flight())
-      throw ApiError(ErrorKind::kInvalidArgument,
-                     "the request asks for " + std::to_string(choices) + " choices; this server runs and queues at most " +
-                         std::to_string(worker_.max_in_flight()) + " requests at once (--max_sessions plus --max_waiting)",
-                     r.n > 1 ? "n" : "prompt");
     // Every choice is submitted before any is awaited, so that they run batched; one refused
-    // cancels those already in. Prompt i's choice j is choice i · n + j.
-    for (size_t i = 0; i < prompts.size(); ++i)
-      for (int64_t j = 0; j < r.n; ++j) {
-        SchedulerRequest scheduled;
-        scheduled.prompt = prompts[i];
-        scheduled.sampling = sampler.params();
-        scheduled.sampling.seed = choice_seed(scheduled.sampling.seed, uint64_t(j));
-        scheduled.max_new_tokens = std::min(r.max_tokens.value_or(options_.default_max_tokens),
-                                            worker_.max_seq_len() - int64_t(prompts[i].size()));
-        scheduled.stop_ids = options_.stop_ids;
-        scheduled.top_logprobs = r.top_logprobs;
-        scheduled.penalties = penalties;
-        scheduled.grammar = grammar;
-        Generating g;
-        try {
-          g.channel = worker_.submit(std::move(scheduled));
-        } catch (const Error& e) {
-          throw ApiError(e.kind(), e.what(), "", e.kind() == ErrorKind::kBusy ? "server_busy" : "");
-        }
-        g.reply = std::make_shared<ReplyAssembler>(tokenizer_, r);
-        g.prompt_tokens = j == 0 ? int64_t(prompts[i].size()) : 0;  // usage counts a prompt once, as OpenAI does
-        if (r.echo) g.echo = r.prompts[i].ids ? tokenizer_.decode(*r.prompts[i].ids) : r.prompts[i].text;
-        all.push_back(std::move(g));
-      }
-    for (const Generating& g : all)
-      if (std::optional<Error> why = g.channel->wait_admitted()) throw ApiError(*why);
-
+    // cancels those already in.
+    submit_choices(r, choices);
+    for (const Choice& c : choices)
+      if (std::optional<Error> why = c.channel->wait_admitted()) throw ApiError(*why);
     const ResponseHeader header{response_id(endpoint), options_.model_id,
                                 std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count(),
                                 endpoint};
     const bool with_logprobs = r.top_logprobs >= 0;
-    if (!r.stream) {
-      // A client that hung up cancels its requests at the next token, as a stream's would.
-      std::vector<ChoiceReply> choices;
-      Usage usage;
-      TokenTimer timer(metrics_, arrived);
-      for (const Generating& g : all) {
-        ChoiceReply choice{ReplyPart{g.echo, {}, {}, {}}, ""};
-        const Outcome outcome = collect(worker_, g.channel, *g.reply, timer, [&](ReplyPart part) {
-          choice.reply.append(std::move(part));
-          return !ConnectionWatch::client_gone(socket);
-        });
-        metrics_.count_tokens(g.prompt_tokens, outcome.completion_tokens);
-        if (outcome.client_gone) {  // nobody reads an answer; logged as nginx logs it
-          cancel_all(worker_, all);
-          res.status = http_status(ErrorKind::kCancelled);
-          return;
-        }
-        if (outcome.failure) throw ApiError(*outcome.failure);
-        choice.finish_reason = outcome.finish_reason;
-        choices.push_back(std::move(choice));
-        usage.prompt_tokens += g.prompt_tokens;
-        usage.completion_tokens += outcome.completion_tokens;
-      }
-      send_json(res, 200, completion_json(header, choices, usage, with_logprobs));
-      return;
-    }
-    res.set_header("Cache-Control", "no-cache");
-    // The choices stream one after another (each chunk names its choice's index); they generate
-    // together, the later ones' tokens waiting in their channels.
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, all, header, with_logprobs, arrived, include_usage = r.include_usage](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& data) {
-            const std::string event = "data: " + data + "\n\n";
-            return sink.write(event.data(), event.size());
-          };
-          Usage usage;
-          TokenTimer timer(metrics_, arrived);
-          for (size_t i = 0; i < all.size(); ++i) {
-            const Generating& g = all[i];
-            const bool opened = header.endpoint == Endpoint::kChat ? send(dump(role_chunk_json(header, i)))
-                                : g.echo.empty() ? true
-                                                 : send(dump(chunk_json(header, ReplyPart{g.echo, {}, {}, {}}, "",
-                                                                        with_logprobs, i)));
-            if (!opened) {
-              cancel_all(worker_, all);
-              return false;
-            }
-            const Outcome outcome = collect(worker_, g.channel, *g.reply, timer, [&](ReplyPart part) {
-              return send(dump(chunk_json(header, part, "", with_logprobs, i)));
-            });
-            metrics_.count_tokens(g.prompt_tokens, outcome.completion_tokens);
-            if (outcome.client_gone) {
-              cancel_all(worker_, all);
-              return false;
-            }
-            if (outcome.failure) {
-              cancel_all(worker_, all);
-              send(dump(error_json(ApiError(*outcome.failure))));
-              break;
-            }
-            send(dump(chunk_json(header, {}, outcome.finish_reason, with_logprobs, i)));
-            usage.prompt_tokens += g.prompt_tokens;
-            usage.completion_tokens += outcome.completion_tokens;
-            if (i + 1 == all.size() && include_usage) send(dump(usage_chunk_json(header, usage)));
-          }
-          send("[DONE]");
-          sink.done();
-          return true;
-        },
-        // The connection broke before the stream ended: the requests must not run on for nobody.
-        [this, all](bool success) {
-          if (!success) cancel_all(worker_, all);
-        });
+    if (r.stream)
+      answer_stream(std::move(choices), header, with_logprobs, r.include_usage, arrived, res);
+    else
+      answer_whole(choices, header, with_logprobs, arrived, socket, res);
   } catch (const ApiError& e) {
-    cancel_all(worker_, all);
+    cancel_all(choices);
     send_error(res, e, options_.retry_after_seconds);
   } catch (const Error& e) {  // e.g. a prompt the tokenizer refuses
-    cancel_all(worker_, all);
+    cancel_all(choices);
     send_error(res, ApiError(e), options_.retry_after_seconds);
   }
 }

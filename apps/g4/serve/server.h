@@ -70,6 +70,18 @@ class Server {
   void add_routes();
   // POST /v1/chat/completions or /v1/completions, streamed or whole.
   void complete(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  struct Choice;  // one choice's generation (server.cpp)
+  // Submits every choice of the request into `choices` (prompt i's choice j is choice i · n + j)
+  // before any is awaited; throws ApiError for a bad request or a refusal, leaving in `choices`
+  // those already submitted.
+  void submit_choices(const CompletionRequest& request, std::vector<Choice>& choices);
+  // The answer as one body once every choice has ended; a client that hung up cancels them.
+  void answer_whole(const std::vector<Choice>& choices, const ResponseHeader& header, bool with_logprobs,
+                    std::chrono::steady_clock::time_point arrived, int socket, httplib::Response& res);
+  // The answer as server-sent events, the choices one after another.
+  void answer_stream(std::vector<Choice> choices, const ResponseHeader& header, bool with_logprobs, bool include_usage,
+                     std::chrono::steady_clock::time_point arrived, httplib::Response& res);
+  void cancel_all(const std::vector<Choice>& choices);
   // The request's prompts as token ids (chat: one, the formatted conversation), each checked
   // against the vocabulary and the context.
   std::vector<std::vector<int32_t>> prompt_ids(const CompletionRequest& request) const;
