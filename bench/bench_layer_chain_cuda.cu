@@ -16,9 +16,10 @@
 //   dataflow, whole units in L2  the same, each warp asking L2 for its unit's whole rows (quants
 //             and scales) before it waits, not only their first blocks: a wait for the input then
 //             leaves the unit's weights arriving rather than idle bandwidth.
-// Prints the time per layer and the weights' bandwidth of each, and whether the dataflow runs gave
-// every output the launches' bits (the same arithmetic: a synchronisation that let a warp read an incomplete input
-// would not).
+// Prints the time per layer and the weights' bandwidth of each (also as a share of the device's copy
+// bandwidth, measure_copy_bandwidth, as g4 bench states a decode step), and whether the dataflow
+// runs gave every output the launches' bits (the same arithmetic: a synchronisation that let a warp
+// read an incomplete input would not).
 //   bench_layer_chain_cuda [layers=8] [blocks_per_sm=as many as fit]
 #include <cuda_runtime.h>
 
@@ -30,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/packed_gemv.cuh"
 #include "backend/cuda/packed_kernels.h"
@@ -308,8 +310,13 @@ int main(int argc, char** argv) {
     };
     const int differing_first = differing(first_blocks), differing_whole = differing(whole_units);
 
+    // The ceiling: the device's copy bandwidth, as g4 bench states a decode step against it.
+    const double copy = measure_copy_bandwidth(size_t(2) << 30);
+    std::printf("  copy speed %.2f TB/s\n", copy / 1e12);
     const auto report = [&](const char* name, double ms) {
-      std::printf("  %-28s %8.1f us a layer  %.2f TB/s\n", name, ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e12);
+      const double rate = bytes / (ms * 1e-3);
+      std::printf("  %-28s %8.1f us a layer  %.2f TB/s  %.1f %% of copy\n", name, ms * 1e3 / layers, rate / 1e12,
+                  100.0 * rate / copy);
     };
     report("launches", g4::bench::ms_per_launch(launches, 2, 20, stream));
     report("dataflow", g4::bench::ms_per_launch(first_blocks, 2, 20, stream));
