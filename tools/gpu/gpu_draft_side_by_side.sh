@@ -34,18 +34,7 @@ export LLAMA_SRC=$src PYTHONPATH=$src/gguf-py
 LLAMA_BUILD=${LLAMA_BUILD:-/tmp/llama-build}
 G4=${G4:-$root/build-gpu/g4}
 if [ "$BACKEND" = cuda ]; then
-  noamx=()
-  echo 'int main(){return 0;}' | cc -march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -x c - -o /dev/null 2>/dev/null &&
-    noamx=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
-  (cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_CURL=OFF \
-     -DLLAMA_OPENSSL=OFF -DGGML_CUDA_NCCL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
-     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF "${noamx[@]}" > "$OUT/llama-build.log" 2>&1 &&
-   cmake --build "$LLAMA_BUILD" --target llama-speculative-simple -j 12 >> "$OUT/llama-build.log" 2>&1) &
-  llama_build=$!
-  (cmake -S "$root" --preset gpu-check -DG4_BUILD_TESTS=OFF -DG4_BUILD_BENCH=OFF > "$OUT/g4-build.log" 2>&1 &&
-   cmake --build "$root/build-gpu" -j4 --target g4 >> "$OUT/g4-build.log" 2>&1) || { tail -20 "$OUT/g4-build.log"; exit 1; }
-  wait "$llama_build" || { tail -20 "$OUT/llama-build.log"; exit 1; }
-  echo "builds done at ${SECONDS}s"
+  bash "$root/tools/gpu/build_llama_and_g4.sh" "$src" "$LLAMA_BUILD" "$OUT" llama-speculative-simple || exit 1
   nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 fi
 target=/tmp/draft-target.gguf assistant=/tmp/draft-assistant.gguf
