@@ -1,22 +1,16 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's TARGETs (CUDA, sm_90a) from the source at SRC into LLAMA_BUILD and g4 (gpu-check
-# preset, build-gpu/) side by side, logs in OUT (llama-build.log, g4-build.log); on a failure prints
-# the failing log's tail and exits 1. The GPU side-by-side scripts share it.
+# Builds llama.cpp's TARGETs (build_llama.sh: CUDA, sm_90a, from SRC into LLAMA_BUILD) and g4
+# (gpu-check preset, build-gpu/) side by side, logs in OUT (llama-build.log, g4-build.log); on a
+# failure prints the failing log's tail and exits 1. The GPU side-by-side scripts share it.
 #
 #   tools/gpu/build_llama_and_g4.sh SRC LLAMA_BUILD OUT TARGET...
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-src=$1 llama_build_dir=$2 out=$3
-shift 3
-noamx=()  # the host compiler may not know AMX, which ggml's -march=native would ask for
-echo 'int main(){return 0;}' | cc -march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -x c - -o /dev/null 2>/dev/null &&
-  noamx=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
-(cmake -S "$src" -B "$llama_build_dir" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_CURL=OFF \
-   -DLLAMA_OPENSSL=OFF -DGGML_CUDA_NCCL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
-   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF "${noamx[@]}" > "$out/llama-build.log" 2>&1 &&
- cmake --build "$llama_build_dir" --target "$@" -j 12 >> "$out/llama-build.log" 2>&1) &
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$3
+bash "$here/build_llama.sh" "$@" &
 llama_build=$!
 (cmake -S "$root" --preset gpu-check -DG4_BUILD_TESTS=OFF -DG4_BUILD_BENCH=OFF > "$out/g4-build.log" 2>&1 &&
  cmake --build "$root/build-gpu" -j4 --target g4 >> "$out/g4-build.log" 2>&1) || { tail -20 "$out/g4-build.log"; exit 1; }
-wait "$llama_build" || { tail -20 "$out/llama-build.log"; exit 1; }
+wait "$llama_build" || exit 1
 echo "builds done at ${SECONDS}s"
