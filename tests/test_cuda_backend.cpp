@@ -94,6 +94,37 @@ TEST_F(CudaOps, MatmulGemvAndGemmForEveryWeightDtype) {
       }
 }
 
+// A quantized weight's bf16 copy holds the values every large matmul dequantized before: a forward
+// of 100 rows without batch invariance (the dequantizing path's size) gives the same bits from it,
+// also after the weight is written anew; 40 rows take the copy instead of the packed matmul and
+// match the CPU; turned off, the copies are freed.
+TEST_F(CudaOps, Bf16WeightCopiesHoldTheDequantizedValues) {
+  gpu_->set_batch_invariant(false);
+  const int64_t N = 4096, K = 5376;  // one chunk of the dequantizing path (the same cuBLAS call)
+  for (DType dtype : {DType::Q4_0, DType::Q8_0, DType::Q6_K}) {
+    const std::string what = "bf16 copy of " + dtype_name(dtype);
+    gpu_->set_bf16_weight_copies(false);
+    Both w = weight(N, K, dtype, 0.0f, 0.05f), x = activation(100, K), x40 = activation(40, K);
+    Both y_dequantized = activation(100, N), y_copy = activation(100, N), y40 = activation(40, N);
+    gpu_->matmul(x.gpu, w.gpu, y_dequantized.gpu);
+    const size_t free_without = gpu_->free_memory_bytes();
+    gpu_->set_bf16_weight_copies(true);
+    EXPECT_GE(free_without, gpu_->free_memory_bytes() + size_t(N * K) * 2) << what << ": no copy was allocated";
+    gpu_->matmul(x.gpu, w.gpu, y_copy.gpu);
+    EXPECT_EQ(read(*gpu_, y_copy.gpu), read(*gpu_, y_dequantized.gpu)) << what;
+    cpu_.matmul(x40.cpu, w.cpu, y40.cpu);
+    gpu_->matmul(x40.gpu, w.gpu, y40.gpu);
+    expect_close(y40, what + ", 40 rows");
+
+    gpu_->fill_uniform(w.gpu, 0.0f, 0.05f, 7);  // written anew: its copy too
+    gpu_->matmul(x.gpu, w.gpu, y_copy.gpu);
+    gpu_->set_bf16_weight_copies(false);
+    EXPECT_GE(gpu_->free_memory_bytes(), free_without - (size_t(4) << 20)) << what << ": the copy was not freed";
+    gpu_->matmul(x.gpu, w.gpu, y_dequantized.gpu);
+    EXPECT_EQ(read(*gpu_, y_copy.gpu), read(*gpu_, y_dequantized.gpu)) << what << ", written anew";
+  }
+}
+
 TEST_F(CudaOps, GatedGeluGemvAndGemm) {
   for (int64_t T : {1, 3, 8, 9, 40})
     for (int64_t K : {256, 100}) {  // 100: not a multiple of 8, so cuBLAS even for small T

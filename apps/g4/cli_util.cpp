@@ -37,6 +37,13 @@ void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& f) {
                  "else bf16)");
 }
 
+void add_bf16_weight_copies_flag(CLI::App& cmd, bool& on) {
+  cmd.add_flag("--bf16_weight_copies,--bf16-weight-copies", on,
+               "Keep a bf16 copy of every quantized weight on the GPU (2 bytes a weight, taken from the KV caches' "
+               "memory): decode batches of 33 or more sequences without batch invariance, and prefill, multiply "
+               "the copies instead of dequantizing every weight each forward (CUDA)");
+}
+
 std::string describe_kv_caches(const KvPool& pool) {
   const KvBytesPerToken bytes = pool.bytes_per_token();
   std::string out = "KV caches: full layers " + kv_type_name(pool.types().full) + ", " + std::to_string(bytes.full) +

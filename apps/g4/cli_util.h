@@ -51,6 +51,8 @@ struct KvTypeFlags {
   KvTypeChoice choice() const;
 };
 void add_kv_type_flags(CLI::App& cmd, KvTypeFlags& flags);
+// --bf16_weight_copies (EngineOptions::bf16_weight_copies).
+void add_bf16_weight_copies_flag(CLI::App& cmd, bool& on);
 // "KV caches: full layers tq4, 20800 bytes a token; sliding layers bf16, 819200 bytes a token (of
 // the window); pages of 532480 bytes" (g4 run's report).
 std::string describe_kv_caches(const KvPool& pool);

@@ -54,6 +54,7 @@ struct BenchOptions {
   std::string draft_model;             // an MTP assistant ("synthetic": the 31B's): the single run also decodes in rounds
   int64_t draft_tokens = 0;            // 0: the assistant's num_assistant_tokens, else 4
   double draft_accept = -1;            // >= 0: the drafts that stand a round, forced (ForcedAcceptance)
+  bool bf16_weight_copies = false;     // EngineOptions::bf16_weight_copies
 };
 
 // With `comm`, that rank's shard (docs/DESIGN.md, "Tensor parallel").
@@ -367,6 +368,7 @@ nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Kv
   r["model"] = o.synthetic.empty() ? o.model_path : "synthetic-" + o.synthetic;
   r["weights"] = o.synthetic.empty() ? "the file's" : o.weights;
   r["load_s"] = load_s;
+  r["bf16_weight_copies"] = o.bf16_weight_copies;
   return r;
 }
 
@@ -378,6 +380,7 @@ nlohmann::json concurrency_report(const BenchOptions& o, const Gemma4& model, Kv
 void bench_rank(const BenchOptions& o, CommGroup& group, int rank) {
   EngineOptions eo;
   eo.backend = o.backend;
+  eo.bf16_weight_copies = o.bf16_weight_copies;
   eo.tp = group.size();
   eo.tp_group = &group;
   eo.tp_rank = rank;
@@ -516,7 +519,10 @@ void run_bench(const BenchOptions& o) {
            "--held runs alone: no --concurrency, --suite, --tp or --draft_model");
   o.kv.choice();  // a bad type fails before anything loads
   if (o.tp != 1) return bench_tensor_parallel(o);
-  auto backend = make_backend(o.backend);
+  EngineOptions eo;
+  eo.backend = o.backend;
+  eo.bf16_weight_copies = o.bf16_weight_copies;
+  auto backend = make_engine_backend(eo);
   Backend& be = *backend;
   double copy_bytes_per_s = 0;
 #ifdef G4_HAVE_CUDA
@@ -663,6 +669,7 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1000000));
   cmd->add_option("--backend", opts->backend, "cuda or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   add_kv_type_flags(*cmd, opts->kv);
+  add_bf16_weight_copies_flag(*cmd, opts->bf16_weight_copies);
   cmd->add_option("--draft_model,--draft-model", opts->draft_model,
                   "Also decode in draft rounds with this MTP assistant, greedily and sampled (drafted tok/s, "
                   "acceptance, draft and verify time); 'demo': the demo model's; 'synthetic' with --synthetic 31b: the 31B assistant's "

@@ -74,6 +74,7 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
   cmd.add_option("--eos_id,--eos-id", f.eos_id, "End-of-sequence id (generation also stops on <turn|>)")->capture_default_str();
   cmd.add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd.add_flag("--cuda_graph,--cuda-graph", f.cuda_graph, "Replay a captured CUDA graph per decode step (--backend cuda)");
+  add_bf16_weight_copies_flag(cmd, f.bf16_weight_copies);
   cmd.add_option("-t,--threads", f.threads, "CPU backend worker threads (default: one per hardware thread)");
   cmd.add_option("--tp", f.tp,
                  "Tensor parallel: split the model over N ranks (--backend cuda: GPUs 0..N-1 with NCCL; cpu: "
@@ -117,6 +118,7 @@ void check_generation_flags(const GenerationFlags& f) {
   G4_CHECK(f.eos_id >= 0, "--eos_id must be a token id (>= 0), got " + std::to_string(f.eos_id));
   G4_CHECK(f.threads >= 0, "--threads must be >= 0 (0 = one per hardware thread), got " + std::to_string(f.threads));
   G4_CHECK(!f.cuda_graph || f.backend == "cuda", "--cuda_graph needs --backend cuda (CUDA graphs replay GPU work)");
+  G4_CHECK(!f.bf16_weight_copies || f.backend == "cuda", "--bf16_weight_copies needs --backend cuda");
   G4_CHECK(f.threads == 0 || f.backend == "cpu", "--threads applies to the CPU backend only");
   G4_CHECK(f.tp >= 1, "--tp must be at least 1, got " + std::to_string(f.tp));
   f.kv.choice();
@@ -137,6 +139,7 @@ EngineOptions engine_options(const GenerationFlags& f) {
   eo.threads = f.threads;
   eo.tp = f.tp;
   eo.kv_types = f.kv.choice();
+  eo.bf16_weight_copies = f.bf16_weight_copies;
   use_draft_model(eo, f.draft_model);
   eo.draft_tokens = f.draft_tokens;
   return eo;

@@ -28,6 +28,7 @@ struct GenerationFlags {
   int threads = 0;
   int tp = 1;  // ranks of a split model (docs/DESIGN.md, "Tensor parallel")
   bool cuda_graph = false;
+  bool bf16_weight_copies = false;  // EngineOptions::bf16_weight_copies
   KvTypeFlags kv;
   std::string draft_model;  // an MTP assistant (--draft_model)
   int64_t draft_tokens = 0;  // 0: the assistant's num_assistant_tokens, else 4

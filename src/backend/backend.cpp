@@ -46,6 +46,12 @@ KvCache one_page_kv_cache(Backend& backend, DType dtype, int64_t capacity, int64
   return one_page_kv_cache(backend, backend.alloc(dtype, capacity, kv_cols), backend.alloc(dtype, capacity, kv_cols));
 }
 
+void Backend::set_bf16_weight_copies(bool on) {
+  G4_REQUIRE(kUnsupported, !on,
+             "the " + name() + " backend multiplies quantized weights without dequantizing them: bf16 weight copies "
+             "(--bf16_weight_copies) are a CUDA backend option");
+}
+
 void Backend::check_tokens_to_ids(const Tensor& tokens, const Tensor& ids) {
   G4_CHECK(tokens.dtype == DType::I64 && ids.dtype == DType::I32 && tokens.cols == 1 && ids.cols == 1 &&
                tokens.rows == ids.rows,

@@ -331,6 +331,12 @@ class Backend {
   // batch-invariant scheduler): batch_invariant_rows() then says how many. Off (the default), ops
   // take the fastest kernels. Backends whose every op is row by row ignore it.
   virtual void set_batch_invariant(bool) {}
+  // Asks for a bf16 copy of every block-quantized weight beside it (made now for those already
+  // written, and whenever one is written), which matmuls of many rows multiply instead of
+  // dequantizing the weight each time: memory (2 bytes a weight) for the speed of large batches
+  // and prefill. Throws kResourceExhausted when a copy does not fit, and kUnsupported where the
+  // backend multiplies quantized weights without dequantizing them (the default).
+  virtual void set_bf16_weight_copies(bool on);
 
   // ---- graphs: a step recorded once, replayed with its inputs in backend memory ----
   // A recorded step (a CUDA graph), owned by whoever recorded it; replays read the memory it was

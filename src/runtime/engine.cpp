@@ -9,11 +9,9 @@
 
 namespace g4 {
 
-std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options) {
-  G4_CHECK(options.threads >= 0, "threads must be >= 0 (0 = one per hardware thread), got " +
-                                     std::to_string(options.threads));
-  G4_CHECK(options.tp == 1 || options.tp_group, "an engine of a model split over " + std::to_string(options.tp) +
-                                                    " ranks is made per rank by run_tensor_parallel");
+namespace {
+
+std::unique_ptr<Backend> backend_for(const EngineOptions& options) {
   if (options.backend == "cpu" && options.tp > 1) {
     // The ranks share the machine's cores.
     const int all = options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency());
@@ -21,6 +19,18 @@ std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options) {
   }
   if (options.backend == "cpu" && options.threads > 0) return std::make_unique<CpuBackend>(options.threads);
   return make_backend(options.backend, options.tp > 1 ? options.tp_rank : -1);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options) {
+  G4_CHECK(options.threads >= 0, "threads must be >= 0 (0 = one per hardware thread), got " +
+                                     std::to_string(options.threads));
+  G4_CHECK(options.tp == 1 || options.tp_group, "an engine of a model split over " + std::to_string(options.tp) +
+                                                    " ranks is made per rank by run_tensor_parallel");
+  std::unique_ptr<Backend> backend = backend_for(options);
+  if (options.bf16_weight_copies) backend->set_bf16_weight_copies(true);  // before any weight is written
+  return backend;
 }
 
 namespace {

@@ -46,10 +46,14 @@ struct EngineOptions {
   CommGroup* tp_group = nullptr;
   int tp_rank = 0;
   CudaAllReduce tp_all_reduce = CudaAllReduce::kPeerWhenReachable;  // how CUDA ranks sum
+  // A bf16 copy of every block-quantized weight beside it (Backend::set_bf16_weight_copies): large
+  // batches and prefill multiply the copies.
+  bool bf16_weight_copies = false;
 };
 
 // The backend an engine of `options` runs on: rank tp_rank's device (CUDA), or its share of the
-// CPU worker threads (threads / tp each, so that the ranks do not oversubscribe the cores).
+// CPU worker threads (threads / tp each, so that the ranks do not oversubscribe the cores), asked
+// for bf16 weight copies when the options are.
 std::unique_ptr<Backend> make_engine_backend(const EngineOptions& options);
 
 // What the reference design's program returns for a forward.

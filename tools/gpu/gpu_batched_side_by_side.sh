@@ -13,7 +13,9 @@
 # bf16 caches, and at the largest N also both with q8_0 caches; `all` (the default) does both. The
 # phases fit two calls on a machine kept warm (the build folders stay between calls).
 # Environment: NS ("64 256"), PROMPT and GEN (128 each), TYPE (q4_0), LLAMA_KV (f16),
-# OUT (/tmp/batched-side-by-side), PYTHON (python3, with numpy);
+# OUT (/tmp/batched-side-by-side), PYTHON (python3, with numpy); COPIES=1 also runs g4 at each N
+# without batch invariance, over bf16 weight copies (--bf16_weight_copies; the GPU needs room for
+# them: 2 bytes a weight), q8_0 caches;
 # BACKEND=cpu TINY=1 LLAMA_BUILD=DIR G4=BINARY run the bench phase on the CPU with the kit's tiny
 # shape and builds already made (how the script is tried without a GPU).
 set -uo pipefail
@@ -56,18 +58,20 @@ llama() {  # N KV_TYPE: llama-batched-bench's decode rate (S_TG) at N sequences
     -ntg $GEN -npl "$n" "${on_gpu[@]}" "${cpu[@]}" -ctk "$kv" -ctv "$kv" > "$log" 2>&1
   echo "llama.cpp $n sequences, $kv caches (rc $?): $(grep -E "^\|\s+$PROMPT \|" "$log" | tail -1)"
 }
-g4() {  # N KV_TYPE: g4 bench --concurrency N
+g4() {  # N KV_TYPE [MORE_FLAGS...]: g4 bench --concurrency N
   local n=$1 kv=$2 name="$OUT/g4-$1-$2" kv_flags=()
+  shift 2
+  [ $# -gt 0 ] && name="$name-copies"
   [ "$kv" != bf16 ] && kv_flags=(--kv_type "$kv" --kv_sliding_type "$kv")
-  "$G4" bench --backend "$BACKEND" --model_path "$file" --concurrency "$n" --prompt_len $PROMPT --gen $GEN "${kv_flags[@]}" > "$name.json" 2> "$name.log"
+  "$G4" bench --backend "$BACKEND" --model_path "$file" --concurrency "$n" --prompt_len $PROMPT --gen $GEN "${kv_flags[@]}" "$@" > "$name.json" 2> "$name.log"
   local rc=$?
   "$PYTHON" -c "
 import json, sys
 for r in json.load(open(sys.argv[1]))['runs']:
     steady = '%.1f tok/s' % r['full_decode_tok_s'] if 'full_decode_tok_s' in r else r['full_decode_missing']
-    print('g4 %s sequences, %s caches: steady decode %s, all generated / wall %.1f tok/s, TTFT p50 %.2f s p99 %.2f s' % (
-        r['concurrency'], sys.argv[2], steady, r['aggregate_tok_s'], r['ttft_p50_s'], r['ttft_p99_s']))" \
-    "$name.json" "$kv" 2>/dev/null || { echo "g4 $n sequences, $kv caches: rc $rc"; tail -3 "$name.log"; }
+    print('g4 %s sequences, %s caches%s: steady decode %s, all generated / wall %.1f tok/s, TTFT p50 %.2f s p99 %.2f s' % (
+        r['concurrency'], sys.argv[2], sys.argv[3], steady, r['aggregate_tok_s'], r['ttft_p50_s'], r['ttft_p99_s']))" \
+    "$name.json" "$kv" "${*:+ ($*)}" 2>/dev/null || { echo "g4 $n sequences, $kv caches: rc $rc"; tail -3 "$name.log"; }
 }
 for n in $NS; do
   llama "$n" "$LLAMA_KV"
@@ -75,5 +79,8 @@ for n in $NS; do
 done
 llama "$largest" q8_0
 g4 "$largest" q8_0
+if [ "${COPIES:-0}" = 1 ]; then
+  for n in $NS; do g4 "$n" q8_0 --batch_invariant false --bf16_weight_copies; done
+fi
 rm -f "$file"
 echo "done at ${SECONDS}s; logs and JSON in $OUT"

@@ -95,11 +95,15 @@ enum class MatmulPath {
   kDequantizedGemm,  // chunks of rows dequantized to bf16, then cuBLAS (multiply_dequantized_chunk)
   kGemv,             // launch_gemv over bf16
   kCublas,           // cuBLAS over bf16
+  kBf16Copy,         // cuBLAS over the weight's bf16 copy (set_bf16_weight_copies)
 };
 
-// The kernel for a weight stored as `layout` and T rows of K values; the first row that matches:
+// The kernel for a weight stored as `layout` (with a bf16 copy beside it, or not) and T rows of K
+// values; the first row that matches:
 //
 //   layout        rows T                               batch invariant  path
+//   with a copy   kBf16CopyFromRows..                  no               kBf16Copy
+//   with a copy   257..                                yes              kBf16Copy
 //   Q4_0 records  1..256                               -                kRecords
 //   Q4_0 records  257..                                -                kDequantizedGemm
 //   packed        packed_gemv_takes(T, K): 1..8 rows,  -                kPackedGemv
@@ -122,7 +126,13 @@ enum class MatmulPath {
 // eligible matrix regardless of invariance: without it the packed GEMV (1..4 rows) and the packed
 // matmul run faster over the packed layout than the records kernels, and the records kernels give
 // other bits than those.
-MatmulPath choose_matmul_path(DType weight, WeightLayout layout, int64_t T, int64_t K, bool batch_invariant) {
+//
+// A bf16 copy replaces the per-call dequantization wherever that ran, and, without invariance, the
+// packed matmul from kBf16CopyFromRows rows on, where reading the copy (2 bytes a weight) at the
+// memory's rate takes less time than the packed matmul takes over the packed weight.
+MatmulPath choose_matmul_path(DType weight, WeightLayout layout, bool bf16_copy, int64_t T, int64_t K,
+                              bool batch_invariant) {
+  if (bf16_copy && T >= (batch_invariant ? kMaxBatchInvariantRows + 1 : kBf16CopyFromRows)) return MatmulPath::kBf16Copy;
   if (layout == WeightLayout::kQ4_0Records)
     return T <= kMaxRecordsTokens ? MatmulPath::kRecords : MatmulPath::kDequantizedGemm;
   if (layout == WeightLayout::kPacked) {
@@ -189,16 +199,19 @@ class CudaBackend final : public Backend {
     G4_CHECK(!capturing_, "cuda backend: batch invariance changed while capturing a graph");
     batch_invariant_ = on;
     if (!on) return;
-    std::erase_if(q4_0_matrices_, [](const Q4_0Matrix& m) { return m.owner.expired(); });
-    for (const Q4_0Matrix& m : q4_0_matrices_) {
-      Tensor w;
-      w.dtype = DType::Q4_0;
-      w.rows = m.rows;
-      w.cols = m.cols;
-      w.data = m.data;
-      w.owner = m.owner.lock();
-      if (w.owner) to_records(w);
+    for (const Tensor& w : live_quantized_matrices())
+      if (w.dtype == DType::Q4_0 && records::fits_records(w.rows, w.cols)) to_records(w);
+  }
+  // Turned on, every block-quantized matrix allocated so far gets its copy now, and every one
+  // written later when it is written; turned off, the copies are freed.
+  void set_bf16_weight_copies(bool on) override {
+    G4_CHECK(!capturing_, "cuda backend: bf16 weight copies changed while capturing a graph");
+    bf16_copies_on_ = on;
+    if (!on) {
+      bf16_copies_.clear();
+      return;
     }
+    for (const Tensor& w : live_quantized_matrices()) keep_bf16_copy(w);
   }
 
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
@@ -225,7 +238,7 @@ class CudaBackend final : public Backend {
     t.data = p;
     G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
     if (is_block_quantized(dtype)) workspace_.reserve_packed(rows, cols, kDequantizedBytes);
-    if (dtype == DType::Q4_0 && records::fits_records(rows, cols)) q4_0_matrices_.push_back({t.data, rows, cols, t.owner});
+    if (is_block_quantized(dtype)) quantized_matrices_.push_back({t.data, dtype, rows, cols, t.owner});
     return t;
   }
 
@@ -280,6 +293,7 @@ class CudaBackend final : public Backend {
                               storage == DType::F32, stream_);
     }
     keep_in_records(t);
+    keep_bf16_copy(t);
     return t;
   }
 
@@ -289,7 +303,10 @@ class CudaBackend final : public Backend {
   bool runs_kv_dtype(DType t) const override { return t == activation_dtype() || is_quantized_kv(t); }
 
   size_t weight_bytes_on_backend(const HostTensor& w) const override {
-    return row_bytes(storage_dtype(w), weight_cols(w)) * size_t(weight_rows(w));
+    const DType storage = storage_dtype(w);
+    const size_t rows = size_t(weight_rows(w)), cols = size_t(weight_cols(w));
+    const size_t copy = bf16_copies_on_ && is_block_quantized(storage) ? rows * cols * sizeof(bf16) : 0;
+    return row_bytes(storage, int64_t(cols)) * rows + copy;
   }
 
   size_t free_memory_bytes() const override {
@@ -399,6 +416,8 @@ class CudaBackend final : public Backend {
       }
       case MatmulPath::kCublas:
         return gemm(w.data, x.data, ptr<bf16>(y), N, T, K, N);
+      case MatmulPath::kBf16Copy:
+        return gemm(bf16_copy_of(w)->data, x.data, ptr<bf16>(y), N, T, K, N);
     }
   }
 
@@ -811,7 +830,7 @@ class CudaBackend final : public Backend {
     return in_records(w) ? WeightLayout::kQ4_0Records : WeightLayout::kPacked;
   }
   MatmulPath matmul_path(const Tensor& w, int64_t T, int64_t K) const {
-    return choose_matmul_path(w.dtype, layout_of(w), T, K, batch_invariant_);
+    return choose_matmul_path(w.dtype, layout_of(w), bf16_copy_of(w) != nullptr, T, K, batch_invariant_);
   }
   // Whether one launch takes x · ws[i]^T into ys[i] for every i: at most `most` matrices, each
   // with its output, of x's width, each on one of `paths`.
@@ -837,19 +856,64 @@ class CudaBackend final : public Backend {
                                 gelu_out, then_norm);
   }
 
+  // Whether `owner` is the allocation `kept` was taken of, not a later one at a freed weight's address.
+  static bool same_allocation(const std::weak_ptr<void>& kept, const std::shared_ptr<void>& owner) {
+    return !kept.owner_before(owner) && !owner.owner_before(kept);
+  }
   bool in_records(const Tensor& w) const {
     const auto it = records_.find(w.data);
-    // The same allocation, not a later one at a freed weight's address.
-    return w.dtype == DType::Q4_0 && it != records_.end() && !it->second.owner_before(w.owner) &&
-           !w.owner.owner_before(it->second);
+    return w.dtype == DType::Q4_0 && it != records_.end() && same_allocation(it->second, w.owner);
   }
   // After t's bytes were written anew (uploaded, filled), t may be a weight: the dequantize stream
   // waits for the write, and a Q4_0 matrix is in the packed layout again (records_), then in records
-  // if invariance asks.
+  // if invariance asks, and its bf16 copy is made again.
   void rewritten(const Tensor& t) {
     dequantize_must_wait_ = true;
     records_.erase(t.data);
     keep_in_records(t);
+    keep_bf16_copy(t);
+  }
+
+  // Every block-quantized matrix allocated (alloc) whose memory is still held, as a tensor.
+  std::vector<Tensor> live_quantized_matrices() {
+    std::erase_if(quantized_matrices_, [](const QuantizedMatrix& m) { return m.owner.expired(); });
+    std::vector<Tensor> live;
+    for (const QuantizedMatrix& m : quantized_matrices_) {
+      Tensor w;
+      w.dtype = m.dtype;
+      w.rows = m.rows;
+      w.cols = m.cols;
+      w.data = m.data;
+      w.owner = m.owner.lock();
+      if (w.owner) live.push_back(std::move(w));
+    }
+    return live;
+  }
+
+  // The bf16 copy of the block-quantized matrix w (set_bf16_weight_copies), or null.
+  const Tensor* bf16_copy_of(const Tensor& w) const {
+    if (bf16_copies_.empty() || !is_block_quantized(w.dtype)) return nullptr;
+    const auto it = bf16_copies_.find(w.data);
+    return it != bf16_copies_.end() && same_allocation(it->second.of, w.owner) ? &it->second.copy : nullptr;
+  }
+  // While copies are asked for, (re)makes the bf16 copy of t, a whole block-quantized matrix just
+  // written: the values the dequantization of every matmul would give. Allocating it may throw
+  // kResourceExhausted (alloc names the bytes).
+  void keep_bf16_copy(const Tensor& t) {
+    if (!bf16_copies_on_ || !is_block_quantized(t.dtype) || !t.owner) return;
+    const Tensor* copy = bf16_copy_of(t);
+    if (!copy) {
+      bf16_copies_.erase(t.data);
+      copy = &bf16_copies_.emplace(t.data, Bf16Copy{t.owner, alloc(DType::BF16, t.rows, t.cols)}).first->second.copy;
+    }
+    dequantize(t, 0, t.rows, ptr<bf16>(*copy), stream_);
+  }
+  // Rows [first, first + n) of the block-quantized matrix w as bf16, into out, on `stream`.
+  void dequantize(const Tensor& w, int64_t first, int64_t n, bf16* out, cudaStream_t stream) {
+    if (in_records(w))
+      launch_dequantize_q4_0_records(ptr<uint8_t>(w), w.rows, w.cols, first, n, out, stream);
+    else
+      launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), w.rows, w.cols, first, n, out, stream);
   }
   // Rearranges t into records when batch invariance asks for it (see choose_matmul_path) and t is
   // a whole Q4_0 matrix of whole records, just written in the packed layout.
@@ -905,12 +969,7 @@ class CudaBackend final : public Backend {
       dequantize_must_wait_ = false;
     }
     if (overlap) G4_CUDA(cudaStreamWaitEvent(dequantize_stream_, chunk_read_[b]));
-    if (in_records(w))
-      launch_dequantize_q4_0_records(ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
-                                     overlap ? dequantize_stream_ : stream_);
-    else
-      launch_dequantize_rows(w.dtype, ptr<uint8_t>(w), w.rows, w.cols, first, n, scratch,
-                             overlap ? dequantize_stream_ : stream_);
+    dequantize(w, first, n, scratch, overlap ? dequantize_stream_ : stream_);
     if (overlap) {
       G4_CUDA(cudaEventRecord(chunk_ready_[b], dequantize_stream_));
       G4_CUDA(cudaStreamWaitEvent(stream_, chunk_ready_[b]));
@@ -1152,13 +1211,23 @@ class CudaBackend final : public Backend {
   bool batch_invariant_ = false;  // set_batch_invariant
   // Q4_0 weights rearranged into records (to_records), by their data, with their owner.
   std::unordered_map<const void*, std::weak_ptr<void>> records_;
-  // Every Q4_0 matrix of whole records allocated (alloc), which batch invariance keeps in records.
-  struct Q4_0Matrix {
+  // Every block-quantized matrix allocated (alloc): batch invariance keeps the Q4_0 ones of whole
+  // records in records, and bf16 copies are made of all.
+  struct QuantizedMatrix {
     void* data;
+    DType dtype;
     int64_t rows, cols;
     std::weak_ptr<void> owner;
   };
-  std::vector<Q4_0Matrix> q4_0_matrices_;
+  std::vector<QuantizedMatrix> quantized_matrices_;
+  // bf16 copies of block-quantized matrices (set_bf16_weight_copies), by the matrix's data, with
+  // the matrix's owner.
+  struct Bf16Copy {
+    std::weak_ptr<void> of;
+    Tensor copy;
+  };
+  bool bf16_copies_on_ = false;
+  std::unordered_map<const void*, Bf16Copy> bf16_copies_;
   // Prefill over packed weights (multiply_dequantized_chunk): the chunks dequantized so far (which
   // picks the scratch of workspace_.dequantized), the stream that fills them, and the events that order it: a chunk ready for its GEMM, a scratch read
   // by its GEMM, and a point of stream_ the dequantize stream must not overtake (set after an op

@@ -28,6 +28,11 @@ inline bool packed_matmul_fits(int64_t T, int64_t K) {
 // Fewest rows of a forward that need not be batch invariant the packed matmul takes from the GEMV:
 // the GEMV's time grows with the rows, the matmul's hardly changes below 16 (docs/PERF.md, "Few rows").
 inline constexpr int64_t kPackedMatmulFromRows = 5;
+// Rows from which a forward that need not be batch invariant multiplies a packed weight's bf16
+// copy (Backend::set_bf16_weight_copies) with cuBLAS instead of running the packed matmul: the
+// copy's 2 bytes a weight, read near the memory's rate, against the packed matmul's time, which
+// grows with the rows (docs/PERF.md, "bf16 weight copies").
+inline constexpr int64_t kBf16CopyFromRows = 33;
 // Whether T rows of a K-wide packed weight run the GEMV (else the packed matmul or a larger path).
 inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
   return T <= kMaxGemvTokens && (batch_invariant || T < kPackedMatmulFromRows || !packed_matmul_fits(T, K));
