@@ -54,6 +54,23 @@ GenerationRequest request(uint64_t seed, int64_t n = 32) {
 // A generation in a new session of the engine.
 GenerationResult generate_in(Engine& engine, const GenerationRequest& r) { return generate(*engine.create_session(), r); }
 
+// The CPU backend multiplies quantized weights in place: asked for bf16 copies, an engine's backend
+// refuses, naming the flag, before anything loads.
+TEST(Engine, Bf16WeightCopiesOnTheCpuAreRefusedByName) {
+  EngineOptions o;
+  o.backend = "cpu";
+  o.bf16_weight_copies = true;
+  try {
+    make_engine_backend(o);
+    FAIL() << "the cpu backend took bf16 weight copies";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("--bf16_weight_copies"), std::string::npos) << e.what();
+  }
+  o.bf16_weight_copies = false;
+  EXPECT_NE(make_engine_backend(o), nullptr);
+}
+
 TEST(Engine, SamplingProgramReturnsATokenInRange) {
   auto engine = open_engine(exported("tiny-31b-style", true));
   ASSERT_TRUE(engine->use_sampling());
