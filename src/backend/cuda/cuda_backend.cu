@@ -217,6 +217,8 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType dtype, int64_t rows, int64_t cols) override {
     G4_CHECK(!capturing_, "cuda backend: an allocation while capturing a graph (run one forward before capturing)");
     ++allocations_;
+    // The copies of weights freed since go first, before their memory is asked for again.
+    std::erase_if(bf16_copies_, [](const auto& entry) { return entry.second.of.expired(); });
     Tensor t;
     t.dtype = dtype;
     t.rows = rows;
