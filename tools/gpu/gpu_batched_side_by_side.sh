@@ -16,6 +16,8 @@
 # OUT (/tmp/batched-side-by-side), PYTHON (python3, with numpy); COPIES=1 also runs g4 at each N
 # without batch invariance, over bf16 weight copies (--bf16_weight_copies; the GPU needs room for
 # them: 2 bytes a weight), q8_0 caches;
+# FILE: a GGUF file of that shape and TYPE written ahead by the kit's gen_gemma4_gguf.py, taken when
+# FILE.done is beside it (else written, /tmp/batched-TYPE.gguf);
 # BACKEND=cpu TINY=1 LLAMA_BUILD=DIR G4=BINARY run the bench phase on the CPU with the kit's tiny
 # shape and builds already made (how the script is tried without a GPU).
 set -uo pipefail
@@ -48,8 +50,10 @@ else
   on_gpu=(); cpu=(-t "$(nproc)")
 fi
 [ "${TINY:-0}" = 1 ] && shape=(--tiny)
-file=/tmp/batched-$TYPE.gguf
-"$PYTHON" "$kit/gen_gemma4_gguf.py" "$file" --type "$TYPE" "${shape[@]}" > "$OUT/gen.txt" 2>&1 || { tail -5 "$OUT/gen.txt"; exit 1; }
+file=${FILE:-/tmp/batched-$TYPE.gguf}
+if [ ! -f "$file.done" ]; then  # a file written ahead (FILE, with FILE.done beside it) is taken as it is
+  "$PYTHON" "$kit/gen_gemma4_gguf.py" "$file" --type "$TYPE" "${shape[@]}" > "$OUT/gen.txt" 2>&1 || { tail -5 "$OUT/gen.txt"; exit 1; }
+fi
 largest=$(echo "$NS" | tr ' ' '\n' | sort -n | tail -1)
 
 llama() {  # N KV_TYPE: llama-batched-bench's decode rate (S_TG) at N sequences
@@ -82,5 +86,5 @@ g4 "$largest" q8_0
 if [ "${COPIES:-0}" = 1 ]; then
   for n in $NS; do g4 "$n" q8_0 --batch_invariant false --bf16_weight_copies; done
 fi
-rm -f "$file"
+rm -f "$file" "$file.done"
 echo "done at ${SECONDS}s; logs and JSON in $OUT"
