@@ -31,7 +31,7 @@ inline constexpr int64_t kPackedMatmulFromRows = 5;
 // Rows from which a forward that need not be batch invariant multiplies a packed weight's bf16
 // copy (Backend::set_bf16_weight_copies) with cuBLAS instead of running the packed matmul: the
 // copy's 2 bytes a weight, read near the memory's rate, against the packed matmul's time, which
-// grows with the rows (docs/PERF.md, "bf16 weight copies").
+// grows with the rows; an estimate until measured (docs/DESIGN.md §10, "bf16 weight copies").
 inline constexpr int64_t kBf16CopyFromRows = 33;
 // Whether T rows of a K-wide packed weight run the GEMV (else the packed matmul or a larger path).
 inline bool packed_gemv_takes(int64_t T, int64_t K, bool batch_invariant) {
