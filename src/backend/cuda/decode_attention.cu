@@ -643,6 +643,24 @@ int decode_attention_splits(int64_t position, int window, int max_splits) {
 
 namespace {
 
+// One split kernel's launch: its threads and shared memory follow from its template arguments.
+// Sets parts.blocks_per_head (the merge decision reads it): every split its own block when the GPU
+// holds them all at once; else the fewest blocks per (kv head, sequence) that still fill it, each
+// taking every P-th split.
+template <int kHeadTiles, int kWarps>
+void launch_split(const AttentionLaunch& a, const DecodeCaches& caches, SplitPartials& parts, uint4* planes,
+                  cudaStream_t stream, bool sequences_fastest) {
+  auto* kernel = decode_split_kernel<kHeadTiles, kWarps>;
+  const int threads = SplitWarps<kWarps>::kThreads;
+  const size_t smem = DecodeSmem<kHeadTiles, kWarps>(a.head_dim).total;
+  const int64_t heads = int64_t(a.kv_heads) * caches.sequences, blocks = int64_t(parts.launched) * heads;
+  const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem);
+  parts.blocks_per_head = blocks <= resident ? parts.launched : int(ceil_div(parts.launched, ceil_div(blocks, resident)));
+  const unsigned kv_heads = unsigned(a.kv_heads), p = unsigned(parts.blocks_per_head), z = unsigned(caches.sequences);
+  launch_kernel("decode_split_kernel", kernel, sequences_fastest ? dim3(z, kv_heads, p) : dim3(kv_heads, p, z), threads,
+                smem, stream, Pdl::kOn, a, caches, parts, planes);
+}
+
 // The split kernel over caches.sequences sequences (grid order: SplitPartials::sequences_fastest),
 // then the merge unless the split blocks merge themselves.
 void launch_splits_and_merge(const AttentionLaunch& a, const DecodeCaches& caches, float* partials, int max_splits,
@@ -666,22 +684,11 @@ void launch_splits_and_merge(const AttentionLaunch& a, const DecodeCaches& cache
   if (splits_bound > 0) splits = std::min(splits, splits_bound);  // past it every split is empty
   parts.launched = splits;  // the merge loads no more (at 64 sequences the loads were most of its time)
   const int group = a.heads / a.kv_heads;
-  auto launch_split = [&](auto kernel, size_t smem, int threads) {
-    // Every split its own block when the GPU holds them all at once; else the fewest blocks per
-    // (kv head, sequence) that still fill it, each taking every P-th split.
-    const int64_t heads = int64_t(a.kv_heads) * caches.sequences, blocks = int64_t(splits) * heads;
-    const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem);
-    parts.blocks_per_head = blocks <= resident ? splits : int(ceil_div(splits, ceil_div(blocks, resident)));
-    const unsigned kv_heads = unsigned(a.kv_heads), p = unsigned(parts.blocks_per_head), z = unsigned(caches.sequences);
-    launch_kernel("decode_split_kernel", kernel, sequences_fastest ? dim3(z, kv_heads, p) : dim3(kv_heads, p, z),
-                  threads, smem, stream, Pdl::kOn, a, caches, parts, planes);
-  };
   const int D = a.head_dim;
-  if (group <= 8 && D > kWideHeadDim)
-    launch_split(decode_split_kernel<1, 8>, DecodeSmem<1, 8>(D).total, SplitWarps<8>::kThreads);
-  else if (group <= 8) launch_split(decode_split_kernel<1, 4>, DecodeSmem<1, 4>(D).total, SplitWarps<4>::kThreads);
-  else if (group <= 16) launch_split(decode_split_kernel<2, 4>, DecodeSmem<2, 4>(D).total, SplitWarps<4>::kThreads);
-  else launch_split(decode_split_kernel<4, 4>, DecodeSmem<4, 4>(D).total, SplitWarps<4>::kThreads);
+  if (group <= 8 && D > kWideHeadDim) launch_split<1, 8>(a, caches, parts, planes, stream, sequences_fastest);
+  else if (group <= 8) launch_split<1, 4>(a, caches, parts, planes, stream, sequences_fastest);
+  else if (group <= 16) launch_split<2, 4>(a, caches, parts, planes, stream, sequences_fastest);
+  else launch_split<4, 4>(a, caches, parts, planes, stream, sequences_fastest);
   if (merged_in_split(parts, splits, group, a.head_dim)) return;  // at every position this launch can be at
   launch_kernel("decode_merge_kernel", decode_merge_kernel,
                 dim3(unsigned(a.heads), unsigned(ceil_div(int64_t(a.head_dim), int64_t(kMergeDims))),
