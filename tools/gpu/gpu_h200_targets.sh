@@ -4,7 +4,8 @@
 # forced acceptance, many sequences over bf16 weight copies, the GPU tests of the quantized caches and
 # the CUDA ops, and the persistent decode kernel's premise (bench_layer_chain_cuda: a launch per
 # matrix against one dataflow launch). Builds g4, the two test binaries and the bench in build-gpu
-# (gpu-check preset; G4_VALIJSON_INCLUDE: valijson's headers when the machine has none), then runs
+# (gpu-check preset; G4_VALIJSON_INCLUDE: valijson's headers when the machine has none), or unpacks
+# them from G4_PREBUILT (an archive of tools/gpu/prebuild_h200_targets.sh), then runs
 # the STEPs asked for (all by default), each under its own time limit, JSON and logs under $OUT
 # (default /tmp/g4-h200):
 #   tests    test_cuda_quantized_kv, test_cuda_backend CudaOps.* (the demo tests read tests/fixtures/demo)
@@ -29,11 +30,18 @@ HELD=${HELD:-32}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$SECONDS
-valijson=()
-[ -n "${G4_VALIJSON_INCLUDE:-}" ] && valijson=(-DG4_VALIJSON_INCLUDE="$G4_VALIJSON_INCLUDE")
-(cmake --preset gpu-check -DG4_BUILD_TESTS=ON -DG4_BUILD_BENCH=ON "${valijson[@]}" &&
- cmake --build build-gpu -j"$(nproc)" --target g4 test_cuda_quantized_kv test_cuda_backend bench_layer_chain_cuda) > "$OUT/build.log" 2>&1 ||
-  { grep -E "error" "$OUT/build.log" | head; exit 1; }
+if [ -n "${G4_PREBUILT:-}" ]; then  # binaries built elsewhere (tools/gpu/prebuild_h200_targets.sh)
+  mkdir -p build-gpu && tar xJf "$G4_PREBUILT" -C build-gpu || exit 1
+  built_at=$(cat build-gpu/source_dir.txt)  # where the tests look for tests/fixtures
+  [ "$built_at" -ef . ] || [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; }
+  ./build-gpu/g4 --version || { echo "the prebuilt g4 does not run here"; exit 1; }
+else
+  valijson=()
+  [ -n "${G4_VALIJSON_INCLUDE:-}" ] && valijson=(-DG4_VALIJSON_INCLUDE="$G4_VALIJSON_INCLUDE")
+  (cmake --preset gpu-check -DG4_BUILD_TESTS=ON -DG4_BUILD_BENCH=ON "${valijson[@]}" &&
+   cmake --build build-gpu -j"$(nproc)" --target g4 test_cuda_quantized_kv test_cuda_backend bench_layer_chain_cuda) > "$OUT/build.log" 2>&1 ||
+    { grep -E "error" "$OUT/build.log" | head; exit 1; }
+fi
 echo "built in $((SECONDS - t0)) s"
 if asked tests; then
   G4_REQUIRE_GPU=1 ./build-gpu/tests/test_cuda_quantized_kv > "$OUT/test_cuda_quantized_kv.log" 2>&1
