@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/hf_checkpoint.h"
@@ -17,6 +18,7 @@
 #include "sampling/speculative.h"
 #include "support/draft_cases.h"
 #include "support/fixtures.h"
+#include "support/build_kind.h"
 #include "support/row_copies.h"
 
 namespace g4 {
@@ -216,6 +218,57 @@ TEST(CpuBackendOps, MatmulsAreOneMatmulPerWeight) {
   EXPECT_EQ(got1, (std::vector<float>{1, 2, 7, -1, 0.5f, -1}));
   EXPECT_EQ(got2, (std::vector<float>{10, -1.5f}));
   EXPECT_THROW(be.matmuls(x, ws, std::span<const Tensor>(ys, 1)), Error);
+}
+
+// The matmul kernel takes rows four at a time and K in blocks of eight: each row's product is the
+// bits of the same row multiplied alone, and within float rounding of the double-precision sum, for
+// row counts and a K that leave every remainder.
+TEST(CpuBackendOps, MatmulRowsTakenTogetherAreEachRowAlone) {
+  CpuBackend be(2);
+  constexpr int64_t T = 7, K = 21, N = 5;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<float> xv(T * K), wv(N * K), gate_v(N * K);
+  for (float& v : xv) v = normal(rng);
+  for (float& v : wv) v = normal(rng);
+  for (float& v : gate_v) v = normal(rng);
+  Tensor x = be.alloc(DType::F32, T, K), w = be.alloc(DType::F32, N, K), gate = be.alloc(DType::F32, N, K);
+  be.upload(xv.data(), x);
+  be.upload(wv.data(), w);
+  be.upload(gate_v.data(), gate);
+  Tensor y = be.alloc(DType::F32, T, N), g = be.alloc(DType::F32, T, N);
+  be.matmul(x, w, y);
+  be.gated_gelu(x, gate, w, g);
+  std::vector<float> all(T * N), all_gated(T * N), one(N), one_gated(N);
+  be.download(y, all.data());
+  be.download(g, all_gated.data());
+  for (int64_t t = 0; t < T; ++t) {
+    Tensor y1 = be.alloc(DType::F32, 1, N), g1 = be.alloc(DType::F32, 1, N);
+    be.matmul(x.rows_view(t, 1), w, y1);
+    be.gated_gelu(x.rows_view(t, 1), gate, w, g1);
+    be.download(y1, one.data());
+    be.download(g1, one_gated.data());
+    for (int64_t n = 0; n < N; ++n) {
+      double want = 0;
+      for (int64_t k = 0; k < K; ++k) want += double(xv[size_t(t * K + k)]) * wv[size_t(n * K + k)];
+      EXPECT_NEAR(all[size_t(t * N + n)], want, 1e-6 * std::max(1.0, std::abs(want))) << "row " << t << ", col " << n;
+      EXPECT_EQ(all[size_t(t * N + n)], one[size_t(n)]) << "row " << t << ", col " << n;
+      EXPECT_EQ(all_gated[size_t(t * N + n)], one_gated[size_t(n)]) << "row " << t << ", col " << n;
+    }
+  }
+}
+
+// The matmul kernel is built without per-access sanitizer checks (backend/cpu/hot_loop.h); under
+// ASan it checks its ranges itself, so an output tensor larger than its buffer still aborts.
+TEST(CpuBackendOpsDeathTest, AMatmulPastItsOutputBufferIsCaughtUnderAsan) {
+  if (!test::kSanitizerBuild) GTEST_SKIP() << "needs the AddressSanitizer build (tools/ci/sanitize.sh)";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  CpuBackend be(1);
+  constexpr int64_t T = 3, K = 16, N = 8;
+  Tensor x = be.alloc(DType::F32, T, K), w = be.alloc(DType::F32, N, K);
+  Tensor y = be.alloc(DType::F32, 1, N);
+  y.rows = T;  // a view of three rows over one row's buffer
+  EXPECT_DEATH(be.matmul(x, w, y), "AddressSanitizer");
 }
 
 TEST(Checkpoint, PublishedLayoutSkipsTheVisionTower) {

@@ -111,13 +111,36 @@ static inline void widen_weight_row(const Tensor& w, int64_t row, float* out) {
   }
 }
 
-// y[:, n] = x w[n]^T for the weight rows n in [b, e).
-G4_HOT_LOOP static void matmul_rows(const Tensor& x, const Tensor& w, const Tensor& y, int64_t b, int64_t e) {
-  const int64_t T = x.rows, K = x.cols, N = w.rows;
+// A float32 matrix widened to double once per op: every weight row's dot products read it (exact).
+static std::vector<double> widen_to_double(const Tensor& x) {
+  const float* in = x.as<float>();
+  return std::vector<double>(in, in + x.rows * x.cols);
+}
+
+// out[t * out_stride] = dot(x row t, w) for the T rows of x (K doubles each), four rows at a time;
+// w is one weight row in float32, widened to double into `wide` (K doubles).
+G4_HOT_LOOP G4_UNCHECKED_KERNEL static void dots_all_rows(const double* x, int64_t T, int64_t K, const float* w,
+                                                          double* wide, float* out, int64_t out_stride) {
+  if (T == 0) return;
+  cpu::check_range(x, size_t(T * K) * sizeof(double));
+  cpu::check_range(w, size_t(K) * sizeof(float));
+  cpu::check_range(wide, size_t(K) * sizeof(double));
+  cpu::check_range(out, size_t((T - 1) * out_stride + 1) * sizeof(float));
+  for (int64_t i = 0; i < K; ++i) wide[i] = w[i];
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4) cpu::dots<4>(x + t * K, K, wide, out + t * out_stride, out_stride);
+  for (; t < T; ++t) cpu::dots<1>(x + t * K, K, wide, out + t * out_stride, out_stride);
+}
+
+// y[:, n] = x w[n]^T for the weight rows n in [b, e); x is the input widened to double.
+G4_HOT_LOOP static void matmul_rows(const std::vector<double>& x, const Tensor& w, const Tensor& y, int64_t b,
+                                    int64_t e) {
+  const int64_t T = y.rows, K = w.cols, N = w.rows;
   std::vector<float> row(static_cast<size_t>(K));
+  std::vector<double> wide(static_cast<size_t>(K));
   for (int64_t n = b; n < e; ++n) {
     widen_weight_row(w, n, row.data());
-    for (int64_t t = 0; t < T; ++t) y.as<float>()[t * N + n] = cpu::dot(x.as<float>() + t * K, row.data(), K);
+    dots_all_rows(x.data(), T, K, row.data(), wide.data(), y.as<float>() + n, N);
   }
 }
 
@@ -126,7 +149,8 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& y) {
   G4_CHECK(x.cols == w.cols && y.cols == w.rows && y.rows == x.rows,
            "matmul shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w [" +
                std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
-  pool_.parallel_for(w.rows, [&](int64_t b, int64_t e) { matmul_rows(x, w, y, b, e); });
+  const std::vector<double> wide = widen_to_double(x);
+  pool_.parallel_for(w.rows, [&](int64_t b, int64_t e) { matmul_rows(wide, w, y, b, e); });
 }
 
 // Rotate-half RoPE of one head v[2*half] at position p. The angle is the float32 product, as
@@ -215,18 +239,21 @@ void CpuBackend::attention(const AttentionArgs& a) {
   }
 }
 
-// out[:, n] = gelu_tanh(x w_gate[n]^T) * (x w_up[n]^T) for the weight rows n in [b, e).
-G4_HOT_LOOP static void gated_gelu_rows(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& out,
-                                        int64_t b, int64_t e) {
-  const int64_t T = x.rows, K = x.cols, N = w_gate.rows;
+// out[:, n] = gelu_tanh(x w_gate[n]^T) * (x w_up[n]^T) for the weight rows n in [b, e); x is the
+// input widened to double.
+G4_HOT_LOOP static void gated_gelu_rows(const std::vector<double>& x, const Tensor& w_gate, const Tensor& w_up,
+                                        const Tensor& out, int64_t b, int64_t e) {
+  const int64_t T = out.rows, K = w_gate.cols, N = w_gate.rows;
   const float k = float(std::sqrt(2.0 / M_PI));
-  std::vector<float> gate_row(static_cast<size_t>(K)), up_row(static_cast<size_t>(K));
+  std::vector<float> row(static_cast<size_t>(K)), gate(static_cast<size_t>(T)), up(static_cast<size_t>(T));
+  std::vector<double> wide(static_cast<size_t>(K));
   for (int64_t n = b; n < e; ++n) {
-    widen_weight_row(w_gate, n, gate_row.data());
-    widen_weight_row(w_up, n, up_row.data());
+    widen_weight_row(w_gate, n, row.data());
+    dots_all_rows(x.data(), T, K, row.data(), wide.data(), gate.data(), 1);
+    widen_weight_row(w_up, n, row.data());
+    dots_all_rows(x.data(), T, K, row.data(), wide.data(), up.data(), 1);
     for (int64_t t = 0; t < T; ++t) {
-      const float g = cpu::dot(x.as<float>() + t * K, gate_row.data(), K);
-      const float u = cpu::dot(x.as<float>() + t * K, up_row.data(), K);
+      const float g = gate[size_t(t)], u = up[size_t(t)];
       out.as<float>()[t * N + n] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
     }
   }
@@ -238,7 +265,8 @@ void CpuBackend::gated_gelu(const Tensor& x, const Tensor& w_gate, const Tensor&
                out.rows == x.rows,
            "gated_gelu shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], w_gate [" +
                std::to_string(w_gate.rows) + ", " + std::to_string(w_gate.cols) + "]");
-  pool_.parallel_for(w_gate.rows, [&](int64_t b, int64_t e) { gated_gelu_rows(x, w_gate, w_up, out, b, e); });
+  const std::vector<double> wide = widen_to_double(x);
+  pool_.parallel_for(w_gate.rows, [&](int64_t b, int64_t e) { gated_gelu_rows(wide, w_gate, w_up, out, b, e); });
 }
 
 void CpuBackend::residual_norm(const Tensor& x, const Tensor& o, const Tensor& post_weight, const Tensor& scalar,
