@@ -6,9 +6,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/hf_checkpoint.h"
@@ -16,9 +16,9 @@
 #include "model/loader.h"
 #include "runtime/session.h"
 #include "sampling/speculative.h"
+#include "support/build_kind.h"
 #include "support/draft_cases.h"
 #include "support/fixtures.h"
-#include "support/build_kind.h"
 #include "support/row_copies.h"
 
 namespace g4 {
