@@ -18,8 +18,7 @@ namespace g4::cpu {
 
 namespace {
 
-// The quantized dot products accumulate in kDotLanes double sums, as cpu::dot does.
-constexpr int kDotLanes = 8;
+// The quantized dot products accumulate in cpu::dot's kDotLanes double sums.
 static_assert(kQ8BlockSize % kDotLanes == 0);
 double sum_lanes(const double (&lanes)[kDotLanes]) {
   double s = 0;

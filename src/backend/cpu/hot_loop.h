@@ -36,15 +36,18 @@
 
 namespace g4::cpu {
 
+// The independent double sums every dot product of the CPU backend accumulates in.
+inline constexpr int kDotLanes = 8;
+
 // Inlined into each G4_HOT_LOOP clone, so it is compiled for that clone's target.
 inline float dot(const float* a, const float* b, int64_t n) {
   // Eight independent partial sums keep the loop vectorised; double sums keep the CPU, the oracle the
   // GPU paths are held to, near transformers' float32 at long context (docs/DESIGN.md, "Oracles":
   // 2.19e-5 against its 1.97e-5 on the 4 096-position oracle, 2.45e-5 with float sums; ~15 % slower).
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double acc[kDotLanes] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += double(a[i + j]) * b[i + j];
+  for (; i + kDotLanes <= n; i += kDotLanes)
+    for (int j = 0; j < kDotLanes; ++j) acc[j] += double(a[i + j]) * b[i + j];
   double s = 0;
   for (; i < n; ++i) s += double(a[i]) * b[i];
   for (double v : acc) s += v;
@@ -67,11 +70,11 @@ inline void check_range(const void*, size_t) {}
 template <int R>
 [[gnu::always_inline]] G4_UNCHECKED_KERNEL inline void dots(const double* x, int64_t K, const double* w, float* out,
                                                             int64_t out_stride) {
-  double acc[R][8] = {};
+  double acc[R][kDotLanes] = {};
   int64_t i = 0;
-  for (; i + 8 <= K; i += 8)
+  for (; i + kDotLanes <= K; i += kDotLanes)
     for (int r = 0; r < R; ++r)
-      for (int j = 0; j < 8; ++j) acc[r][j] += x[r * K + i + j] * w[i + j];
+      for (int j = 0; j < kDotLanes; ++j) acc[r][j] += x[r * K + i + j] * w[i + j];
   for (int r = 0; r < R; ++r) {
     double s = 0;
     for (int64_t k = i; k < K; ++k) s += x[r * K + k] * w[k];
